@@ -1,0 +1,250 @@
+"""The command-line contract of `npu-runtime plan` and `npu-runtime serve`.
+
+The operator renders a pod's `args` with `serve_argv`; the runtime parses them with
+`serve_parser`. Both sides import this module, so a flag can only be renamed in one
+place, and a test parses the operator's rendered args with the runtime's own parser.
+Pure: no torch, no vllm, no I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from typing import Final
+
+# The graph modes of vLLM's CUDAGraphMode (vllm/config/compilation.py); vllm-ascend uses the same
+# enum for its ACL graphs.
+GRAPH_MODES: Final = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE")
+DEVICE_KINDS: Final = ("npu", "cuda", "cpu")
+DEFAULT_GRAPH_MODE: Final = "FULL_DECODE_ONLY"
+DEFAULT_MAX_NUM_SEQS: Final = 256  # vLLM's SchedulerConfig default
+DEFAULT_GPU_MEMORY_UTILIZATION: Final = 0.9  # vLLM's CacheConfig default
+DEFAULT_PORT: Final = 8000
+DEFAULT_METRICS_PORT: Final = 9090
+DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B?|[KMGTP]B|B)?\s*$", re.IGNORECASE)
+_UNITS: Final = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "ki": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mi": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gi": 1 << 30,
+    "gib": 1 << 30,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ti": 1 << 40,
+    "tib": 1 << 40,
+    "p": 1000**5,
+    "pb": 1000**5,
+    "pi": 1 << 50,
+    "pib": 1 << 50,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `64Gi`, `32GiB`, `500M`, `1.5Ti` or a plain number of bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use bytes or a unit such as 64Gi, 32GiB, 500M)")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[(unit or "").lower()])
+
+
+def parse_capture_sizes(text: str) -> tuple[int, ...]:
+    """`1,2,4,8` -> (1, 2, 4, 8). Order and range are checked by the planner, not here."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"not a comma-separated list of integers: {text!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """What the planner is asked for: the engine settings plus optional device overrides."""
+
+    graph_mode: str = DEFAULT_GRAPH_MODE
+    capture_sizes: tuple[int, ...] | None = None
+    max_capture_size: int | None = None
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+    speculative_method: str | None = None
+    speculative_tokens: int = 0
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    # Off-device planning: each one replaces what the device probe would report.
+    device_kind: str | None = None
+    device_name: str | None = None
+    device_memory: int | None = None
+    device_count: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeOptions:
+    """Everything `npu-runtime serve` is started with."""
+
+    model: str
+    plan: PlanOptions = PlanOptions()
+    served_model_name: str | None = None
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
+    engine_resolves_mode: bool = False
+    termination_log: str = DEFAULT_TERMINATION_LOG
+    extra_engine_args: tuple[str, ...] = ()
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _argtype(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """Wrap a ValueError-raising parser so argparse prints its message."""
+
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The planner's options, shared by `plan` and `serve`."""
+    engine = parser.add_argument_group("engine settings the plan is made for")
+    engine.add_argument("--graph-mode", choices=GRAPH_MODES, default=DEFAULT_GRAPH_MODE)
+    engine.add_argument(
+        "--capture-sizes",
+        type=_argtype(parse_capture_sizes),
+        default=None,
+        help="explicit batch sizes to capture, e.g. 1,2,4,8 (default: planned)",
+    )
+    engine.add_argument("--max-capture-size", type=_positive_int, default=None)
+    engine.add_argument("--max-num-seqs", type=_positive_int, default=DEFAULT_MAX_NUM_SEQS)
+    engine.add_argument("--max-model-len", type=_positive_int, default=None)
+    engine.add_argument("--gpu-memory-utilization", type=_fraction, default=DEFAULT_GPU_MEMORY_UTILIZATION)
+    engine.add_argument("--tensor-parallel", type=_positive_int, default=1)
+    engine.add_argument("--pipeline-parallel", type=_positive_int, default=1)
+    engine.add_argument("--data-parallel", type=_positive_int, default=1)
+    engine.add_argument("--speculative-method", default=None)
+    engine.add_argument("--speculative-tokens", type=_non_negative_int, default=0)
+    engine.add_argument("--dtype", default="auto")
+    engine.add_argument("--enforce-eager", action="store_true")
+    device = parser.add_argument_group("device overrides (default: probe the device)")
+    device.add_argument("--device-kind", choices=DEVICE_KINDS, default=None)
+    device.add_argument("--device-name", default=None)
+    device.add_argument("--device-memory", type=_argtype(parse_size), default=None, help="per device")
+    device.add_argument("--device-count", type=_positive_int, default=None)
+
+
+def plan_options_from_args(args: argparse.Namespace) -> PlanOptions:
+    return PlanOptions(**{field.name: getattr(args, field.name) for field in dataclasses.fields(PlanOptions)})
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="npu-runtime serve",
+        description="Plan, then start vLLM's OpenAI server with the plan and report what the engine did.",
+        epilog="Arguments after `--` go to the engine unchanged.",
+    )
+    parser.add_argument("--model", required=True, help="model directory inside the pod")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=_positive_int, default=DEFAULT_PORT)
+    parser.add_argument("--metrics-port", type=_positive_int, default=DEFAULT_METRICS_PORT)
+    parser.add_argument(
+        "--engine-resolves-mode",
+        action="store_true",
+        help="pass the requested graph mode to the engine unchanged (capture sizes are still planned)",
+    )
+    parser.add_argument("--termination-log", default=DEFAULT_TERMINATION_LOG)
+    add_plan_arguments(parser)
+    return parser
+
+
+def parse_serve_args(argv: Sequence[str]) -> ServeOptions:
+    """Parse `serve` flags; everything after the first `--` is an extra engine argument."""
+    argv = list(argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    args = serve_parser().parse_args(argv)
+    return ServeOptions(
+        model=args.model,
+        plan=plan_options_from_args(args),
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        engine_resolves_mode=args.engine_resolves_mode,
+        termination_log=args.termination_log,
+        extra_engine_args=tuple(extra),
+    )
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def serve_argv(options: ServeOptions) -> list[str]:
+    """The `serve` arguments (without the `npu-runtime serve` prefix) that parse back to `options`.
+
+    Every set value is written out, defaults included, so that `kubectl describe pod` shows the
+    settings the runtime was started with.
+    """
+    argv = ["--model", options.model]
+    if options.served_model_name is not None:
+        argv += ["--served-model-name", options.served_model_name]
+    argv += ["--port", str(options.port), "--metrics-port", str(options.metrics_port)]
+    if options.host != ServeOptions.host:
+        argv += ["--host", options.host]
+    if options.termination_log != DEFAULT_TERMINATION_LOG:
+        argv += ["--termination-log", options.termination_log]
+    if options.engine_resolves_mode:
+        argv.append("--engine-resolves-mode")
+    for field in dataclasses.fields(PlanOptions):
+        value = getattr(options.plan, field.name)
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(_flag(field.name))
+        elif isinstance(value, tuple):
+            argv += [_flag(field.name), ",".join(str(v) for v in value)]
+        else:
+            argv += [_flag(field.name), str(value)]
+    if options.extra_engine_args:
+        argv += ["--", *options.extra_engine_args]
+    return argv
