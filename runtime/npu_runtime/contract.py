@@ -25,6 +25,18 @@ DEFAULT_PORT: Final = 8000
 DEFAULT_METRICS_PORT: Final = 9090
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 
+# Environment recommended for vLLM-Ascend engines. The operator writes it into the pod spec (so
+# `kubectl describe` shows it) and the runtime sets it for the engine where it is unset; a value
+# the user sets always wins. Sources: vllm-ascend's docs on performance tuning and graph mode.
+ASCEND_RECOMMENDED_ENV: Final = {
+    # Lets the caching allocator grow segments instead of fragmenting: fewer OOMs at graph capture.
+    "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+    # Dispatches operators through the task queue (level 1), overlapping host and device work.
+    "TASK_QUEUE_ENABLE": "1",
+    # Expands HCCL collectives on the AI vector cores, which graph mode captures.
+    "HCCL_OP_EXPANSION_MODE": "AIV",
+}
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B?|[KMGTP]B|B)?\s*$", re.IGNORECASE)
 _UNITS: Final = {
     "": 1,
@@ -84,6 +96,7 @@ class PlanOptions:
     data_parallel: int = 1
     speculative_method: str | None = None
     speculative_tokens: int = 0
+    speculative_model: str | None = None
     dtype: str = "auto"
     enforce_eager: bool = False
     # Off-device planning: each one replaces what the device probe would report.
@@ -160,6 +173,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--data-parallel", type=_positive_int, default=1)
     engine.add_argument("--speculative-method", default=None)
     engine.add_argument("--speculative-tokens", type=_non_negative_int, default=0)
+    engine.add_argument("--speculative-model", default=None, help="draft or EAGLE head model directory")
     engine.add_argument("--dtype", default="auto")
     engine.add_argument("--enforce-eager", action="store_true")
     device = parser.add_argument_group("device overrides (default: probe the device)")
