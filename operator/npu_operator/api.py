@@ -1,0 +1,278 @@
+"""The typed view of an NPUInference spec, and the checks the CRD's schema cannot express.
+
+`parse_spec` applies the CRD's own defaults (see `crd`) before reading, so a default lives in
+one place: the CRD file. `validate_spec` finds what the schema lets through but the operator
+must refuse (for example an extended resource in the kubernetes.io domain, or an extra engine
+argument that fights a field); each problem names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from npu_runtime.contract import parse_size
+
+from npu_operator import crd
+
+JSON = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimSource:
+    claim_name: str
+    sub_path: str | None
+    read_only: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPathSource:
+    path: str
+    type: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: str
+    mount_path: str
+    claim: ClaimSource | None
+    host_path: HostPathSource | None
+
+
+@dataclasses.dataclass(frozen=True)
+class NPUSpec:
+    resource_name: str | None  # None: the operator's default
+    count: int
+    chip_name: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelismSpec:
+    tensor: int
+    pipeline: int
+    data: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSpec:
+    mode: str
+    capture_sizes: tuple[int, ...] | None
+    max_capture_size: int | None
+    on_downgrade: str  # Allow | Degrade
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeSpec:
+    method: str
+    num_tokens: int
+    model: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    image: str | None  # None: the operator's default
+    image_pull_policy: str | None
+    max_num_seqs: int
+    max_model_len: int | None
+    gpu_memory_utilization: float
+    dtype: str
+    speculative: SpeculativeSpec | None
+    extra_args: tuple[str, ...]
+    env: tuple[JSON, ...]
+    startup_timeout_seconds: int
+    shm_size: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PodTemplateSpec:
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    node_selector: Mapping[str, str]
+    tolerations: tuple[JSON, ...]
+    affinity: JSON | None
+    scheduler_name: str | None
+    priority_class_name: str | None
+    service_account_name: str | None
+    image_pull_secrets: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PodMonitorSpec:
+    enabled: bool
+    interval: str
+    labels: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class NPUInferenceSpec:
+    model: ModelSpec
+    replicas: int
+    npu: NPUSpec
+    parallelism: ParallelismSpec
+    graph: GraphSpec
+    engine: EngineSpec
+    resources: JSON  # requests/limits of cpu, memory, ephemeral-storage, as written
+    template: PodTemplateSpec
+    pod_monitor: PodMonitorSpec
+
+
+class SpecError(ValueError):
+    """The spec cannot be served as written. `field` is the spec path, e.g. spec.npu.resourceName."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def parse_spec(spec: Mapping[str, Any]) -> NPUInferenceSpec:
+    """The typed spec, with the CRD's defaults applied. Raises SpecError on a missing required field."""
+    s = crd.apply_defaults({"spec": dict(spec)})["spec"]
+    try:
+        return _parse(s)
+    except KeyError as exc:
+        raise SpecError(f"spec.{exc.args[0]}", "is required") from None
+
+
+def _parse(s: JSON) -> NPUInferenceSpec:
+    model, source = s["model"], s["model"].get("source", {})
+    claim = source.get("persistentVolumeClaim")
+    host = source.get("hostPath")
+    engine, graph, template = s["engine"], s["graph"], s["template"]
+    speculative = engine.get("speculative")
+    monitor = s["metrics"]["podMonitor"]
+    return NPUInferenceSpec(
+        model=ModelSpec(
+            name=model["name"],
+            path=model["path"],
+            mount_path=model["mountPath"],
+            claim=ClaimSource(claim["claimName"], claim.get("subPath"), claim["readOnly"]) if claim else None,
+            host_path=HostPathSource(host["path"], host["type"]) if host else None,
+        ),
+        replicas=s["replicas"],
+        npu=NPUSpec(s["npu"].get("resourceName"), s["npu"]["count"], s["npu"].get("chipName")),
+        parallelism=ParallelismSpec(**{k: s["parallelism"][k] for k in ("tensor", "pipeline", "data")}),
+        graph=GraphSpec(
+            mode=graph["mode"],
+            capture_sizes=tuple(graph["captureSizes"]) if "captureSizes" in graph else None,
+            max_capture_size=graph.get("maxCaptureSize"),
+            on_downgrade=graph["onDowngrade"],
+        ),
+        engine=EngineSpec(
+            image=engine.get("image"),
+            image_pull_policy=engine.get("imagePullPolicy"),
+            max_num_seqs=engine["maxNumSeqs"],
+            max_model_len=engine.get("maxModelLen"),
+            gpu_memory_utilization=float(engine["gpuMemoryUtilization"]),
+            dtype=engine["dtype"],
+            speculative=(
+                SpeculativeSpec(speculative["method"], speculative["numTokens"], speculative.get("model"))
+                if speculative
+                else None
+            ),
+            extra_args=tuple(engine.get("extraArgs", ())),
+            env=tuple(engine.get("env", ())),
+            startup_timeout_seconds=engine["startupTimeoutSeconds"],
+            shm_size=engine["shmSize"],
+        ),
+        resources=s["resources"],
+        template=PodTemplateSpec(
+            labels=template.get("metadata", {}).get("labels", {}),
+            annotations=template.get("metadata", {}).get("annotations", {}),
+            node_selector=template.get("nodeSelector", {}),
+            tolerations=tuple(template.get("tolerations", ())),
+            affinity=template.get("affinity"),
+            scheduler_name=template.get("schedulerName"),
+            priority_class_name=template.get("priorityClassName"),
+            service_account_name=template.get("serviceAccountName"),
+            image_pull_secrets=tuple(secret["name"] for secret in template.get("imagePullSecrets", ())),
+        ),
+        pod_monitor=PodMonitorSpec(monitor["enabled"], monitor["interval"], monitor.get("labels", {})),
+    )
+
+
+# --- checks beyond the schema -------------------------------------------------------------------
+
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_EXTENDED_RESOURCE = re.compile(rf"^(?P<domain>{_DNS_SUBDOMAIN})/(?P<name>[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
+
+# vLLM flags that a spec field sets; in engine.extraArgs they would fight the plan.
+FLAGS_OWNED_BY_FIELDS: Final = {
+    "--model": "spec.model.path",
+    "--served-model-name": "spec.model.name",
+    "--host": "(set by the operator)",
+    "--port": "(set by the operator)",
+    "--max-num-seqs": "spec.engine.maxNumSeqs",
+    "--max-model-len": "spec.engine.maxModelLen",
+    "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
+    "--dtype": "spec.engine.dtype",
+    "--tensor-parallel-size": "spec.parallelism.tensor",
+    "-tp": "spec.parallelism.tensor",
+    "--pipeline-parallel-size": "spec.parallelism.pipeline",
+    "-pp": "spec.parallelism.pipeline",
+    "--data-parallel-size": "spec.parallelism.data",
+    "-dp": "spec.parallelism.data",
+    "--compilation-config": "spec.graph",
+    "-O": "spec.graph",
+    "--cuda-graph-sizes": "spec.graph.captureSizes",
+    "--max-cudagraph-capture-size": "spec.graph.maxCaptureSize",
+    "--enforce-eager": "spec.graph.mode (NONE)",
+    "--speculative-config": "spec.engine.speculative",
+}
+
+# Variables the NPU device plugin sets per pod; overriding them breaks device isolation.
+ENV_OWNED_BY_DEVICE_PLUGIN: Final = ("ASCEND_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
+
+
+def extended_resource_problem(name: str) -> str | None:
+    """Why `name` cannot be an extended resource name, or None when it can."""
+    match = _EXTENDED_RESOURCE.match(name)
+    if not match or len(name) > 253 or len(match["name"]) > 63:
+        return f"{name!r} is not an extended resource name such as huawei.com/Ascend910 (domain/name)"
+    domain = match["domain"]
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        return f"{name!r} is in the kubernetes.io domain, which is reserved for native resources"
+    if match["name"].startswith("requests."):
+        return f"{name!r}: the 'requests.' prefix is reserved for quota"
+    return None
+
+
+def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
+    """What the schema and its CEL rules let through but cannot be served, each naming its field."""
+    problems: list[SpecError] = []
+    if spec.npu.resource_name is not None and (why := extended_resource_problem(spec.npu.resource_name)):
+        problems.append(SpecError("spec.npu.resourceName", why))
+    for index, arg in enumerate(spec.engine.extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in FLAGS_OWNED_BY_FIELDS:
+            problems.append(
+                SpecError(
+                    f"spec.engine.extraArgs[{index}]",
+                    f"{flag} is set from {FLAGS_OWNED_BY_FIELDS[flag]}; set it there instead",
+                )
+            )
+    for index, var in enumerate(spec.engine.env):
+        if var["name"] in ENV_OWNED_BY_DEVICE_PLUGIN:
+            problems.append(
+                SpecError(
+                    f"spec.engine.env[{index}]",
+                    f"{var['name']} is set by the NPU device plugin for the NPUs it allocates",
+                )
+            )
+    if not _absolute_clean(spec.model.path):
+        problems.append(SpecError("spec.model.path", f"{spec.model.path!r} must be an absolute path without '..'"))
+    speculative_model = spec.engine.speculative.model if spec.engine.speculative else None
+    if speculative_model and not _absolute_clean(speculative_model):
+        problems.append(SpecError("spec.engine.speculative.model", "must be an absolute path in the pod without '..'"))
+    try:
+        parse_size(spec.engine.shm_size)
+    except ValueError as exc:
+        problems.append(SpecError("spec.engine.shmSize", str(exc)))
+    return problems
+
+
+def _absolute_clean(path: str) -> bool:
+    return path.startswith("/") and ".." not in path.split("/")

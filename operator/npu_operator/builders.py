@@ -1,0 +1,282 @@
+"""Pure builders: an NPUInference spec (+ the operator's settings) in, child manifests out.
+
+No client, no clock, no randomness: the same input gives byte-identical manifests, with maps
+sorted and names derived from the resource's name. Owner references are added where the
+children are applied (`reconcile`), because they need the owner's uid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Final
+
+from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, PlanOptions, ServeOptions, serve_argv
+
+from npu_operator.api import NPUInferenceSpec
+from npu_operator.config import OperatorConfig
+
+JSON = dict[str, Any]
+
+HTTP_PORT: Final = 8000
+METRICS_PORT: Final = 9090
+CONTAINER_NAME: Final = "runtime"
+MODEL_VOLUME: Final = "model"
+SHM_VOLUME: Final = "dshm"
+CHIP_LABEL: Final = "node.kubernetes.io/npu.chip.name"
+# The runtime drains in-flight requests on SIGTERM; the kubelet's grace period must cover it.
+TERMINATION_GRACE_SECONDS: Final = 120
+PROBE_PERIOD_SECONDS: Final = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What the cluster offers, found out by the caller (builders never ask the API)."""
+
+    pod_monitor: bool = False
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """The labels that select one NPUInference's pods (immutable in a Deployment: never change)."""
+    return {"app.kubernetes.io/name": "npu-inference", "inference.npu.dev/name": name}
+
+
+def selector_string(name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def labels(name: str) -> dict[str, str]:
+    return _sorted(
+        {
+            **selector_labels(name),
+            "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/managed-by": "npu-operator",
+        }
+    )
+
+
+def endpoint(name: str, namespace: str) -> str:
+    """The OpenAI base URL of the Service, inside the cluster."""
+    return f"http://{name}.{namespace}.svc:{HTTP_PORT}/v1"
+
+
+def build_children(
+    name: str,
+    namespace: str,
+    spec: NPUInferenceSpec,
+    config: OperatorConfig,
+    capabilities: Capabilities = Capabilities(),
+) -> list[JSON]:
+    """Every child the resource should have, in apply order."""
+    children = [build_deployment(name, namespace, spec, config), build_service(name, namespace)]
+    if spec.replicas > 1:
+        children.append(build_pod_disruption_budget(name, namespace))
+    if spec.pod_monitor.enabled and capabilities.pod_monitor:
+        children.append(build_pod_monitor(name, namespace, spec))
+    return children
+
+
+def runtime_args(spec: NPUInferenceSpec) -> list[str]:
+    """The container's args: `npu-runtime serve` with the serve contract's flags."""
+    speculative = spec.engine.speculative
+    options = ServeOptions(
+        model=spec.model.path,
+        served_model_name=spec.model.name,
+        port=HTTP_PORT,
+        metrics_port=METRICS_PORT,
+        plan=PlanOptions(
+            graph_mode=spec.graph.mode,
+            capture_sizes=spec.graph.capture_sizes,
+            max_capture_size=spec.graph.max_capture_size,
+            max_num_seqs=spec.engine.max_num_seqs,
+            max_model_len=spec.engine.max_model_len,
+            gpu_memory_utilization=spec.engine.gpu_memory_utilization,
+            tensor_parallel=spec.parallelism.tensor,
+            pipeline_parallel=spec.parallelism.pipeline,
+            data_parallel=spec.parallelism.data,
+            speculative_method=speculative.method if speculative else None,
+            speculative_tokens=speculative.num_tokens if speculative else 0,
+            speculative_model=speculative.model if speculative else None,
+            dtype=spec.engine.dtype,
+        ),
+        extra_engine_args=spec.engine.extra_args,
+    )
+    return ["npu-runtime", "serve", *serve_argv(options)]
+
+
+def build_deployment(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
+    template = spec.template
+    pod_spec: JSON = {
+        "containers": [_container(spec, config)],
+        "volumes": _volumes(spec),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        # Service links put one variable per Service into every pod; vLLM reads VLLM_PORT, which a
+        # Service named "vllm" would set to tcp://..., so keep them out.
+        "enableServiceLinks": False,
+    }
+    node_selector = dict(template.node_selector)
+    if spec.npu.chip_name:
+        node_selector[CHIP_LABEL] = spec.npu.chip_name
+    optional: JSON = {
+        "nodeSelector": _sorted(node_selector) if node_selector else None,
+        "tolerations": list(template.tolerations) or None,
+        "affinity": template.affinity,
+        "schedulerName": template.scheduler_name,
+        "priorityClassName": template.priority_class_name,
+        "serviceAccountName": template.service_account_name,
+        "imagePullSecrets": [{"name": secret} for secret in template.image_pull_secrets] or None,
+    }
+    pod_spec.update({key: value for key, value in optional.items() if value is not None})
+    pod_metadata: JSON = {"labels": _sorted({**template.labels, **labels(name)})}
+    if template.annotations:
+        pod_metadata["annotations"] = _sorted(dict(template.annotations))
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": _sorted(selector_labels(name))},
+            # NPUs are scarce and whole: a surge pod would wait for NPUs that the old pod holds.
+            # Replace one pod at a time instead.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            # A rollout may legitimately take a whole startup (weights plus graph capture).
+            "progressDeadlineSeconds": spec.engine.startup_timeout_seconds + 600,
+            "revisionHistoryLimit": 5,
+            "template": {"metadata": pod_metadata, "spec": pod_spec},
+        },
+    }
+
+
+def _container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
+    startup_checks = math.ceil(spec.engine.startup_timeout_seconds / PROBE_PERIOD_SECONDS)
+    container: JSON = {
+        "name": CONTAINER_NAME,
+        "image": spec.engine.image or config.runtime_image,
+        # args, never command: the vllm-ascend images' entrypoint sources the CANN environment
+        # and then execs its arguments.
+        "args": runtime_args(spec),
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "env": _env(spec),
+        "resources": _resources(spec, config),
+        "volumeMounts": _volume_mounts(spec),
+        # Weight loading plus graph capture: readiness of the engine, for as long as the spec allows.
+        "startupProbe": _probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=startup_checks),
+        "readinessProbe": _probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=3),
+        # Liveness asks the runtime (alive, engine process alive), never the busy engine itself.
+        "livenessProbe": _probe("/healthz", period=15, failures=4),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if spec.engine.image_pull_policy:
+        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    return container
+
+
+def _probe(path: str, *, period: int, failures: int) -> JSON:
+    return {
+        "httpGet": {"path": path, "port": "metrics"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _env(spec: NPUInferenceSpec) -> list[JSON]:
+    env: dict[str, JSON] = {key: {"name": key, "value": value} for key, value in ASCEND_RECOMMENDED_ENV.items()}
+    for var in spec.engine.env:
+        env[var["name"]] = dict(var)
+    return [env[key] for key in sorted(env)]
+
+
+def _resources(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
+    requests = dict(spec.resources.get("requests", {}))
+    limits = dict(spec.resources.get("limits", {}))
+    if spec.npu.count > 0:
+        # Extended resources cannot be overcommitted: the request must equal the limit.
+        resource = spec.npu.resource_name or config.npu_resource_name
+        requests[resource] = limits[resource] = spec.npu.count
+    result: JSON = {}
+    if limits:
+        result["limits"] = _sorted(limits)
+    if requests:
+        result["requests"] = _sorted(requests)
+    return result
+
+
+def _volumes(spec: NPUInferenceSpec) -> list[JSON]:
+    model = spec.model
+    if model.claim is not None:
+        source: JSON = {
+            "persistentVolumeClaim": {"claimName": model.claim.claim_name, "readOnly": model.claim.read_only}
+        }
+    elif model.host_path is not None:
+        host_path: JSON = {"path": model.host_path.path}
+        if model.host_path.type:
+            host_path["type"] = model.host_path.type
+        source = {"hostPath": host_path}
+    else:  # the CRD requires exactly one source; parse_spec keeps whatever was stored
+        raise ValueError("spec.model.source needs persistentVolumeClaim or hostPath")
+    return [
+        {"name": MODEL_VOLUME, **source},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.engine.shm_size}},
+    ]
+
+
+def _volume_mounts(spec: NPUInferenceSpec) -> list[JSON]:
+    model_mount: JSON = {"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True}
+    if spec.model.claim is not None and spec.model.claim.sub_path:
+        model_mount["subPath"] = spec.model.claim.sub_path
+    return [model_mount, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+
+
+def build_service(name: str, namespace: str) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": _sorted(selector_labels(name)),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def build_pod_disruption_budget(name: str, namespace: str) -> JSON:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _sorted(selector_labels(name))}},
+    }
+
+
+def build_pod_monitor(name: str, namespace: str, spec: NPUInferenceSpec) -> JSON:
+    interval = spec.pod_monitor.interval
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": _sorted({**spec.pod_monitor.labels, **labels(name)}),
+        },
+        "spec": {
+            "selector": {"matchLabels": _sorted(selector_labels(name))},
+            "podMetricsEndpoints": [
+                # npu_graph_* and npu_device_* from the runtime; vllm:* from the engine itself.
+                {"port": "metrics", "path": "/metrics", "interval": interval},
+                {"port": "http", "path": "/metrics", "interval": interval},
+            ],
+        },
+    }
+
+
+def _sorted(mapping: dict[str, Any]) -> dict[str, Any]:
+    return {key: mapping[key] for key in sorted(mapping)}

@@ -1,0 +1,99 @@
+"""`npu-operator run` (the operator) and `npu-operator render` (the children, without a cluster)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import kopf
+import yaml
+
+from npu_operator import builders, crd
+from npu_operator.config import ConfigError, OperatorConfig, load_config, python_log_level
+from npu_operator.reconcile import adopted_children, read_spec
+
+# Children rendered off-cluster have no owner uid yet: the API server assigns it.
+PLACEHOLDER_UID: Final = "00000000-0000-0000-0000-000000000000"
+EXIT_INVALID: Final = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="npu-operator", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the operator against the current cluster")
+    run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    render = commands.add_parser("render", help="print the children of NPUInference manifests, as applied")
+    render.add_argument("-f", "--filename", required=True, type=Path, help="a YAML file of NPUInference objects")
+    render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    render.add_argument("--pod-monitor-api", action="store_true", help="render as if PodMonitors were served")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config()
+    except ConfigError as exc:
+        print(f"npu-operator: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.command == "render":
+        return _render(args.filename, args.output, config, builders.Capabilities(pod_monitor=args.pod_monitor_api))
+    return run_operator(config, verbose=args.verbose)
+
+
+def run_operator(config: OperatorConfig, *, verbose: bool = False) -> int:
+    import npu_operator.handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else python_log_level(config),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
+    asyncio.run(
+        kopf.operator(
+            clusterwide=not config.namespaces,
+            namespaces=list(config.namespaces),
+            standalone=config.standalone,
+            memo=kopf.Memo(config=config),
+            liveness_endpoint=liveness,
+        )
+    )
+    return 0
+
+
+def _render(path: Path, output: str, config: OperatorConfig, capabilities: builders.Capabilities) -> int:
+    try:
+        documents = [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"npu-operator render: {path}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    children: list[dict[str, Any]] = []
+    failed = False
+    for index, document in enumerate(documents):
+        where = f"{path}[{index}] {document.get('kind')}/{document.get('metadata', {}).get('name')}"
+        if document.get("apiVersion") != crd.API_VERSION or document.get("kind") != crd.KIND:
+            print(f"{where}: skipped, not an {crd.API_VERSION} {crd.KIND}", file=sys.stderr)
+            continue
+        errors = crd.validate(document)
+        spec, problems = read_spec(document) if not errors else (None, [])
+        errors += [str(problem) for problem in problems]
+        if errors or spec is None:
+            failed = True
+            print(f"{where}: invalid", *(f"  {error}" for error in errors), sep="\n", file=sys.stderr)
+            continue
+        meta = document["metadata"]
+        owner = {**document, "metadata": {**meta, "uid": meta.get("uid", PLACEHOLDER_UID)}}
+        children += adopted_children(owner, spec, config, capabilities)
+    if not crd.cel_available():
+        print("npu-operator render: cel-python is not installed, CEL rules were not checked", file=sys.stderr)
+    if output == "json":
+        print(json.dumps(children, indent=2, sort_keys=True))
+    else:
+        print(yaml.safe_dump_all(children, sort_keys=True, default_flow_style=False), end="")
+    return EXIT_INVALID if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

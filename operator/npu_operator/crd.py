@@ -1,0 +1,187 @@
+"""The NPUInference CRD as code: its defaults and its validation, read from the one CRD file.
+
+The API server applies the schema's defaults and checks the schema and the CEL rules before the
+operator ever sees an object. This module does the same off-cluster, from the same file, for
+`npu-operator render`, for the API emulator of the tests and the sandbox, and for the typed view
+in `api`, which must not depend on a defaulting webhook. CEL needs the optional `cel-python`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.resources
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final
+
+import yaml
+
+GROUP: Final = "inference.npu.dev"
+VERSION: Final = "v1alpha1"
+KIND: Final = "NPUInference"
+PLURAL: Final = "npuinferences"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+
+@functools.cache
+def load_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition, as shipped in the package (a copy of crds/)."""
+    text = importlib.resources.files("npu_operator").joinpath("crd.yaml").read_text(encoding="utf-8")
+    crd: dict[str, Any] = yaml.safe_load(text)
+    return crd
+
+
+def version_spec() -> dict[str, Any]:
+    versions: list[dict[str, Any]] = load_crd()["spec"]["versions"]
+    return next(v for v in versions if v["name"] == VERSION)
+
+
+def openapi_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = version_spec()["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def apply_defaults(obj: Mapping[str, Any], schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of `obj` with the schema's defaults filled in, top-down, as the API server does."""
+    result = copy.deepcopy(dict(obj))
+    _default_into(result, schema if schema is not None else openapi_schema())
+    return result
+
+
+def _default_into(value: Any, schema: Mapping[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                _default_into(value[key], sub)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, Mapping):
+            for item in value.values():
+                _default_into(item, extra)
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            _default_into(item, schema["items"])
+
+
+def validate(obj: Mapping[str, Any]) -> list[str]:
+    """Everything the API server would reject in `obj` (defaults applied first), as `path: message`.
+
+    The schema is checked first; CEL rules only run on an object that passes it, since the API
+    server's rules may assume the schema holds.
+    """
+    defaulted = apply_defaults(obj)
+    errors = list(_schema_errors(defaulted))
+    if not errors:
+        errors.extend(_cel_errors(defaulted, openapi_schema()))
+    return errors
+
+
+def _schema_errors(obj: Mapping[str, Any]) -> Iterator[str]:
+    import jsonschema
+
+    # The openAPIV3Schema is OpenAPI 3.0, whose keywords are draft 4's (boolean exclusiveMinimum).
+    validator = jsonschema.Draft4Validator(_as_json_schema(openapi_schema()))
+    for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
+        yield f"{_path(error.absolute_path)}: {error.message}"
+    yield from _list_type_errors(obj, openapi_schema(), "")
+
+
+def _as_json_schema(schema: Any) -> Any:
+    """Drop the Kubernetes extensions jsonschema does not know; keep everything it checks."""
+    if isinstance(schema, dict):
+        return {k: _as_json_schema(v) for k, v in schema.items() if not k.startswith("x-kubernetes-")}
+    if isinstance(schema, list):
+        return [_as_json_schema(v) for v in schema]
+    return schema
+
+
+def _list_type_errors(value: Any, schema: Mapping[str, Any], path: str) -> Iterator[str]:
+    """`x-kubernetes-list-type: set` and `map` mean unique items and unique keys."""
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                yield from _list_type_errors(value[key], sub, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        list_type = schema.get("x-kubernetes-list-type")
+        if list_type == "set":
+            seen: list[Any] = []
+            for index, item in enumerate(value):
+                if item in seen:
+                    yield f"{path}[{index}]: duplicate value {item!r} in a set"
+                seen.append(item)
+        elif list_type == "map":
+            keys = schema.get("x-kubernetes-list-map-keys", [])
+            seen_keys: list[tuple[Any, ...]] = []
+            for index, item in enumerate(value):
+                key_values = tuple(item.get(k) for k in keys) if isinstance(item, dict) else (item,)
+                if key_values in seen_keys:
+                    yield f"{path}[{index}]: duplicate entry with {dict(zip(keys, key_values, strict=True))}"
+                seen_keys.append(key_values)
+        for index, item in enumerate(value):
+            yield from _list_type_errors(item, schema.get("items", {}), f"{path}[{index}]")
+
+
+def _path(parts: Any) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "<root>"
+
+
+# --- CEL ----------------------------------------------------------------------------------------
+
+
+def cel_available() -> bool:
+    try:
+        import celpy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _cel_errors(value: Any, schema: Mapping[str, Any], path: str = "") -> Iterator[str]:
+    """Evaluate every `x-kubernetes-validations` rule where its value is present, bottom-up."""
+    if not cel_available():
+        return
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                yield from _cel_errors(value[key], sub, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _cel_errors(item, schema.get("items", {}), f"{path}[{index}]")
+    for rule in schema.get("x-kubernetes-validations", []):
+        if _evaluate(rule["rule"], value) is not True:
+            where = path + rule.get("fieldPath", "") if path else rule.get("fieldPath", "").lstrip(".")
+            message = _evaluate(rule["messageExpression"], value) if "messageExpression" in rule else None
+            yield f"{where or '<root>'}: {message or rule.get('message') or 'failed rule: ' + rule['rule']}"
+
+
+def _evaluate(expression: str, value: Any) -> Any:
+    from celpy import celtypes
+    from celpy.adapter import json_to_cel
+    from celpy.evaluation import CELEvalError
+
+    result = _compile(expression).evaluate({"self": json_to_cel(value)})
+    if isinstance(result, CELEvalError):
+        raise ValueError(f"CEL rule {expression!r} failed to evaluate: {result}")
+    return bool(result) if isinstance(result, celtypes.BoolType) else result
+
+
+@functools.cache
+def _compile(expression: str) -> Any:
+    import celpy
+
+    environment = celpy.Environment()
+    return environment.program(environment.compile(expression), functions=_kubernetes_cel_library())
+
+
+def _kubernetes_cel_library() -> dict[str, Callable[..., Any]]:
+    """The parts of Kubernetes' CEL extension libraries the CRD's rules use (lists: isSorted)."""
+    from celpy import celtypes
+
+    def is_sorted(items: Any) -> Any:
+        return celtypes.BoolType(all(items[i] <= items[i + 1] for i in range(len(items) - 1)))
+
+    return {"isSorted": is_sorted}

@@ -1,0 +1,82 @@
+"""kopf handlers: decorators and wiring only; the work happens in `worker` and `reconcile`.
+
+- startup: every kopf setting in one place, the API client, the metrics endpoint;
+- login: the same credentials for kopf and for our client;
+- create/update/resume: refuse a spec that can never be served (PermanentError), else wake the
+  resource's worker so a change is applied at once;
+- daemon: the per-resource worker (children, status, Events).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import kopf
+import prometheus_client
+
+from npu_operator import crd, kube, reconcile, worker
+from npu_operator.config import OperatorConfig, python_log_level
+
+PREFIX = "inference.npu.dev"
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
+    config: OperatorConfig = memo.config
+    logging.getLogger().setLevel(python_log_level(config))
+    # kopf's bookkeeping under our own annotation prefix, not kopf.zalando.org.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    # Peering: replicas with the same name never act together; the highest priority acts, so a
+    # random one per start makes a fresh replica take over cleanly from a vanished one.
+    settings.peering.name = config.peering_name
+    settings.peering.standalone = config.standalone
+    settings.peering.mandatory = not config.standalone
+    settings.peering.priority = random.randint(1, 2**31 - 1)
+    # Our own Events say what happened; kopf's per-handler "succeeded" chatter would be a write
+    # per resync per resource.
+    settings.posting.level = logging.WARNING
+    # Reconnect watches regularly (server side) and never hang on a dead connection (client side).
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    # The worker is the only status writer: no finalizers needed, children go by owner references.
+    memo.wakeups = worker.Wakeups()
+    memo.client = kube.KubeClient(kube.connection_info(settings, logger))
+    if config.metrics_port:
+        prometheus_client.start_http_server(config.metrics_port)
+    logger.info(f"npu-operator configured: {config}")
+
+
+@kopf.on.cleanup()
+async def close(memo: Any, **_: Any) -> None:
+    await memo.client.close()
+
+
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> kopf.ConnectionInfo:
+    return kube.connection_info(settings, logger)
+
+
+@kopf.on.resume(*RESOURCE)
+@kopf.on.create(*RESOURCE)
+@kopf.on.update(*RESOURCE, field="spec")
+def check_spec(body: kopf.Body, uid: str, memo: Any, **_: Any) -> None:
+    memo.wakeups.wake(uid)
+    problems = reconcile.read_spec(body)[1]
+    if problems:
+        # The worker reports it (status, Warning Event); retrying cannot fix a spec.
+        raise kopf.PermanentError("; ".join(str(problem) for problem in problems))
+
+
+@kopf.daemon(*RESOURCE, cancellation_timeout=10)
+async def keep_reconciled(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Logger, **_: Any) -> None:
+    await worker.run(body, memo.client, memo.config, memo.wakeups, stopped, logger)

@@ -1,0 +1,232 @@
+"""Reconcile one NPUInference: plan what to change in its children, apply it, report the status.
+
+The plan (`plan_child`) is pure and idempotent: a child that already matches what was last
+applied and still holds every desired field needs nothing, so a settled resource costs no
+writes. Like `kubectl apply`, the last applied manifest is kept in an annotation, so fields the
+spec no longer sets are removed (merge patch with null) and hand edits are put back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any, Final
+
+import kopf
+
+from npu_operator import builders, kube, status
+from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
+from npu_operator.config import OperatorConfig
+
+JSON = dict[str, Any]
+
+LAST_APPLIED: Final = "inference.npu.dev/last-applied"
+MANAGED: Final = (kube.DEPLOYMENTS, kube.SERVICES, kube.POD_DISRUPTION_BUDGETS, kube.POD_MONITORS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    action: str  # create | patch | delete
+    resource: kube.Resource
+    name: str
+    body: JSON | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What a reconcile decided: the status patch, the events to post, the changes it made."""
+
+    status_patch: JSON
+    events: tuple[status.Event, ...]
+    changes: tuple[Change, ...]
+    problems: tuple[SpecError, ...] = ()
+
+
+def read_spec(body: Mapping[str, Any]) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
+    """The typed spec and everything wrong with it (schema-level gaps included)."""
+    try:
+        spec = parse_spec(body.get("spec", {}))
+    except SpecError as exc:
+        return None, [exc]
+    return spec, validate_spec(spec)
+
+
+async def reconcile(body: Mapping[str, Any], client: kube.KubeClient, config: OperatorConfig, now: str) -> Result:
+    meta = body["metadata"]
+    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    generation = int(meta.get("generation", 1))
+    previous = body.get("status") or {}
+    spec, problems = read_spec(body)
+    if spec is None or problems:
+        new = status.invalid_status(generation, problems, previous, now)
+        return _result(previous, new, (), tuple(problems))
+
+    capabilities = builders.Capabilities(
+        pod_monitor=spec.pod_monitor.enabled and await client.serves(kube.POD_MONITORS)
+    )
+    desired = adopted_children(body, spec, config, capabilities)
+    desired_by_kind = {child["kind"]: child for child in desired}
+
+    changes: list[Change] = []
+    conflicts: list[str] = []
+    live_deployment: JSON | None = None
+    for resource in MANAGED:
+        if resource is kube.POD_MONITORS and not capabilities.pod_monitor:
+            continue
+        live = await client.get(resource, namespace, name)
+        if live is not None and not _owned_by(live, uid):
+            conflicts.append(f"{resource.kind} {namespace}/{name}")
+            continue
+        change = plan_child(resource, name, desired_by_kind.get(resource.kind), live)
+        if change is not None:
+            changes.append(change)
+        if resource is kube.DEPLOYMENTS:
+            live_deployment = live
+    for change in changes:
+        applied = await _execute(change, client, namespace)
+        if change.resource is kube.DEPLOYMENTS:
+            live_deployment = applied
+
+    notes: tuple[str, ...] = ()
+    if spec.pod_monitor.enabled and not capabilities.pod_monitor:
+        notes = ("PodMonitor not created: the monitoring.coreos.com/v1 API is not installed",)
+    observed = status.Observed(deployment=live_deployment, conflicts=tuple(conflicts), notes=notes)
+    new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
+    return _result(previous, new, tuple(changes))
+
+
+def adopted_children(
+    body: Mapping[str, Any],
+    spec: NPUInferenceSpec,
+    config: OperatorConfig,
+    capabilities: builders.Capabilities,
+) -> list[JSON]:
+    """The desired children, owned by `body` (owner references, namespace, the owner's labels)."""
+    meta = body["metadata"]
+    namespace = meta.get("namespace", "default")
+    owner = {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "metadata": {**meta, "namespace": namespace},
+    }
+    children = builders.build_children(meta["name"], namespace, spec, config, capabilities)
+    for child in children:
+        kopf.adopt(child, owner=owner)  # type: ignore[arg-type]
+    return children
+
+
+def _result(
+    previous: Mapping[str, Any], new: JSON, changes: tuple[Change, ...], problems: tuple[SpecError, ...] = ()
+) -> Result:
+    events = status.transition_events(previous.get("conditions", ()), new.get("conditions", ()))
+    return Result(status.status_patch(previous, new), tuple(events), changes, problems)
+
+
+def plan_child(resource: kube.Resource, name: str, desired: JSON | None, live: JSON | None) -> Change | None:
+    """The one change that brings `live` to `desired` (None: already there)."""
+    if desired is None:
+        return Change("delete", resource, name) if live is not None else None
+    manifest = json.dumps(desired, sort_keys=True, separators=(",", ":"))
+    annotated = _with_annotation(desired, LAST_APPLIED, manifest)
+    if live is None:
+        return Change("create", resource, name, annotated)
+    last_text = live.get("metadata", {}).get("annotations", {}).get(LAST_APPLIED)
+    last = json.loads(last_text) if last_text else {}
+    if last == desired and contains(live, desired):
+        return None
+    return Change("patch", resource, name, merge_patch(last, annotated))
+
+
+async def _execute(change: Change, client: kube.KubeClient, namespace: str) -> JSON | None:
+    try:
+        if change.action == "create":
+            assert change.body is not None
+            return await client.create(change.resource, namespace, change.body)
+        if change.action == "patch":
+            assert change.body is not None
+            return await client.patch(change.resource, namespace, change.name, change.body)
+        await client.delete(change.resource, namespace, change.name)
+        return None
+    except kube.ApiError as exc:
+        if exc.transient:
+            raise kopf.TemporaryError(f"{change.action} {change.resource.kind}: {exc}", delay=5) from exc
+        raise
+
+
+def merge_patch(last: Mapping[str, Any], desired: Mapping[str, Any]) -> JSON:
+    """`desired` plus a null for every key that `last` had and `desired` dropped (maps only)."""
+    patch: JSON = dict(desired)
+    for key, old in last.items():
+        if key not in desired:
+            patch[key] = None
+        elif isinstance(old, Mapping) and isinstance(desired[key], Mapping):
+            patch[key] = merge_patch(old, desired[key])
+    return patch
+
+
+def contains(live: Any, desired: Any, key: str = "") -> bool:
+    """Whether `live` holds every field of `desired` (fields the API server added are ignored).
+
+    Quantities compare by value, since the API server rewrites them (8000m is stored as 8).
+    """
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(k in live and contains(live[k], v, k) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(desired)
+            and all(contains(a, b, key) for a, b in zip(live, desired, strict=True))
+        )
+    if live == desired:
+        return True
+    return _quantity(live) is not None and _quantity(live) == _quantity(desired)
+
+
+_SUFFIXES: Final[dict[str, int | Decimal]] = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+}
+
+
+def _quantity(value: Any) -> Decimal | None:
+    """The value of a Kubernetes quantity (int, '8', '8000m', '64Gi'), or None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return Decimal(value)
+    if not isinstance(value, str) or not value:
+        return None
+    number, factor = value, Decimal(1)
+    for suffix, multiple in _SUFFIXES.items():
+        if value.endswith(suffix):
+            number, factor = value[: -len(suffix)], Decimal(multiple)
+            break
+    try:
+        return Decimal(number) * factor
+    except InvalidOperation:
+        return None
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences", []))
+
+
+def _with_annotation(obj: JSON, key: str, value: str) -> JSON:
+    metadata = dict(obj["metadata"])
+    metadata["annotations"] = {**metadata.get("annotations", {}), key: value}
+    return {**obj, "metadata": metadata}

@@ -1,0 +1,214 @@
+"""Status as its own unit: observed children in, NPUInference status and the Events it implies out.
+
+Pure. Conditions (Ready, Progressing, Degraded) carry CamelCase reasons; a condition's
+lastTransitionTime changes only when its status flips. Events are derived from condition
+transitions against the stored status, so an operator restart never repeats them. The status
+patch holds only what changed, so a steady resource costs no writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from npu_operator.api import NPUInferenceSpec, SpecError
+from npu_operator.builders import endpoint, selector_string
+
+JSON = dict[str, Any]
+
+READY: Final = "Ready"
+PROGRESSING: Final = "Progressing"
+DEGRADED: Final = "Degraded"
+INVALID_SPEC: Final = "InvalidSpec"
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """What the reconcile found in the cluster for one NPUInference."""
+
+    deployment: JSON | None = None
+    # Children that exist under our name but belong to someone else: "Service default/x".
+    conflicts: tuple[str, ...] = ()
+    # Things the user asked for that the cluster cannot give, e.g. a PodMonitor without its CRD.
+    notes: tuple[str, ...] = ()
+
+
+def compute_status(
+    name: str,
+    namespace: str,
+    generation: int,
+    spec: NPUInferenceSpec,
+    observed: Observed,
+    previous: Mapping[str, Any],
+    now: str,
+) -> JSON:
+    """The whole new status of a valid resource."""
+    deployment_status = (observed.deployment or {}).get("status", {})
+    ready = int(deployment_status.get("readyReplicas", 0))
+    conditions = assess(spec, observed)
+    status: JSON = {
+        "observedGeneration": generation,
+        "replicas": int(deployment_status.get("replicas", 0)),
+        "readyReplicas": ready,
+        "updatedReplicas": int(deployment_status.get("updatedReplicas", 0)),
+        "ready": f"{ready}/{spec.replicas}",
+        "selector": selector_string(name),
+        "endpoint": endpoint(name, namespace),
+        "graph": {**previous.get("graph", {}), "requestedMode": spec.graph.mode},
+        "conditions": merge_conditions(previous.get("conditions", ()), conditions, now=now, generation=generation),
+    }
+    status["phase"], status["reason"] = summarize(conditions, created=observed.deployment is not None)
+    return status
+
+
+def invalid_status(generation: int, problems: Sequence[SpecError], previous: Mapping[str, Any], now: str) -> JSON:
+    """The status of a resource whose spec cannot be served: nothing is built until it is fixed."""
+    message = "; ".join(str(problem) for problem in problems)
+    conditions = [
+        Condition(READY, False, INVALID_SPEC, message),
+        Condition(PROGRESSING, False, INVALID_SPEC, "fix the spec; nothing is rolled out until then"),
+        Condition(DEGRADED, True, INVALID_SPEC, message),
+    ]
+    return {
+        **{key: value for key, value in previous.items() if key != "conditions"},
+        "observedGeneration": generation,
+        "phase": "Failed",
+        "reason": INVALID_SPEC,
+        "conditions": merge_conditions(previous.get("conditions", ()), conditions, now=now, generation=generation),
+    }
+
+
+def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
+    """Ready, Progressing and Degraded for a valid spec, from the Deployment's own status."""
+    if observed.conflicts:
+        message = "not owned by this NPUInference, left alone: " + ", ".join(observed.conflicts)
+        return [
+            Condition(READY, False, "ChildConflict", message),
+            Condition(PROGRESSING, False, "ChildConflict", message),
+            Condition(DEGRADED, True, "ChildConflict", message),
+        ]
+    deployment = observed.deployment
+    if deployment is None:
+        return [
+            Condition(READY, False, "Creating", "creating the Deployment"),
+            Condition(PROGRESSING, True, "Creating", "creating the Deployment"),
+            Condition(DEGRADED, False, "AsExpected", ""),
+        ]
+    desired = spec.replicas
+    status = deployment.get("status", {})
+    ready = int(status.get("readyReplicas", 0))
+    updated = int(status.get("updatedReplicas", 0))
+    total = int(status.get("replicas", 0))
+    current = int(status.get("observedGeneration", 0)) >= int(deployment.get("metadata", {}).get("generation", 0))
+    notes = "; ".join(observed.notes)
+    deployment_conditions = {c.get("type"): c for c in status.get("conditions", [])}
+
+    degraded = Condition(DEGRADED, False, "AsExpected", notes)
+    progress = deployment_conditions.get("Progressing", {})
+    failure = deployment_conditions.get("ReplicaFailure", {})
+    if progress.get("status") == "False" and progress.get("reason") == "ProgressDeadlineExceeded":
+        degraded = Condition(DEGRADED, True, "ProgressDeadlineExceeded", progress.get("message", ""))
+    elif failure.get("status") == "True":
+        degraded = Condition(DEGRADED, True, "ReplicaFailure", failure.get("message", ""))
+
+    if desired == 0:
+        ready_condition = Condition(READY, True, "ScaledToZero", "0 replicas requested")
+        rolling = total > 0
+    else:
+        done = current and updated == desired and ready >= desired and total == desired
+        ready_condition = (
+            Condition(
+                READY,
+                True,
+                "Serving",
+                f"{ready}/{desired} replicas serving" + (f"; {notes}" if notes else ""),
+            )
+            if done
+            else Condition(
+                READY,
+                False,
+                "Starting" if ready == 0 else "PartiallyReady",
+                f"{ready}/{desired} replicas ready",
+            )
+        )
+        rolling = not done
+    progressing = (
+        Condition(PROGRESSING, True, "RollingOut", f"{updated}/{desired} replicas updated, {ready} ready")
+        if rolling and not degraded.status
+        else Condition(PROGRESSING, False, "RolloutComplete" if not rolling else degraded.reason, "")
+    )
+    return [ready_condition, progressing, degraded]
+
+
+def summarize(conditions: Sequence[Condition], *, created: bool) -> tuple[str, str]:
+    """The phase and the one-word reason for `kubectl get` (empty when Ready)."""
+    by_type = {c.type: c for c in conditions}
+    degraded, ready = by_type[DEGRADED], by_type[READY]
+    if degraded.status:
+        return ("Failed" if degraded.reason == INVALID_SPEC else "Degraded"), degraded.reason
+    if ready.status:
+        return "Ready", ""
+    return ("Progressing" if created else "Pending"), ready.reason
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]], current: Sequence[Condition], *, now: str, generation: int
+) -> list[JSON]:
+    """Kubernetes-style conditions; lastTransitionTime moves only when the status flips."""
+    before = {c.get("type"): c for c in previous}
+    merged = []
+    for condition in current:
+        status = "True" if condition.status else "False"
+        old = before.get(condition.type, {})
+        merged.append(
+            {
+                "type": condition.type,
+                "status": status,
+                "reason": condition.reason,
+                "message": condition.message,
+                "lastTransitionTime": old["lastTransitionTime"]
+                if old.get("status") == status and "lastTransitionTime" in old
+                else now,
+                "observedGeneration": generation,
+            }
+        )
+    return merged
+
+
+def transition_events(previous: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]) -> list[Event]:
+    """Events for what changed: a Warning when Degraded turns on (or changes reason), Normal when Ready."""
+    before = {c.get("type"): c for c in previous}
+    events = []
+    for condition in current:
+        old = before.get(condition["type"], {})
+        changed = (old.get("status"), old.get("reason")) != (condition["status"], condition["reason"])
+        if not changed or condition["status"] != "True":
+            continue
+        if condition["type"] == DEGRADED:
+            events.append(Event("Warning", condition["reason"], condition["message"]))
+        elif condition["type"] == READY and old.get("status") != "True":
+            events.append(Event("Normal", "Ready", condition["message"] or condition["reason"]))
+    return events
+
+
+def status_patch(previous: Mapping[str, Any], new: Mapping[str, Any]) -> JSON:
+    """A merge patch of `status` with only the keys that changed (None removes a key)."""
+    patch: JSON = {key: value for key, value in new.items() if previous.get(key) != value}
+    patch.update({key: None for key in previous if key not in new})
+    return patch

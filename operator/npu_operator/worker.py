@@ -1,0 +1,114 @@
+"""One worker per NPUInference: keeps its children as desired and its status true.
+
+The worker is the only writer of the resource's status and Events, so nothing races: it
+reconciles, patches the status fields that changed, posts the Events that the condition
+transitions imply, then sleeps until the next resync or until a handler wakes it (spec change).
+It never dies on an error: transient API errors and bugs are logged, counted and retried with
+backoff; a spec that cannot be served is reported once and then left alone until it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from npu_operator import kube, metrics, reconcile
+from npu_operator.config import OperatorConfig
+
+MAX_BACKOFF_SECONDS = 300.0
+
+
+@dataclasses.dataclass
+class Wakeups:
+    """Per-resource wake-up signals, shared between the handlers and the workers (in the memo)."""
+
+    events: dict[str, asyncio.Event] = dataclasses.field(default_factory=dict)
+
+    def for_uid(self, uid: str) -> asyncio.Event:
+        return self.events.setdefault(uid, asyncio.Event())
+
+    def wake(self, uid: str) -> None:
+        self.for_uid(uid).set()
+
+    def forget(self, uid: str) -> None:
+        self.events.pop(uid, None)
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+async def run(
+    body: kopf.Body,
+    client: kube.KubeClient,
+    config: OperatorConfig,
+    wakeups: Wakeups,
+    stopped: kopf.DaemonStopped,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    uid = body["metadata"]["uid"]
+    wake = wakeups.for_uid(uid)
+    # The status as this worker last wrote it: the live body may lag behind our own writes.
+    known_status: dict[str, Any] = dict(body.get("status") or {})
+    failures = 0
+    try:
+        while not stopped:
+            wake.clear()
+            started = time.perf_counter()
+            outcome = "error"
+            try:
+                snapshot = {**dict(body), "status": known_status}
+                result = await reconcile.reconcile(snapshot, client, config, utc_now())
+                if result.status_patch:
+                    known_status = await _patch_status(client, body, result.status_patch)
+                for event in result.events:
+                    kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+                outcome = (
+                    "invalid"
+                    if result.problems
+                    else "changed"
+                    if result.changes or result.status_patch
+                    else "unchanged"
+                )
+                failures = 0
+            except Exception as exc:  # the worker must outlive any one failure
+                failures += 1
+                transient = isinstance(exc, kopf.TemporaryError | kube.ApiError | OSError | asyncio.TimeoutError)
+                (logger.warning if transient else logger.exception)(f"reconcile failed ({failures} in a row): {exc}")
+            finally:
+                elapsed = time.perf_counter() - started
+                metrics.RECONCILES.labels(outcome).inc()
+                metrics.RECONCILE_DURATION.labels(outcome).observe(elapsed)
+            delay = (
+                min(config.resync_seconds * 2 ** max(failures - 1, 0), MAX_BACKOFF_SECONDS)
+                if failures
+                else (config.resync_seconds)
+            )
+            await _sleep(stopped, wake, delay)
+    finally:
+        wakeups.forget(uid)
+
+
+async def _patch_status(client: kube.KubeClient, body: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    answer = await client.patch(
+        kube.NPU_INFERENCES, meta["namespace"], meta["name"], {"status": patch}, subresource="status"
+    )
+    return dict(answer.get("status") or {})
+
+
+async def _sleep(stopped: kopf.DaemonStopped, wake: asyncio.Event, seconds: float) -> None:
+    """Until the resync is due, the resource changed, or the operator stops."""
+    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait(seconds))]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -1,0 +1,226 @@
+"""A local cluster in one event loop: the API emulator on a real port, a kubeconfig, the real operator.
+
+Used by the operator's tests and by the sandbox. The operator runs exactly as in production
+(`kopf.operator` with npu_operator's handlers), logging in through the kubeconfig written here;
+nothing in it is patched. Clients (tests, the sandbox's kubelet) talk to the API over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+import kmock
+import yaml
+
+from npu_operator import crd
+from npu_operator.config import OperatorConfig
+from npu_sandbox.emulator import KubeEmulator
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def resource_path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
+    base = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+    if namespace is not None:
+        base += f"/namespaces/{namespace}"
+    base += f"/{plural}"
+    return base + (f"/{name}" if name is not None else "")
+
+
+class ApiRejected(Exception):
+    """The API answered with an error status (e.g. 422 for an invalid NPUInference)."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"{status}: {body.get('message', body)}")
+        self.status = status
+        self.body = body
+
+
+class LocalCluster:
+    """`async with LocalCluster() as cluster:` then `await cluster.start_operator(config)`."""
+
+    def __init__(self, *, pod_monitors: bool = False, workdir: Path | None = None) -> None:
+        self.emulator = KubeEmulator()
+        if pod_monitors:
+            self.emulator.serve_pod_monitors()
+        self._server = kmock.Server(self.emulator)
+        self._stack = contextlib.AsyncExitStack()
+        self._tmp = tempfile.TemporaryDirectory(prefix="npu-cluster-") if workdir is None else None
+        self.workdir = workdir or Path(self._tmp.name if self._tmp else ".")
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self._operator: tuple[threading.Thread, threading.Event, list[BaseException]] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._old_kubeconfig: str | None = None
+
+    @property
+    def url(self) -> str:
+        return str(self._server.url).rstrip("/")
+
+    async def __aenter__(self) -> Self:
+        await self._stack.enter_async_context(self.emulator)
+        await self._stack.enter_async_context(self._server)
+        self._session = await self._stack.enter_async_context(aiohttp.ClientSession())
+        self.kubeconfig.write_text(yaml.safe_dump(self.kubeconfig_document()), encoding="utf-8")
+        self._old_kubeconfig = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = str(self.kubeconfig)
+        return self
+
+    async def __aexit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+        await self.stop_operator()
+        if self._old_kubeconfig is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = self._old_kubeconfig
+        await self._stack.aclose()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def kubeconfig_document(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "sandbox", "cluster": {"server": self.url}}],
+            "users": [{"name": "sandbox", "user": {"token": "sandbox"}}],
+            "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "sandbox"}}],
+            "current-context": "sandbox",
+        }
+
+    # --- the operator -------------------------------------------------------------------------
+
+    async def start_operator(self, config: OperatorConfig, *, peering: bool = True) -> None:
+        """Run the real operator until `stop_operator`, in its own thread and event loop.
+
+        kopf owns its loop (on exit it cancels every task the loop has), as in production where
+        it is alone in its process; the API stays here and the two talk only over HTTP.
+        """
+        import kopf
+
+        import npu_operator.handlers  # noqa: F401  (registers the handlers)
+
+        if self._operator is not None:
+            raise RuntimeError("the operator is already running")
+        if peering and not config.standalone:
+            await self.ensure(
+                {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": config.peering_name}},
+                "clusterkopfpeerings",
+            )
+        stop = threading.Event()
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                asyncio.run(
+                    kopf.operator(
+                        clusterwide=not config.namespaces,
+                        namespaces=list(config.namespaces),
+                        standalone=config.standalone or not peering,
+                        memo=kopf.Memo(config=config),
+                        stop_flag=stop,
+                        ready_flag=ready,
+                    )
+                )
+            except BaseException as exc:  # reported by stop_operator
+                failure.append(exc)
+
+        thread = threading.Thread(target=serve, name="npu-operator", daemon=True)
+        thread.start()
+        self._operator = (thread, stop, failure)
+        await asyncio.to_thread(ready.wait, 30)
+
+    async def stop_operator(self) -> None:
+        """Stop the operator gracefully; raise what it failed with, if anything."""
+        if self._operator is None:
+            return
+        thread, stop, failure = self._operator
+        self._operator = None
+        stop.set()
+        await asyncio.to_thread(thread.join, 60)
+        if thread.is_alive():
+            raise RuntimeError("the operator did not stop within 60 s")
+        if failure:
+            raise RuntimeError("the operator failed") from failure[0]
+
+    # --- API calls over HTTP, as kubectl would make them ----------------------------------------
+
+    async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        assert self._session is not None
+        data = json.dumps(body) if body is not None else None
+        headers = {"Content-Type": content_type} if body is not None else {}
+        async with self._session.request(method, self.url + path, data=data, headers=headers) as response:
+            answer = await response.json(content_type=None)
+            if response.status >= 300:
+                raise ApiRejected(response.status, answer or {})
+            return answer
+
+    async def create(self, obj: dict[str, Any], plural: str) -> dict[str, Any]:
+        namespace = obj["metadata"].get("namespace")
+        result: dict[str, Any] = await self._call(
+            "POST", resource_path(obj["apiVersion"], plural, namespace), obj
+        )
+        return result
+
+    async def ensure(self, obj: dict[str, Any], plural: str) -> None:
+        with contextlib.suppress(ApiRejected):
+            await self.create(obj, plural)
+
+    async def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            result: dict[str, Any] = await self._call("GET", resource_path(api_version, plural, namespace, name))
+        except ApiRejected as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    async def list(self, api_version: str, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        answer = await self._call("GET", resource_path(api_version, plural, namespace))
+        return list(answer.get("items", []))
+
+    async def patch(
+        self, api_version: str, plural: str, namespace: str | None, name: str, patch: dict[str, Any],
+        *, subresource: str | None = None,
+    ) -> dict[str, Any]:
+        path = resource_path(api_version, plural, namespace, name) + (f"/{subresource}" if subresource else "")
+        result: dict[str, Any] = await self._call("PATCH", path, patch, "application/merge-patch+json")
+        return result
+
+    async def delete(self, api_version: str, plural: str, namespace: str | None, name: str) -> None:
+        await self._call("DELETE", resource_path(api_version, plural, namespace, name))
+
+    async def apply_npu_inference(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create the NPUInference, or merge-patch its spec when it exists (like `kubectl apply`)."""
+        meta = manifest["metadata"]
+        namespace = meta.get("namespace", "default")
+        manifest = {**manifest, "metadata": {**meta, "namespace": namespace}}
+        existing = await self.get(crd.API_VERSION, crd.PLURAL, namespace, meta["name"])
+        if existing is None:
+            return await self.create(manifest, crd.PLURAL)
+        return await self.patch(crd.API_VERSION, crd.PLURAL, namespace, meta["name"], {"spec": manifest["spec"]})
+
+    # --- observation --------------------------------------------------------------------------
+
+    def writes(self) -> list[Any]:
+        """Every write request the API has served so far (POST, PUT, PATCH, DELETE)."""
+        return [request for request in self.emulator if request.method.value in WRITE_METHODS]
+
+    async def wait_for(self, probe: Any, *, timeout: float = 30.0, interval: float = 0.1, what: str = "") -> Any:
+        """Poll the async callable `probe` until it returns something truthy; that is returned."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        last: Any = None
+        while True:
+            last = await probe()
+            if last:
+                return last
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"timed out after {timeout}s waiting for {what or probe}; last: {last!r}")
+            await asyncio.sleep(interval)

@@ -1,0 +1,295 @@
+"""A Kubernetes API in memory, over real HTTP: kmock's emulator plus what an API server adds.
+
+kmock stores objects and serves list/watch/get/create/patch/delete. This subclass adds, as a
+kube-apiserver would: uid, resourceVersion, generation (bumped by changes outside metadata and
+status), creationTimestamp, generateName; the status subresource kept apart from the rest;
+label selectors on lists; background garbage collection through owner references; and
+admission of NPUInference objects against the CRD (defaults, schema, CEL rules), with the
+API server's 422 answer. It is for tests and the sandbox only; no product code imports it.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import itertools
+import re
+import secrets
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal import dicts, enums, rendering
+from npu_operator import crd
+
+# Resources served by default: what the operator and its tests touch.
+RESOURCES: dict[str, Any] = {
+    f"{crd.GROUP}/{crd.VERSION}/{crd.PLURAL}": {
+        "kind": crd.KIND,
+        "singular": "npuinference",
+        "namespaced": True,
+        "shortnames": {"npuinf"},
+        "categories": {"all"},
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status", "scale"},
+    },
+    "apps/v1/deployments": {
+        "kind": "Deployment",
+        "singular": "deployment",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status", "scale"},
+    },
+    "v1/services": {
+        "kind": "Service",
+        "singular": "service",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status"},
+    },
+    "v1/pods": {
+        "kind": "Pod",
+        "singular": "pod",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status"},
+    },
+    "v1/events": {
+        "kind": "Event",
+        "singular": "event",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+    # kopf looks the namespaces resource up even when it watches the whole cluster.
+    "v1/namespaces": {
+        "kind": "Namespace",
+        "singular": "namespace",
+        "namespaced": False,
+        "verbs": {"list", "watch", "get"},
+    },
+    "policy/v1/poddisruptionbudgets": {
+        "kind": "PodDisruptionBudget",
+        "singular": "poddisruptionbudget",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status"},
+    },
+    "kopf.dev/v1/kopfpeerings": {
+        "kind": "KopfPeering",
+        "singular": "kopfpeering",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+    "kopf.dev/v1/clusterkopfpeerings": {
+        "kind": "ClusterKopfPeering",
+        "singular": "clusterkopfpeering",
+        "namespaced": False,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+}
+POD_MONITORS: tuple[str, Any] = (
+    "monitoring.coreos.com/v1/podmonitors",
+    {
+        "kind": "PodMonitor",
+        "singular": "podmonitor",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+)
+
+_SELECTOR_TERM = re.compile(
+    r"^\s*(?P<neg>!)?(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9._-]*)"
+    r"|\s+(?P<setop>in|notin)\s*\((?P<values>[^)]*)\))?\s*$"
+)
+
+
+def matches_selector(labels: Mapping[str, str], selector: str) -> bool:
+    """Kubernetes' label selector syntax: k=v, k==v, k!=v, k, !k, k in (a,b), k notin (a,b)."""
+    for term in _split_selector(selector):
+        match = _SELECTOR_TERM.match(term)
+        if not match:
+            raise ValueError(f"unable to parse requirement: {term!r}")
+        key = match["key"]
+        if match["setop"]:
+            values = {v.strip() for v in match["values"].split(",")}
+            ok = (labels.get(key) in values) if match["setop"] == "in" else (labels.get(key) not in values)
+        elif match["op"]:
+            ok = (labels.get(key) == match["value"]) if match["op"] != "!=" else (labels.get(key) != match["value"])
+        else:
+            ok = (key not in labels) if match["neg"] else (key in labels)
+        if not ok:
+            return False
+    return True
+
+
+def _split_selector(selector: str) -> Iterable[str]:
+    depth, current = 0, ""
+    for char in selector:
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            yield current
+            current = ""
+        else:
+            current += char
+    if current.strip():
+        yield current
+
+
+@attrs.define(kw_only=True)
+class KubeEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with the API-server behaviour listed in the module docstring."""
+
+    _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for key, info in RESOURCES.items():
+            self.resources[key] = info
+
+    def serve_pod_monitors(self) -> None:
+        """Pretend the prometheus-operator CRDs are installed."""
+        key, info = POD_MONITORS
+        self.resources[key] = info
+
+    def _has_status(self, resource: Any) -> bool:
+        return resource in self.resources and "status" in self.resources[resource].subresources
+
+    def _stored(self, resource: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
+        key = (resource, namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        raw: dict[str, Any] = copy.deepcopy(self.objects[key].raw)
+        return raw
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None and isinstance(request.data, dict):
+            try:
+                if request.action == enums.action.CREATE:
+                    self._admit_create(request)
+                elif request.action == enums.action.UPDATE and request.name is not None:
+                    self._admit_update(request)
+            except kmock.KubernetesError as exc:
+                return await self._render_error(exc)
+        response = await super()._handle(request)
+        if request.action == enums.action.DELETE and request.name is not None and request.resource is not None:
+            await self._collect_garbage()
+        return response
+
+    def _admit_create(self, request: rendering.Request) -> None:
+        data: dict[str, Any] = request.data
+        meta = data.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)
+        if request.namespace and not meta.get("namespace"):
+            meta["namespace"] = request.namespace
+        if self._is_npu_inference(request):
+            self._validate(data)
+            defaulted = crd.apply_defaults(data)
+            data.clear()
+            data.update(defaulted)
+        if self._has_status(request.resource) and request.subresource is None:
+            data.pop("status", None)
+        meta = data["metadata"]
+        meta.update(
+            uid=str(uuid.uuid4()),
+            resourceVersion=str(next(self._versions)),
+            generation=1,
+            creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+
+    def _admit_update(self, request: rendering.Request) -> None:
+        """Turn the client's patch into one that yields what the API server would store."""
+        data: dict[str, Any] = request.data
+        old = self._stored(request.resource, request.namespace, request.name or "")
+        if old is None:
+            return  # kmock answers 404
+        if self._has_status(request.resource):
+            # The status subresource changes only status; the main resource changes all but status.
+            if request.subresource == "status":
+                patch = {"status": data["status"]} if "status" in data else {}
+            else:
+                patch = {key: value for key, value in data.items() if key != "status"}
+        else:
+            patch = data
+        new: dict[str, Any] = copy.deepcopy(dict(dicts.patch_dict(old, patch)))
+        if self._is_npu_inference(request) and request.subresource is None:
+            self._validate(new)
+            new = crd.apply_defaults(new)
+        meta = new.setdefault("metadata", {})
+        old_meta = old.get("metadata", {})
+        meta.update(uid=old_meta.get("uid"), creationTimestamp=old_meta.get("creationTimestamp"))
+        meta["resourceVersion"] = str(next(self._versions))
+        generation = int(old_meta.get("generation", 1))
+        meta["generation"] = generation + 1 if _body(old) != _body(new) else generation
+        data.clear()
+        data.update(replace_patch(old, new))
+
+    def _is_npu_inference(self, request: rendering.Request) -> bool:
+        resource = request.resource
+        return bool(resource is not None and resource.group == crd.GROUP and resource.plural == crd.PLURAL)
+
+    def _validate(self, obj: Mapping[str, Any]) -> None:
+        errors = crd.validate(obj)
+        if errors:
+            name = obj.get("metadata", {}).get("name")
+            raise kmock.KubernetesError(
+                status=422,
+                reason="Invalid",
+                message=f'{crd.KIND}.{crd.GROUP} "{name}" is invalid: ' + "; ".join(errors),
+                details={"causes": [{"message": error} for error in errors]},
+            )
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        payload: Any = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        if selector:
+            try:
+                payload["items"] = [
+                    item
+                    for item in payload["items"]
+                    if matches_selector(item.get("metadata", {}).get("labels", {}), selector)
+                ]
+            except ValueError as exc:
+                raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(exc)) from None
+        result: rendering.Payload = payload
+        return result
+
+    async def _collect_garbage(self) -> None:
+        """Delete every object whose owners are all gone (background propagation), until none is left."""
+        while True:
+            alive = {obj.get("metadata", {}).get("uid") for key, obj in self.objects.items() if not obj.deleted}
+            orphans = [
+                key
+                for key, obj in self.objects.items()
+                if not obj.deleted
+                and (owners := obj.get("metadata", {}).get("ownerReferences"))
+                and not any(owner.get("uid") in alive for owner in owners)
+            ]
+            if not orphans:
+                return
+            async with self._lock:
+                for key in orphans:
+                    raw = self.objects[key].raw
+                    self.objects[key].delete()
+                    await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+
+
+def _body(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What generation counts: everything but metadata and status."""
+    return {key: value for key, value in obj.items() if key not in ("metadata", "status")}
+
+
+def replace_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch that turns `old` into exactly `new` (null for every key `new` dropped)."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(old.get(key), Mapping):
+            patch[key] = replace_patch(old[key], value)
+        else:
+            patch[key] = value
+    patch.update({key: None for key in old if key not in new})
+    return patch

@@ -1,0 +1,235 @@
+"""The CRD: a corpus of invalid manifests, each rejected by its schema or a CEL rule, and the examples accepted.
+
+The rules are evaluated as the API server would: defaults first, then the openAPIV3Schema
+(jsonschema, draft 4 keywords), list types, then every x-kubernetes-validations rule (cel-python,
+with the Kubernetes list library functions the rules use).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from npu_operator import crd
+from tests.operator.conftest import EXAMPLES, example
+
+ROOT = Path(__file__).resolve().parents[2]
+Manifest = dict[str, Any]
+
+
+def base() -> Manifest:
+    return {
+        "apiVersion": crd.API_VERSION,
+        "kind": crd.KIND,
+        "metadata": {"name": "qwen", "namespace": "llm"},
+        "spec": {
+            "model": {
+                "name": "Qwen/Qwen2.5-7B-Instruct",
+                "path": "/models/qwen",
+                "source": {"persistentVolumeClaim": {"claimName": "models"}},
+            }
+        },
+    }
+
+
+def setting(path: str, value: Any) -> Callable[[Manifest], None]:
+    def change(manifest: Manifest) -> None:
+        *parents, last = path.split(".")
+        node = manifest
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            node.pop(last)
+        else:
+            node[last] = value
+
+    return change
+
+
+DELETE = object()
+
+# (id, change, a fragment of the message the user sees)
+INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
+    ("name-not-dns-1035", setting("metadata.name", "7b-model"), "DNS-1035"),
+    ("name-too-long", setting("metadata.name", "a" * 64), "DNS-1035"),
+    ("no-spec", setting("spec", DELETE), "'spec' is a required property"),
+    ("no-model", setting("spec.model", DELETE), "'model' is a required property"),
+    ("no-model-name", setting("spec.model.name", DELETE), "'name' is a required property"),
+    ("empty-model-name", setting("spec.model.name", ""), "should be non-empty"),
+    ("relative-model-path", setting("spec.model.path", "models/qwen"), "does not match"),
+    ("model-path-outside-mount", setting("spec.model.path", "/data/qwen"), "must lie under model.mountPath"),
+    ("no-model-source", setting("spec.model.source", {}), "exactly one of persistentVolumeClaim or hostPath"),
+    (
+        "two-model-sources",
+        setting("spec.model.source.hostPath", {"path": "/data"}),
+        "exactly one of persistentVolumeClaim or hostPath",
+    ),
+    ("pvc-without-claim", setting("spec.model.source.persistentVolumeClaim", {}), "'claimName' is a required"),
+    ("pvc-absolute-subpath", setting("spec.model.source.persistentVolumeClaim.subPath", "/x"), "subPath must be"),
+    ("pvc-escaping-subpath", setting("spec.model.source.persistentVolumeClaim.subPath", "a/../.."), "subPath must be"),
+    ("relative-host-path", setting("spec.model.source", {"hostPath": {"path": "data"}}), "does not match"),
+    ("negative-replicas", setting("spec.replicas", -1), "less than the minimum of 0"),
+    ("replicas-as-string", setting("spec.replicas", "2"), "is not of type 'integer'"),
+    ("npu-resource-without-domain", setting("spec.npu.resourceName", "Ascend910"), "does not match"),
+    ("too-many-npus", setting("spec.npu.count", 17), "greater than the maximum of 16"),
+    ("chip-without-npus", lambda m: m["spec"].update(npu={"count": 0, "chipName": "910B3"}), "needs npu.count"),
+    (
+        "chip-in-two-places",
+        lambda m: m["spec"].update(
+            npu={"count": 1, "chipName": "910B3"},
+            template={"nodeSelector": {"node.kubernetes.io/npu.chip.name": "910B4"}},
+        ),
+        "not both",
+    ),
+    ("parallelism-product", setting("spec.parallelism", {"tensor": 2}), "must equal npu.count (1)"),
+    (
+        "parallelism-product-three-way",
+        lambda m: m["spec"].update(npu={"count": 8}, parallelism={"tensor": 2, "pipeline": 2, "data": 1}),
+        "parallelism.tensor x pipeline x data (4) must equal npu.count (8)",
+    ),
+    ("zero-tensor-parallel", setting("spec.parallelism", {"tensor": 0}), "less than the minimum of 1"),
+    ("unknown-graph-mode", setting("spec.graph", {"mode": "FULL_DECODE"}), "is not one of"),
+    ("capture-sizes-not-increasing", setting("spec.graph", {"captureSizes": [1, 4, 2]}), "strictly increasing"),
+    ("capture-sizes-duplicate", setting("spec.graph", {"captureSizes": [1, 2, 2, 4]}), "duplicate value 2"),
+    ("capture-size-zero", setting("spec.graph", {"captureSizes": [0, 1, 2]}), "less than the minimum of 1"),
+    ("capture-sizes-empty", setting("spec.graph", {"captureSizes": []}), "should be non-empty"),
+    (
+        "capture-size-above-max-num-seqs",
+        lambda m: m["spec"].update(graph={"captureSizes": [1, 2, 4, 8, 16]}, engine={"maxNumSeqs": 12}),
+        "may not exceed engine.maxNumSeqs x (1 + speculative tokens) = 12",
+    ),
+    (
+        "capture-size-above-speculative-ceiling",
+        lambda m: m["spec"].update(
+            graph={"captureSizes": [1, 8, 40]},
+            engine={"maxNumSeqs": 16, "speculative": {"method": "mtp", "numTokens": 1}},
+        ),
+        "= 32",
+    ),
+    (
+        "capture-size-above-max-capture-size",
+        setting("spec.graph", {"captureSizes": [1, 2, 64], "maxCaptureSize": 32}),
+        "may not exceed graph.maxCaptureSize (32)",
+    ),
+    ("capture-sizes-with-mode-none", setting("spec.graph", {"mode": "NONE", "captureSizes": [1]}), "other than NONE"),
+    ("unknown-on-downgrade", setting("spec.graph", {"onDowngrade": "Ignore"}), "is not one of"),
+    ("max-num-seqs-zero", setting("spec.engine", {"maxNumSeqs": 0}), "less than the minimum of 1"),
+    ("memory-utilization-zero", setting("spec.engine", {"gpuMemoryUtilization": 0}), "less than or equal to the minimum"),
+    ("memory-utilization-above-one", setting("spec.engine", {"gpuMemoryUtilization": 1.2}), "greater than the maximum"),
+    ("unknown-dtype", setting("spec.engine", {"dtype": "fp8"}), "is not one of"),
+    (
+        "draft-model-without-model",
+        setting("spec.engine", {"speculative": {"method": "draft_model", "numTokens": 2}}),
+        "draft_model needs speculative.model",
+    ),
+    ("speculative-without-tokens", setting("spec.engine", {"speculative": {"method": "mtp"}}), "'numTokens' is a required"),
+    (
+        "env-value-and-value-from",
+        setting("spec.engine", {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {}}}]}),
+        "value or valueFrom, not both",
+    ),
+    (
+        "env-duplicate-name",
+        setting("spec.engine", {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}),
+        "duplicate entry",
+    ),
+    ("bad-env-name", setting("spec.engine", {"env": [{"name": "1=A"}]}), "does not match"),
+    ("startup-timeout-too-short", setting("spec.engine", {"startupTimeoutSeconds": 10}), "less than the minimum"),
+    ("bad-shm-size", setting("spec.engine", {"shmSize": "lots"}), "does not match"),
+    ("bad-cpu-quantity", setting("spec.resources", {"requests": {"cpu": "eight"}}), "does not match"),
+    ("bad-toleration-operator", setting("spec.template", {"tolerations": [{"operator": "In"}]}), "is not one of"),
+    ("bad-scrape-interval", setting("spec.metrics", {"podMonitor": {"interval": "30"}}), "does not match"),
+]
+
+
+@pytest.mark.parametrize(("change", "fragment"), [(c, f) for _, c, f in INVALID], ids=[i for i, _, _ in INVALID])
+def test_invalid_manifest_is_rejected_with_a_message_the_user_understands(
+    change: Callable[[Manifest], None], fragment: str
+) -> None:
+    manifest = base()
+    change(manifest)
+    errors = crd.validate(manifest)
+    assert errors, "accepted, but it must be rejected"
+    assert any(fragment in error for error in errors), errors
+
+
+def test_the_corpus_is_large_enough() -> None:
+    assert len(INVALID) >= 25
+
+
+def test_the_base_manifest_is_valid() -> None:
+    assert crd.validate(base()) == []
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in EXAMPLES.glob("*.yaml")))
+def test_examples_are_valid(name: str) -> None:
+    assert crd.validate(example(name)) == []
+
+
+def test_cel_is_evaluated_here() -> None:
+    assert crd.cel_available(), "cel-python must be installed for the CEL half of this corpus"
+
+
+def walk(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, schema)]
+    for key, sub in schema.get("properties", {}).items():
+        found += walk(sub, f"{path}.{key}" if path else key)
+    if "items" in schema:
+        found += walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        found += walk(schema["additionalProperties"], f"{path}{{}}")
+    return found
+
+
+def test_every_field_has_a_description_for_kubectl_explain() -> None:
+    missing = [
+        path
+        for path, schema in walk(crd.openapi_schema())
+        if path and not path.endswith(("[]", "{}")) and path != "metadata" and not schema.get("description")
+    ]
+    assert missing == []
+
+
+def test_every_default_is_valid_against_its_own_schema() -> None:
+    defaulted = crd.apply_defaults(base())
+    assert crd.validate(defaulted) == []
+    assert defaulted["spec"]["graph"]["mode"] == "FULL_DECODE_ONLY"
+    assert defaulted["spec"]["npu"]["count"] == 1
+
+
+def test_the_package_ships_the_crd_of_crds_folder() -> None:
+    on_disk = yaml.safe_load((ROOT / "crds" / "inference.npu.dev_npuinferences.yaml").read_text(encoding="utf-8"))
+    assert crd.load_crd() == on_disk
+
+
+def test_names_and_subresources() -> None:
+    loaded = crd.load_crd()
+    names = loaded["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"], names["categories"]) == (
+        "NPUInference",
+        "npuinferences",
+        ["npuinf"],
+        ["all"],
+    )
+    version = crd.version_spec()
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    columns = [column["name"] for column in version["additionalPrinterColumns"]]
+    assert columns == ["Model", "Mode", "Ready", "Phase", "Reason", "Age"]
+
+
+def test_defaults_do_not_touch_what_the_user_wrote() -> None:
+    manifest = base()
+    manifest["spec"]["engine"] = {"maxNumSeqs": 12}
+    original = copy.deepcopy(manifest)
+    defaulted = crd.apply_defaults(manifest)
+    assert manifest == original
+    assert defaulted["spec"]["engine"]["maxNumSeqs"] == 12

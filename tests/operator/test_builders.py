@@ -1,0 +1,135 @@
+"""Builders: full expected children for every example (golden files), determinism, valid Kubernetes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from npu_operator import builders
+from npu_operator.api import parse_spec
+from npu_operator.config import OperatorConfig
+from npu_operator.reconcile import adopted_children
+from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, parse_serve_args
+from tests.operator.conftest import EXAMPLES, example
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+CONFIG = OperatorConfig()
+KUBERNETES_VERSION = "1.37.0"
+EXAMPLE_FILES = sorted(path.name for path in EXAMPLES.glob("*.yaml"))
+
+
+def render(manifest: dict[str, Any], pod_monitor: bool = True) -> list[dict[str, Any]]:
+    manifest["metadata"].setdefault("uid", "11111111-2222-3333-4444-555555555555")
+    spec = parse_spec(manifest["spec"])
+    return adopted_children(manifest, spec, CONFIG, builders.Capabilities(pod_monitor=pod_monitor))
+
+
+def dump(children: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(children, sort_keys=True, default_flow_style=False)
+
+
+@pytest.mark.parametrize("name", EXAMPLE_FILES)
+def test_children_match_the_golden_file(name: str) -> None:
+    text = dump(render(example(name)))
+    golden = GOLDEN / name
+    if UPDATE or not golden.exists():
+        golden.write_text(text, encoding="utf-8")
+        if not UPDATE:
+            pytest.fail(f"{golden} did not exist; written now, review and commit it")
+    assert text == golden.read_text(encoding="utf-8"), f"run with UPDATE_GOLDEN=1 to accept changes to {name}"
+
+
+@pytest.mark.parametrize("name", EXAMPLE_FILES)
+def test_rendering_is_byte_identical_across_runs(name: str) -> None:
+    assert dump(render(example(name))) == dump(render(example(name)))
+
+
+@pytest.mark.parametrize("name", EXAMPLE_FILES)
+def test_children_pass_kubernetes_own_schemas(name: str) -> None:
+    for child in render(example(name), pod_monitor=False):
+        assert kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", EXAMPLE_FILES)
+def test_runtime_parses_the_rendered_args_back_to_the_spec(name: str) -> None:
+    manifest = example(name)
+    spec = parse_spec(manifest["spec"])
+    deployment = builders.build_deployment("x", "ns", spec, CONFIG)
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["npu-runtime", "serve"]
+    options = parse_serve_args(args[2:])
+    assert options.model == spec.model.path
+    assert options.served_model_name == spec.model.name
+    assert options.port == builders.HTTP_PORT and options.metrics_port == builders.METRICS_PORT
+    assert options.plan.graph_mode == spec.graph.mode
+    assert options.plan.capture_sizes == spec.graph.capture_sizes
+    assert options.plan.max_num_seqs == spec.engine.max_num_seqs
+    assert options.plan.max_model_len == spec.engine.max_model_len
+    assert options.plan.gpu_memory_utilization == spec.engine.gpu_memory_utilization
+    assert options.plan.tensor_parallel == spec.parallelism.tensor
+    assert options.plan.dtype == spec.engine.dtype
+    assert options.extra_engine_args == spec.engine.extra_args
+
+
+def test_npus_are_requested_as_an_extended_resource_in_requests_and_limits() -> None:
+    spec = parse_spec(example("qwen2.5-32b-tp4.yaml")["spec"])
+    container = builders.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["huawei.com/Ascend910"] == 4
+    assert container["resources"]["requests"]["huawei.com/Ascend910"] == 4
+    assert "command" not in container, "the vllm-ascend entrypoint must stay: args only"
+
+
+def test_cpu_replicas_request_no_npu() -> None:
+    spec = parse_spec(example("sandbox-cpu.yaml")["spec"])
+    container = builders.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0]
+    assert not any("/" in key for key in container["resources"].get("limits", {}))
+
+
+def test_user_env_overrides_the_recommended_ascend_env() -> None:
+    manifest = example("qwen2.5-7b-910b.yaml")
+    manifest["spec"]["engine"]["env"] = [{"name": "TASK_QUEUE_ENABLE", "value": "2"}]
+    spec = parse_spec(manifest["spec"])
+    env = builders.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0]["env"]
+    values = {var["name"]: var.get("value") for var in env}
+    assert values["TASK_QUEUE_ENABLE"] == "2"
+    assert set(ASCEND_RECOMMENDED_ENV) <= set(values)
+    assert [var["name"] for var in env] == sorted(values)
+
+
+def test_pdb_only_with_more_than_one_replica() -> None:
+    manifest = example("qwen2.5-7b-910b.yaml")
+    kinds = [child["kind"] for child in render(manifest)]
+    assert "PodDisruptionBudget" in kinds
+    manifest["spec"]["replicas"] = 1
+    assert "PodDisruptionBudget" not in [child["kind"] for child in render(manifest)]
+
+
+def test_pod_monitor_only_when_asked_for_and_served() -> None:
+    manifest = example("qwen2.5-7b-910b.yaml")
+    assert "PodMonitor" in [c["kind"] for c in render(manifest, pod_monitor=True)]
+    assert "PodMonitor" not in [c["kind"] for c in render(manifest, pod_monitor=False)]
+    manifest["spec"]["metrics"]["podMonitor"]["enabled"] = False
+    assert "PodMonitor" not in [c["kind"] for c in render(manifest, pod_monitor=True)]
+
+
+def test_operator_labels_win_over_user_pod_labels() -> None:
+    manifest = example("qwen2.5-7b-910b.yaml")
+    manifest["spec"]["template"]["metadata"] = {"labels": {"inference.npu.dev/name": "other", "team": "a"}}
+    spec = parse_spec(manifest["spec"])
+    labels = builders.build_deployment("qwen", "ns", spec, CONFIG)["spec"]["template"]["metadata"]["labels"]
+    assert labels["inference.npu.dev/name"] == "qwen"
+    assert labels["team"] == "a"
+
+
+def test_startup_probe_covers_the_startup_timeout() -> None:
+    spec = parse_spec(example("qwen2.5-32b-tp4.yaml")["spec"])
+    probe = builders.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0][
+        "startupProbe"
+    ]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= spec.engine.startup_timeout_seconds
