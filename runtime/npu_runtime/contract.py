@@ -24,6 +24,9 @@ DEFAULT_GPU_MEMORY_UTILIZATION: Final = 0.9  # vLLM's CacheConfig default
 DEFAULT_PORT: Final = 8000
 DEFAULT_METRICS_PORT: Final = 9090
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
+# How long `serve` waits for the engine after forwarding SIGTERM before it kills it. Below
+# Kubernetes' default terminationGracePeriodSeconds (30) so the runtime, not the kubelet, ends it.
+DEFAULT_SHUTDOWN_TIMEOUT: Final = 25.0
 
 # Environment recommended for vLLM-Ascend engines. The operator writes it into the pod spec (so
 # `kubectl describe` shows it) and the runtime sets it for the engine where it is unset; a value
@@ -119,6 +122,7 @@ class ServeOptions:
     engine_resolves_mode: bool = False
     termination_log: str = DEFAULT_TERMINATION_LOG
     extra_engine_args: tuple[str, ...] = ()
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
 
 
 def _positive_int(text: str) -> int:
@@ -132,6 +136,13 @@ def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be zero or more, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
     return value
 
 
@@ -204,6 +215,13 @@ def serve_parser() -> argparse.ArgumentParser:
         help="pass the requested graph mode to the engine unchanged (capture sizes are still planned)",
     )
     parser.add_argument("--termination-log", default=DEFAULT_TERMINATION_LOG)
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=_non_negative_float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT,
+        help="seconds to wait for the engine after SIGTERM before killing it (keep it below the "
+        "pod's terminationGracePeriodSeconds)",
+    )
     add_plan_arguments(parser)
     return parser
 
@@ -226,6 +244,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeOptions:
         engine_resolves_mode=args.engine_resolves_mode,
         termination_log=args.termination_log,
         extra_engine_args=tuple(extra),
+        shutdown_timeout=args.shutdown_timeout,
     )
 
 
@@ -249,6 +268,8 @@ def serve_argv(options: ServeOptions) -> list[str]:
         argv += ["--termination-log", options.termination_log]
     if options.engine_resolves_mode:
         argv.append("--engine-resolves-mode")
+    if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT:
+        argv += ["--shutdown-timeout", f"{options.shutdown_timeout:g}"]
     for field in dataclasses.fields(PlanOptions):
         value = getattr(options.plan, field.name)
         if value is None or value is False:
