@@ -1,0 +1,233 @@
+"""Every metric the runtime exports, in one place: names, types, labels, help, buckets.
+
+The names and labels are a contract with the chart's dashboard and alerts and with users' own
+queries (DESIGN.md's table); tests list `RUNTIME_METRICS` to check both sides against it. The
+operator's own metrics (`npu_operator_*`) are defined by the operator.
+
+How the values get here: the graph observer runs inside vLLM's processes and writes one JSON
+report per process (`npu_runtime.reports`); the runtime aggregates them with the plan into a
+`Snapshot` (`npu_runtime.status`) and `families()` turns a snapshot into Prometheus metric
+families at scrape time. Nothing here touches vLLM's own metrics or PROMETHEUS_MULTIPROC_DIR.
+
+prometheus_client is imported inside `families()` only, so that the operator (which lists the
+names but does not serve them) can import this module without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+MetricKind = Literal["gauge", "counter", "histogram"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric. `name` is the name as scraped (counters end in `_total`)."""
+
+    name: str
+    kind: MetricKind
+    labels: tuple[str, ...]
+    help: str
+
+    @property
+    def family_name(self) -> str:
+        """The name prometheus_client wants for the family (counters without `_total`)."""
+        if self.kind == "counter" and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+
+GRAPH_MODE_INFO: Final = MetricSpec(
+    "npu_graph_mode_info",
+    "gauge",
+    ("requested", "effective"),
+    "Always 1: the graph mode asked for and the mode the engine runs.",
+)
+GRAPH_DOWNGRADES: Final = MetricSpec(
+    "npu_graph_downgrades_total",
+    "counter",
+    ("from_mode", "to_mode", "reason", "stage"),
+    "Graph-mode downgrades, by the planner (stage=plan) or by the engine itself (stage=engine).",
+)
+GRAPH_CAPTURE_SIZES: Final = MetricSpec(
+    "npu_graph_capture_sizes",
+    "gauge",
+    ("mode",),
+    "How many batch sizes were captured as graphs.",
+)
+GRAPH_CAPTURE_MEMORY: Final = MetricSpec(
+    "npu_graph_capture_memory_bytes",
+    "gauge",
+    ("mode", "size"),
+    "Device memory one graph capture took (free memory before minus after; largest over devices).",
+)
+GRAPH_CAPTURE_SECONDS: Final = MetricSpec(
+    "npu_graph_capture_seconds",
+    "gauge",
+    ("mode", "size"),
+    "Wall time one graph capture took (largest over devices).",
+)
+GRAPH_REPLAY_LATENCY: Final = MetricSpec(
+    "npu_graph_replay_latency_seconds",
+    "histogram",
+    ("mode", "size"),
+    "Device time of one graph replay, measured with device events read after completion.",
+)
+GRAPH_EAGER_FALLBACKS: Final = MetricSpec(
+    "npu_graph_eager_fallbacks_total",
+    "counter",
+    ("reason",),
+    "Decode steps that ran eagerly although graphs were on.",
+)
+DEVICE_MEMORY: Final = MetricSpec(
+    "npu_device_memory_bytes",
+    "gauge",
+    ("device", "kind"),
+    "Device memory by kind (total, free, weights, kv_cache, graphs): seen by the engine where it "
+    "reported it, else the plan's figure (device=plan).",
+)
+INSTRUMENTATION_ERRORS: Final = MetricSpec(
+    "npu_graph_instrumentation_errors_total",
+    "counter",
+    ("hook",),
+    "Observer hooks that failed and disabled themselves instead of breaking the engine.",
+)
+
+RUNTIME_METRICS: Final[tuple[MetricSpec, ...]] = (
+    GRAPH_MODE_INFO,
+    GRAPH_DOWNGRADES,
+    GRAPH_CAPTURE_SIZES,
+    GRAPH_CAPTURE_MEMORY,
+    GRAPH_CAPTURE_SECONDS,
+    GRAPH_REPLAY_LATENCY,
+    GRAPH_EAGER_FALLBACKS,
+    DEVICE_MEMORY,
+    INSTRUMENTATION_ERRORS,
+)
+
+# Replay of a whole decode step takes from ~100 us (small model, small batch) to tens of ms.
+REPLAY_LATENCY_BUCKETS: Final[tuple[float, ...]] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+)
+DEVICE_MEMORY_KINDS: Final = ("total", "free", "weights", "kv_cache", "graphs")
+
+
+@dataclasses.dataclass(frozen=True)
+class HistogramValue:
+    """Counts per bucket (not cumulative; len(REPLAY_LATENCY_BUCKETS) + 1 with +Inf last) and sum."""
+
+    buckets: tuple[int, ...]
+    sum: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.buckets)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricValues:
+    """What the runtime knows at scrape time, already aggregated over the engine's processes."""
+
+    requested_mode: str
+    effective_mode: str
+    downgrades: Mapping[tuple[str, str, str, str], int]  # (from, to, reason, stage) -> count
+    capture_sizes: Mapping[str, int]  # mode -> how many sizes
+    capture_memory: Mapping[tuple[str, int], int]  # (mode, size) -> bytes
+    capture_seconds: Mapping[tuple[str, int], float]
+    replay: Mapping[tuple[str, int], HistogramValue]
+    eager_fallbacks: Mapping[str, int]
+    device_memory: Mapping[tuple[str, str], int]  # (device, kind) -> bytes
+    instrumentation_errors: Mapping[str, int]
+
+
+def _sorted(items: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    return sorted(items, key=lambda item: item[0])
+
+
+def families(values: MetricValues) -> list[Metric]:
+    """Prometheus metric families for `values`, in RUNTIME_METRICS order, labels sorted."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    def gauge(spec: MetricSpec) -> GaugeMetricFamily:
+        return GaugeMetricFamily(spec.family_name, spec.help, labels=list(spec.labels))
+
+    def counter(spec: MetricSpec) -> CounterMetricFamily:
+        return CounterMetricFamily(spec.family_name, spec.help, labels=list(spec.labels))
+
+    mode_info = gauge(GRAPH_MODE_INFO)
+    mode_info.add_metric([values.requested_mode, values.effective_mode], 1)
+
+    downgrades = counter(GRAPH_DOWNGRADES)
+    for (from_mode, to_mode, reason, stage), count in _sorted(values.downgrades.items()):
+        downgrades.add_metric([from_mode, to_mode, reason, stage], count)
+
+    sizes = gauge(GRAPH_CAPTURE_SIZES)
+    for mode, count in _sorted(values.capture_sizes.items()):
+        sizes.add_metric([mode], count)
+
+    memory = gauge(GRAPH_CAPTURE_MEMORY)
+    for (mode, size), nbytes in _sorted(values.capture_memory.items()):
+        memory.add_metric([mode, str(size)], nbytes)
+
+    seconds = gauge(GRAPH_CAPTURE_SECONDS)
+    for (mode, size), took in _sorted(values.capture_seconds.items()):
+        seconds.add_metric([mode, str(size)], took)
+
+    replay = HistogramMetricFamily(
+        GRAPH_REPLAY_LATENCY.name,
+        GRAPH_REPLAY_LATENCY.help,
+        labels=list(GRAPH_REPLAY_LATENCY.labels),
+    )
+    for (mode, size), histogram in _sorted(values.replay.items()):
+        replay.add_metric([mode, str(size)], cumulative_buckets(histogram.buckets), histogram.sum)
+
+    fallbacks = counter(GRAPH_EAGER_FALLBACKS)
+    for reason, count in _sorted(values.eager_fallbacks.items()):
+        fallbacks.add_metric([reason], count)
+
+    device_memory = gauge(DEVICE_MEMORY)
+    for (device, kind), nbytes in _sorted(values.device_memory.items()):
+        device_memory.add_metric([device, kind], nbytes)
+
+    errors = counter(INSTRUMENTATION_ERRORS)
+    for hook, count in _sorted(values.instrumentation_errors.items()):
+        errors.add_metric([hook], count)
+
+    return [mode_info, downgrades, sizes, memory, seconds, replay, fallbacks, device_memory, errors]
+
+
+def cumulative_buckets(counts: Sequence[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts -> the cumulative (le, count) pairs Prometheus wants, +Inf last."""
+    bounds = [*(repr(bound) for bound in REPLAY_LATENCY_BUCKETS), "+Inf"]
+    padded = list(counts) + [0] * (len(bounds) - len(counts))
+    out: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip(bounds, padded, strict=True):
+        running += count
+        out.append((bound, running))
+    return out
+
+
+def bucket_index(seconds: float) -> int:
+    """Index into per-bucket counts for one observation (the last index is +Inf)."""
+    for index, bound in enumerate(REPLAY_LATENCY_BUCKETS):
+        if seconds <= bound:
+            return index
+    return len(REPLAY_LATENCY_BUCKETS)
