@@ -1,0 +1,70 @@
+"""The graph observer: a vLLM general plugin (entry point `vllm.general_plugins: npu_graph_observer`).
+
+vLLM calls `register()` in every process that loads plugins: the API server, the engine core and
+each worker. It does nothing unless `npu-runtime serve` started the engine (it sets
+NPU_GRAPH_OBSERVER_DIR), so installing this package in an engine image changes nothing for a
+plain `vllm serve`. Otherwise it arranges hooks on the classes that exist in this engine
+(`vllm_hooks`), each patched when its module is imported, and never raises.
+
+No device work and no torch/vllm imports here: those happen inside hooks, at first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+from npu_runtime import reports
+from npu_runtime.observer.recorder import Recorder
+
+log = logging.getLogger("npu_runtime.observer")
+
+_lock = threading.Lock()
+_registered = False
+_recorder: Recorder | None = None
+
+
+def enabled(environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return bool(env.get(reports.ENV_DIR)) and env.get(reports.ENV_ENABLED, "1").lower() not in ("0", "false", "off")
+
+
+def _float_env(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def register() -> None:
+    """vLLM's plugin entry point: idempotent, cheap, never raises."""
+    global _registered, _recorder
+    with _lock:
+        if _registered:
+            return
+        _registered = True
+        if not enabled():
+            return
+        try:
+            from npu_runtime.observer import vllm_hooks
+
+            vllm = sys.modules.get("vllm")
+            recorder = Recorder(
+                os.environ[reports.ENV_DIR],
+                vllm_version=getattr(vllm, "__version__", None),
+                flush_seconds=max(0.05, _float_env(reports.ENV_FLUSH_SECONDS, 1.0)),
+            )
+            observer = vllm_hooks.Observer(recorder, sample_every=int(_float_env(reports.ENV_SAMPLE_EVERY, 1)))
+            _recorder = recorder
+            os.register_at_fork(after_in_child=recorder.after_fork_in_child)
+            vllm_hooks.install(observer)
+            recorder.flush()
+        except Exception:
+            log.warning("npu graph observer: not installed; the engine runs without it", exc_info=True)
+
+
+def recorder() -> Recorder | None:
+    """This process's recorder, once `register()` has installed the observer."""
+    return _recorder

@@ -1,0 +1,315 @@
+"""What the observer records inside one engine process, and how it leaves the process.
+
+The hooks call the `Recorder`; the recorder keeps plain counters and dicts, and a daemon thread
+writes them as this process's report (`npu_runtime.reports`) at most once per flush period while
+something changed. Phase changes and downgrades are written at once (the runtime's /status shows
+"capturing" while it lasts; a downgrade should be visible before a crash that may follow it).
+
+Replay timing: `EventTimer.start()` records a device event on the current stream before the
+replay and `stop()` another after it; neither waits for the device. The flush thread later asks
+each pending end event whether it has completed (`query()`, non-blocking) and only then reads
+`elapsed_time`. The decode path never synchronises because of us. Events are reused once read,
+the number pending is bounded (a replay is simply not timed while the bound is reached), and
+`sample_every` times one replay in N.
+
+No torch here: the device event factory and the memory probe are handed in by the hooks.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from npu_runtime import metrics, reports
+
+log = logging.getLogger("npu_runtime.observer")
+
+RECENT_SAMPLES: Final = 512  # per (mode, size), for /status's p50/p99
+MAX_PENDING_EVENTS: Final = 1024
+
+Key = tuple[str, int]  # (mode, size)
+
+
+class DeviceEvent(Protocol):
+    def record(self) -> None: ...
+    def query(self) -> bool: ...
+    def elapsed_time(self, end_event: Any) -> float: ...  # milliseconds, as torch's events
+
+
+class EventTimer:
+    """Device-side timing of replays without synchronising: record now, read when complete."""
+
+    def __init__(
+        self,
+        make_event: Callable[[], DeviceEvent] | None,
+        *,
+        sample_every: int = 1,
+        max_pending: int = MAX_PENDING_EVENTS,
+    ) -> None:
+        self.make_event = make_event
+        self.sample_every = max(1, sample_every)
+        self.max_pending = max_pending
+        self._calls = 0
+        self._pending: collections.deque[tuple[Key, DeviceEvent, DeviceEvent]] = collections.deque()
+        self._free: list[tuple[DeviceEvent, DeviceEvent]] = []
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> tuple[DeviceEvent, DeviceEvent] | None:
+        """Before a replay (decode path): the event pair to stop, or None when this one is not timed."""
+        if self.make_event is None:
+            return None
+        self._calls += 1
+        if self._calls % self.sample_every or len(self._pending) >= self.max_pending:
+            return None
+        try:
+            pair = self._free.pop()
+        except IndexError:
+            pair = (self.make_event(), self.make_event())
+        pair[0].record()
+        return pair
+
+    def stop(self, pair: tuple[DeviceEvent, DeviceEvent], key: Key) -> None:
+        """After a replay (decode path): record the end event and queue the pair for reading."""
+        pair[1].record()
+        self._pending.append((key, pair[0], pair[1]))
+
+    def drain(self) -> list[tuple[Key, float]]:
+        """(key, seconds) for every queued replay whose end event has completed, oldest first."""
+        done: list[tuple[Key, float]] = []
+        while self._pending:
+            key, start, end = self._pending[0]
+            if not end.query():
+                break
+            self._pending.popleft()
+            done.append((key, start.elapsed_time(end) / 1000.0))
+            self._free.append((start, end))
+        return done
+
+
+class ReplayStats:
+    __slots__ = ("buckets", "count", "recent", "sum", "timed")
+
+    def __init__(self) -> None:
+        self.count = 0  # replays seen
+        self.timed = 0  # replays with a device time
+        self.sum = 0.0
+        self.buckets = [0] * (len(metrics.REPLAY_LATENCY_BUCKETS) + 1)
+        self.recent: collections.deque[float] = collections.deque(maxlen=RECENT_SAMPLES)
+
+    def observe(self, seconds: float) -> None:
+        self.timed += 1
+        self.sum += seconds
+        self.buckets[metrics.bucket_index(seconds)] += 1
+        self.recent.append(seconds)
+
+
+def percentile(samples: list[float], fraction: float) -> float | None:
+    """Nearest-rank percentile of `samples` (sorted here); None for no samples."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    rank = max(1, min(len(ordered), round(fraction * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+class Recorder:
+    """This process's observations, written to `directory` as its report."""
+
+    def __init__(
+        self,
+        directory: str | None,
+        *,
+        vllm_version: str | None = None,
+        flush_seconds: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.directory = directory
+        self.vllm_version = vllm_version
+        self.flush_seconds = flush_seconds
+        self.clock = clock
+        self.timer = EventTimer(None)
+        self.hooks_installed: list[str] = []
+        self.hooks_unavailable: list[str] = []
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.pid = os.getpid()
+        self.phase = "loaded"
+        self.config_mode: dict[str, str] | None = None
+        self.resolved_mode: str | None = None
+        self.downgrades: list[dict[str, str]] = []
+        self.captures: dict[Key, dict[str, Any]] = {}
+        self.replay: dict[Key, ReplayStats] = {}
+        self.eager_fallbacks: dict[str, int] = {}
+        self.decode_steps = 0
+        self.errors: dict[str, int] = {}
+        self.memory: dict[str, Any] | None = None
+        self._dirty = True
+        self._flusher: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def after_fork_in_child(self) -> None:
+        """A forked worker inherits the parent's hooks and data but not its thread: start clean."""
+        self._lock = threading.Lock()
+        self._reset()
+
+    # ----- records (called by hooks) -----
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.flush()
+
+    def record_config_mode(self, requested: str, final: str) -> None:
+        self.config_mode = {"requested": requested, "final": final}
+        self.flush()
+
+    def record_resolved_mode(self, mode: str) -> None:
+        self.resolved_mode = mode
+        self._dirty = True
+
+    def record_downgrade(self, from_mode: str, to_mode: str, reason: str, message: str) -> None:
+        for known in self.downgrades:
+            if (known["from_mode"], known["to_mode"], known["reason"]) == (from_mode, to_mode, reason):
+                return
+        self.downgrades.append(
+            {"from_mode": from_mode, "to_mode": to_mode, "reason": reason, "message": message, "stage": "engine"}
+        )
+        self.flush()
+
+    def record_capture(self, key: Key, memory_bytes: int | None, seconds: float) -> None:
+        """One graph captured for `key`; piecewise modes capture several per size and they add up."""
+        entry = self.captures.get(key)
+        if entry is None:
+            self.captures[key] = {"memory_bytes": memory_bytes, "seconds": seconds, "graphs": 1}
+        else:
+            if memory_bytes is not None:
+                entry["memory_bytes"] = (entry["memory_bytes"] or 0) + memory_bytes
+            entry["seconds"] += seconds
+            entry["graphs"] += 1
+        self._dirty = True
+
+    def count_replay(self, key: Key) -> None:
+        stats = self.replay.get(key)
+        if stats is None:
+            stats = self.replay[key] = ReplayStats()
+        stats.count += 1
+        self._dirty = True
+
+    def record_decode_step(self, eager_reason: str | None) -> None:
+        self.decode_steps += 1
+        if eager_reason is not None:
+            self.eager_fallbacks[eager_reason] = self.eager_fallbacks.get(eager_reason, 0) + 1
+        self._dirty = True
+
+    def record_memory(self, device: str, **kinds: int | None) -> None:
+        memory = self.memory if self.memory is not None and self.memory.get("device") == device else {}
+        memory["device"] = device
+        for kind, value in kinds.items():
+            if value is not None and kind in metrics.DEVICE_MEMORY_KINDS:
+                memory[kind] = int(value)
+        self.memory = memory
+        self._dirty = True
+
+    def record_hook_error(self, hook: str) -> None:
+        self.errors[hook] = self.errors.get(hook, 0) + 1
+        self.flush()
+
+    # ----- output -----
+
+    def report(self) -> dict[str, Any]:
+        for key, seconds in self.timer.drain():
+            stats = self.replay.get(key)
+            if stats is None:
+                stats = self.replay[key] = ReplayStats()
+            stats.observe(seconds)
+        replay = []
+        for (mode, size), stats in sorted(self.replay.items()):
+            recent = list(stats.recent)
+            replay.append(
+                {
+                    "mode": mode,
+                    "size": size,
+                    "count": stats.count,
+                    "timed": stats.timed,
+                    "sum_seconds": stats.sum,
+                    "buckets": list(stats.buckets),
+                    "p50_seconds": percentile(recent, 0.50),
+                    "p99_seconds": percentile(recent, 0.99),
+                }
+            )
+        return {
+            "schema": reports.SCHEMA,
+            "pid": self.pid,
+            "process": _process_name(),
+            "vllm_version": self.vllm_version or _vllm_version(),
+            "updated": self.clock(),
+            "phase": self.phase,
+            "config_mode": self.config_mode,
+            "resolved_mode": self.resolved_mode,
+            "downgrades": list(self.downgrades),
+            "captures": [
+                {"mode": mode, "size": size, **entry} for (mode, size), entry in sorted(self.captures.items())
+            ],
+            "replay": replay,
+            "eager_fallbacks": dict(self.eager_fallbacks),
+            "decode_steps": self.decode_steps,
+            "errors": dict(self.errors),
+            "hooks": {"installed": list(self.hooks_installed), "unavailable": list(self.hooks_unavailable)},
+            "memory": dict(self.memory) if self.memory is not None else None,
+        }
+
+    def flush(self) -> None:
+        """Write the report now (never raises: reporting must not break the engine)."""
+        if self.directory is None:
+            return
+        try:
+            with self._lock:
+                self._dirty = False
+                reports.write_report(self.directory, self.pid, self.report())
+        except Exception:
+            log.warning("npu graph observer: cannot write its report to %s", self.directory, exc_info=True)
+
+    def ensure_flusher(self) -> None:
+        """Start the periodic writer once per process (cheap to call on every step)."""
+        if self._flusher is not None or self.directory is None:
+            return
+        thread = threading.Thread(target=self._run_flusher, name="npu-graph-observer", daemon=True)
+        self._flusher = thread
+        thread.start()
+
+    def _run_flusher(self) -> None:
+        stop = self._stop
+        while not stop.wait(self.flush_seconds):
+            if self._dirty or self.timer.pending:
+                self.flush()
+        self.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._flusher is None:
+            self.flush()
+
+
+def _vllm_version() -> str | None:
+    import sys
+
+    version = getattr(sys.modules.get("vllm"), "__version__", None)
+    return str(version) if version is not None else None
+
+
+def _process_name() -> str:
+    try:
+        import multiprocessing
+
+        return multiprocessing.current_process().name
+    except Exception:
+        return "unknown"

@@ -1,0 +1,667 @@
+"""The hooks on vLLM's and vllm-ascend's classes. Every module, class and method is feature-detected.
+
+Read against vLLM 0.31.0 (the CPU build the tests run) and vllm-ascend main of 2026-08 plus its
+v0.13.0, v0.18.0 and v0.23.0 tags (see docs in the report); what a version lacks is simply not
+hooked and is listed as unavailable in the process's report.
+
+Hooks (the name is the `hook` label of npu_graph_instrumentation_errors_total):
+
+- config_post_init: VllmConfig.__post_init__ (API server). Requested vs final cudagraph_mode; a
+  change is a downgrade at stage engine, with a reason derived from the config and platform.
+- resolve_mode: CompilationConfig.resolve_cudagraph_mode_and_sizes (workers). The mode the worker
+  really runs; a change is a downgrade with the attention backend and its support level.
+- cuda_graph_wrapper / acl_graph_wrapper: vLLM's CUDAGraphWrapper.__call__ and vllm-ascend's
+  ACLGraphWrapper.__call__. Capture memory and time per (mode, size); FULL replays counted and
+  timed with device events.
+- graph_manager_capture / graph_manager_replay / graph_manager_dispatch: model runner v2's
+  CudaGraphManager.capture, run_fullgraph and dispatch (the model's manager, not drafters').
+- batch_dispatch: V1 runners' _determine_batch_execution_and_padding. Decode steps, and eager
+  fallbacks (uniform decode batches dispatched to no graph while graphs are on).
+- dummy_run: V1 runners' _dummy_run, so warmup, profiling and capture runs are not counted.
+- capture_model: runners' capture_model. Phase capturing/captured, graph memory, device memory.
+- load_model, initialize_kv_cache: weights and KV cache memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Final
+
+from npu_runtime.observer.hooks import Hook, argument, around, when_imported, wrap_method
+from npu_runtime.observer.recorder import EventTimer, Recorder
+
+_UNSET: Final = object()
+
+# (module, class) pairs for the V1 and V2 model runners; the vllm-ascend ones override most methods.
+RUNNER_CLASSES: Final = (
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+    ("vllm_ascend.worker.model_runner_v1", "NPUModelRunner"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
+    ("vllm_ascend.worker.v2.model_runner", "NPUModelRunner"),
+)
+GRAPH_WRAPPERS: Final = (
+    # hook name, module, class, entries attribute, graph attribute of an entry
+    (
+        "cuda_graph_wrapper",
+        "vllm.compilation.cuda_graph",
+        "CUDAGraphWrapper",
+        "concrete_cudagraph_entries",
+        "cudagraph",
+    ),
+    (
+        "acl_graph_wrapper",
+        "vllm_ascend.compilation.acl_graph",
+        "ACLGraphWrapper",
+        "concrete_aclgraph_entries",
+        "aclgraph",
+    ),
+)
+
+
+def mode_name(mode: Any) -> str | None:
+    """CUDAGraphMode.FULL_DECODE_ONLY / "FULL_DECODE_ONLY" -> "FULL_DECODE_ONLY"; None stays None."""
+    if mode is None:
+        return None
+    name = getattr(mode, "name", None)
+    return str(name) if name is not None else str(mode).rsplit(".", 1)[-1]
+
+
+class Observer:
+    """The hooks of one process: their state, the recorder, and lazily found device helpers."""
+
+    def __init__(self, recorder: Recorder, *, sample_every: int = 1) -> None:
+        self.recorder = recorder
+        self.sample_every = sample_every
+        self.hooks: dict[str, Hook] = {}
+        self._device: Any = _UNSET
+        self._timer_ready = False
+        self.dummy = threading.local()
+
+    def hook(self, name: str) -> Hook:
+        hook = self.hooks.get(name)
+        if hook is None:
+            hook = self.hooks[name] = Hook(name, self.recorder.record_hook_error)
+        return hook
+
+    def installed(self, what: str) -> None:
+        if what not in self.recorder.hooks_installed:
+            self.recorder.hooks_installed.append(what)
+
+    def unavailable(self, what: str) -> None:
+        if what not in self.recorder.hooks_unavailable:
+            self.recorder.hooks_unavailable.append(what)
+
+    # ----- device helpers (torch and the platform are imported here, at first use) -----
+
+    def device_module(self) -> Any:
+        """torch.cuda / torch.npu / ... for the current platform; None on CPU or when unknown."""
+        if self._device is _UNSET:
+            module = None
+            try:
+                import torch
+                from vllm.platforms import current_platform
+
+                kind = str(getattr(current_platform, "device_type", "") or "")
+                if kind and kind != "cpu":
+                    module = getattr(torch, kind, None)
+                if module is not None and not callable(getattr(module, "mem_get_info", None)):
+                    module = None
+            except Exception:
+                module = None
+            self._device = module
+        return self._device
+
+    def memory_info(self) -> tuple[int, int] | None:
+        """(free, total) bytes of the current device; host-side query, no synchronisation."""
+        module = self.device_module()
+        if module is None:
+            return None
+        free, total = module.mem_get_info()
+        return int(free), int(total)
+
+    def timer(self) -> EventTimer:
+        if not self._timer_ready:
+            self._timer_ready = True
+            module = self.device_module()
+            event = getattr(module, "Event", None) if module is not None else None
+            if event is not None:
+                self.recorder.timer = EventTimer(lambda: event(enable_timing=True), sample_every=self.sample_every)
+        return self.recorder.timer
+
+
+# ----- installation -----
+
+
+def install(observer: Observer) -> None:
+    """Arrange every hook: now for modules already imported, on import for the others."""
+    when_imported("vllm.config", functools.partial(patch_config, observer))
+    for name, module_name, class_name, entries, graph in GRAPH_WRAPPERS:
+        when_imported(
+            module_name,
+            functools.partial(
+                patch_graph_wrapper, observer, name=name, class_name=class_name, entries_attr=entries, graph_attr=graph
+            ),
+        )
+    for module_name, class_name in RUNNER_CLASSES:
+        when_imported(module_name, functools.partial(patch_runner, observer, class_name=class_name))
+    when_imported("vllm.v1.worker.gpu.cudagraph_utils", functools.partial(patch_graph_manager, observer))
+
+
+def _patch(observer: Observer, cls: type, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    what = f"{cls.__module__}.{cls.__qualname__}.{attr}"
+    if wrap_method(cls, attr, make):
+        observer.installed(what)
+        return True
+    return False
+
+
+# ----- configuration: the mode the engine resolves -----
+
+
+def patch_config(observer: Observer, module: ModuleType) -> None:
+    vllm_config = getattr(module, "VllmConfig", None)
+    if vllm_config is None or not _patch(
+        observer, vllm_config, "__post_init__", lambda original: config_post_init_wrapper(observer, original)
+    ):
+        observer.unavailable("VllmConfig.__post_init__")
+    compilation = getattr(module, "CompilationConfig", None)
+    if compilation is None or not _patch(
+        observer,
+        compilation,
+        "resolve_cudagraph_mode_and_sizes",
+        lambda original: resolve_mode_wrapper(observer, original),
+    ):
+        observer.unavailable("CompilationConfig.resolve_cudagraph_mode_and_sizes")
+
+
+def config_post_init_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+    hook = observer.hook("config_post_init")
+    recorder = observer.recorder
+
+    def before(config: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        return mode_name(getattr(getattr(config, "compilation_config", None), "cudagraph_mode", None))
+
+    def after(config: Any, args: tuple[Any, ...], kwargs: dict[str, Any], requested: Any, result: Any) -> None:
+        final = mode_name(getattr(getattr(config, "compilation_config", None), "cudagraph_mode", None))
+        if final is None:
+            return
+        recorder.record_config_mode(requested or final, final)
+        if requested is not None and requested != final:
+            reason, message = config_downgrade_reason(config, requested, final)
+            recorder.record_downgrade(requested, final, reason, message)
+
+    return around(hook, original, before, after, outermost_only=True)
+
+
+def config_downgrade_reason(config: Any, requested: str, final: str) -> tuple[str, str]:
+    """Why VllmConfig (with the platform's check_and_update_config) changed the mode, best known."""
+    change = f"cudagraph_mode {requested} -> {final}"
+    model_config = getattr(config, "model_config", None)
+    if getattr(model_config, "enforce_eager", False):
+        return "EnforceEager", f"enforce_eager is set, so the engine runs without graphs ({change})"
+    platform: Any = None
+    try:
+        from vllm.platforms import current_platform
+
+        platform = current_platform
+    except Exception:
+        platform = None
+    platform_name = type(platform).__name__ if platform is not None else "unknown platform"
+    device = getattr(platform, "device_type", None) or "unknown"
+    supports = getattr(platform, "support_static_graph_mode", None)
+    if callable(supports) and not supports():
+        return (
+            "PlatformWithoutStaticGraphs",
+            f"vLLM's {device} platform ({platform_name}) has no static graph support; "
+            f"the engine set {change} without logging it",
+        )
+    if getattr(model_config, "pooler_config", None) is not None:
+        return "PoolingModel", f"pooling models do not support full graphs ({change})"
+    if getattr(model_config, "is_encoder_decoder", False):
+        return "EncoderDecoderModel", f"encoder-decoder models are limited in graph mode ({change})"
+    return (
+        "PlatformConfig",
+        f"the engine configuration ({platform_name}.check_and_update_config or VllmConfig) set {change}",
+    )
+
+
+def resolve_mode_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+    hook = observer.hook("resolve_mode")
+    recorder = observer.recorder
+
+    def before(config: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        return mode_name(getattr(config, "cudagraph_mode", None))
+
+    def after(config: Any, args: tuple[Any, ...], kwargs: dict[str, Any], requested: Any, result: Any) -> None:
+        final = mode_name(result) if result is not None else mode_name(getattr(config, "cudagraph_mode", None))
+        if final is None:
+            return
+        recorder.record_resolved_mode(final)
+        if requested is None or requested in (final, "NONE"):
+            return
+        support = argument(args, kwargs, 0, "min_cg_support")
+        backend = argument(args, kwargs, 1, "min_cg_attn_backend")
+        piecewise_available = argument(args, kwargs, 8, "piecewise_capture_available", True)
+        support_name = mode_name(support)
+        change = f"cudagraph_mode {requested} -> {final}"
+        if support_name is not None and support_name != "ALWAYS":
+            reason = "AttentionBackendUnsupported"
+            message = f"attention backend {backend} supports graphs {support_name} only; the engine set {change}"
+        elif piecewise_available is False:
+            reason = "PiecewiseCaptureUnavailable"
+            message = f"the model offers no piecewise capture; the engine set {change}"
+        else:
+            reason = "EngineResolved"
+            message = f"the engine set {change} while resolving graph support"
+        recorder.record_downgrade(requested, final, reason, message)
+
+    return around(hook, original, before, after, outermost_only=True)
+
+
+# ----- the static graph wrappers: capture and replay -----
+
+
+def patch_graph_wrapper(
+    observer: Observer, module: ModuleType, *, name: str, class_name: str, entries_attr: str, graph_attr: str
+) -> None:
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        observer.unavailable(f"{module.__name__}.{class_name}")
+        return
+    try:
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import get_forward_context
+    except Exception:
+        observer.unavailable(f"{class_name}.__call__ (vllm.forward_context)")
+        return
+    try:
+        from vllm.forward_context import is_forward_context_available
+    except Exception:
+        is_forward_context_available = None  # type: ignore[assignment]
+    hook = observer.hook(name)
+    if not _patch(
+        observer,
+        cls,
+        "__call__",
+        lambda original: graph_call_wrapper(
+            observer,
+            hook,
+            original,
+            entries_attr=entries_attr,
+            graph_attr=graph_attr,
+            get_context=get_forward_context,
+            context_available=is_forward_context_available,
+            none_mode=CUDAGraphMode.NONE,
+            full_mode=CUDAGraphMode.FULL,
+        ),
+    ):
+        observer.unavailable(f"{class_name}.__call__")
+
+
+def graph_call_wrapper(
+    observer: Observer,
+    hook: Hook,
+    original: Callable[..., Any],
+    *,
+    entries_attr: str,
+    graph_attr: str,
+    get_context: Callable[[], Any],
+    context_available: Callable[[], bool] | None,
+    none_mode: Any,
+    full_mode: Any,
+) -> Callable[..., Any]:
+    """`__call__` of a static graph wrapper: capture when the entry has no graph yet, else replay.
+
+    Decode path cost: a forward-context lookup, a dict lookup, two device event records and a
+    deque append; no synchronisation. Piecewise replays (one per layer piece) are not timed.
+    """
+    recorder = observer.recorder
+    perf_counter = time.perf_counter
+    passthrough, capture, replay = 0, 1, 2
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if hook.disabled:
+            return original(self, *args, **kwargs)
+        action = passthrough
+        key: tuple[str, int] = ("", 0)
+        token: Any = None
+        try:
+            if context_available is None or context_available():
+                context = get_context()
+                mode = context.cudagraph_runtime_mode
+                if mode != none_mode and mode == self.runtime_mode:
+                    descriptor = context.batch_descriptor
+                    entry = getattr(self, entries_attr).get(descriptor)
+                    key = (mode.name, int(descriptor.num_tokens))
+                    if entry is None or getattr(entry, graph_attr) is None:
+                        action = capture
+                        observer.timer()
+                        info = observer.memory_info()
+                        token = (perf_counter(), info[0] if info is not None else None)
+                    elif mode == full_mode:
+                        action = replay
+                        recorder.count_replay(key)
+                        token = observer.timer().start()
+        except Exception:
+            hook.fail()
+            return original(self, *args, **kwargs)
+        result = original(self, *args, **kwargs)
+        if action == passthrough:
+            return result
+        try:
+            if action == capture:
+                started, free_before = token
+                seconds = perf_counter() - started
+                info = observer.memory_info()
+                memory = None
+                if free_before is not None and info is not None:
+                    memory = max(0, free_before - info[0])
+                recorder.record_capture(key, memory, seconds)
+            elif token is not None:
+                recorder.timer.stop(token, key)
+        except Exception:
+            hook.fail()
+        return result
+
+    return __call__
+
+
+# ----- the model runners: decode steps, eager fallbacks, phases, memory -----
+
+
+def patch_runner(observer: Observer, module: ModuleType, *, class_name: str) -> None:
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        observer.unavailable(f"{module.__name__}.{class_name}")
+        return
+    wrappers: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+        "_determine_batch_execution_and_padding": lambda original: batch_dispatch_wrapper(observer, original),
+        "_dummy_run": lambda original: dummy_run_wrapper(observer, original),
+        "capture_model": lambda original: capture_model_wrapper(observer, original),
+        "load_model": lambda original: load_model_wrapper(observer, original),
+        "initialize_kv_cache": lambda original: kv_cache_wrapper(observer, original),
+    }
+    for attr, make in wrappers.items():
+        # Only methods the class defines itself: an inherited one is hooked on its base class.
+        if attr in cls.__dict__:
+            _patch(observer, cls, attr, make)
+    observer.recorder.ensure_flusher()
+
+
+def _dummy_depth(observer: Observer) -> int:
+    return int(getattr(observer.dummy, "depth", 0))
+
+
+def dummy_run_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+    """Warmup, profiling and capture runs are not decode steps: mark them while they run."""
+    hook = observer.hook("dummy_run")
+    state = observer.dummy
+
+    def _dummy_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if hook.disabled:
+            return original(self, *args, **kwargs)
+        state.depth = getattr(state, "depth", 0) + 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            state.depth -= 1
+
+    return _dummy_run
+
+
+def _graphs_enabled(runner: Any, none_mode: Any) -> bool:
+    dispatcher = getattr(runner, "cudagraph_dispatcher", None)
+    if dispatcher is not None and getattr(dispatcher, "keys_initialized", True):
+        mode = getattr(dispatcher, "cudagraph_mode", None)
+    else:
+        mode = getattr(getattr(runner, "compilation_config", None), "cudagraph_mode", None)
+    return mode is not None and mode != none_mode
+
+
+def _max_capture_size(runner: Any) -> int | None:
+    config = getattr(runner, "compilation_config", None)
+    largest = getattr(config, "max_cudagraph_capture_size", None)
+    if largest is None:
+        sizes = getattr(config, "cudagraph_capture_sizes", None) or []
+        largest = max(sizes) if sizes else None
+    return int(largest) if largest is not None else None
+
+
+def eager_reason(*, num_tokens: int, max_size: int | None, force_eager: bool = False, cascade: bool = False) -> str:
+    """Why a decode step ran with no graph although graphs are on (CamelCase, a metric label)."""
+    if force_eager:
+        return "ForcedEager"
+    if max_size is not None and num_tokens > max_size:
+        return "BatchAboveMaxCaptureSize"
+    if cascade:
+        return "CascadeAttention"
+    return "NoMatchingGraph"
+
+
+def batch_dispatch_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+    hook = observer.hook("batch_dispatch")
+    recorder = observer.recorder
+    none_mode: Any = _UNSET
+
+    def after(runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any, result: Any) -> None:
+        nonlocal none_mode
+        if _dummy_depth(observer):
+            return
+        num_tokens = int(argument(args, kwargs, 0, "num_tokens"))
+        num_reqs = int(argument(args, kwargs, 1, "num_reqs"))
+        max_scheduled = int(argument(args, kwargs, 3, "max_num_scheduled_tokens"))
+        forced_uniform = argument(args, kwargs, 7, "force_uniform_decode")
+        query_len = int(getattr(runner, "uniform_decode_query_len", 1) or 1)
+        if forced_uniform is not None:
+            decode = bool(forced_uniform)
+        else:
+            decode = max_scheduled == query_len and num_tokens == query_len * num_reqs
+        if not decode:
+            return
+        if none_mode is _UNSET:
+            from vllm.config import CUDAGraphMode
+
+            none_mode = CUDAGraphMode.NONE
+        reason = None
+        if _graphs_enabled(runner, none_mode) and result[0] == none_mode:
+            reason = eager_reason(
+                num_tokens=num_tokens,
+                max_size=_max_capture_size(runner),
+                force_eager=bool(argument(args, kwargs, 6, "force_eager", False)),
+                cascade=bool(argument(args, kwargs, 4, "use_cascade_attn", False)),
+            )
+        recorder.record_decode_step(reason)
+
+    return around(hook, original, None, after, outermost_only=True)
+
+
+def _device_label(runner: Any) -> str:
+    device = getattr(runner, "device", None)
+    return str(device) if device is not None else "unknown"
+
+
+def capture_model_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+    hook = observer.hook("capture_model")
+    recorder = observer.recorder
+
+    def before(runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not kwargs.get("profile_only"):
+            recorder.set_phase("capturing")
+
+    def after(runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any, result: Any) -> None:
+        if kwargs.get("profile_only"):
+            return
+        graphs = int(result) if isinstance(result, int) and not isinstance(result, bool) else None
+        if graphs is None:
+            seen = [entry.get("memory_bytes") for entry in recorder.captures.values()]
+            graphs = sum(value for value in seen if value is not None) if seen else None
+        info = observer.memory_info()
+        recorder.record_memory(
+            _device_label(runner),
+            graphs=graphs,
+            free=info[0] if info is not None else None,
+            total=info[1] if info is not None else None,
+        )
+        recorder.set_phase("captured")
+
+    return around(hook, original, before, after, outermost_only=True)
+
+
+def load_model_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+    hook = observer.hook("load_model")
+    recorder = observer.recorder
+
+    def after(runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any, result: Any) -> None:
+        weights = getattr(runner, "model_memory_usage", None)
+        info = observer.memory_info()
+        recorder.record_memory(
+            _device_label(runner),
+            weights=int(weights) if isinstance(weights, int | float) else None,
+            total=info[1] if info is not None else None,
+        )
+
+    return around(hook, original, None, after, outermost_only=True)
+
+
+def kv_cache_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+    hook = observer.hook("initialize_kv_cache")
+    recorder = observer.recorder
+
+    def after(runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any, result: Any) -> None:
+        if argument(args, kwargs, 1, "is_profiling", False):
+            return
+        config = argument(args, kwargs, 0, "kv_cache_config")
+        tensors = getattr(config, "kv_cache_tensors", None) or []
+        size = sum(int(getattr(tensor, "size", 0) or 0) for tensor in tensors)
+        info = observer.memory_info()
+        recorder.record_memory(
+            _device_label(runner),
+            kv_cache=size if tensors else None,
+            free=info[0] if info is not None else None,
+            total=info[1] if info is not None else None,
+        )
+
+    return around(hook, original, None, after, outermost_only=True)
+
+
+# ----- model runner v2: CudaGraphManager -----
+
+
+def patch_graph_manager(observer: Observer, module: ModuleType) -> None:
+    base = getattr(module, "CudaGraphManager", None)
+    if base is None:
+        observer.unavailable(f"{module.__name__}.CudaGraphManager")
+        return
+    model_manager = getattr(module, "ModelCudaGraphManager", None) or base
+    try:
+        from vllm.config import CUDAGraphMode
+    except Exception:
+        observer.unavailable("CudaGraphManager (vllm.config.CUDAGraphMode)")
+        return
+    patches: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+        "capture": lambda original: manager_capture_wrapper(observer, original, model_manager),
+        "run_fullgraph": lambda original: manager_replay_wrapper(observer, original, model_manager),
+        "dispatch": lambda original: manager_dispatch_wrapper(observer, original, model_manager, CUDAGraphMode.NONE),
+    }
+    for attr, make in patches.items():
+        if not _patch(observer, base, attr, make):
+            observer.unavailable(f"CudaGraphManager.{attr}")
+    observer.recorder.ensure_flusher()
+
+
+def manager_capture_wrapper(
+    observer: Observer, original: Callable[..., Any], model_manager: type
+) -> Callable[..., Any]:
+    """Wrap the forward-function factory: a capture spans from its warmup=False call to the next call."""
+    hook = observer.hook("graph_manager_capture")
+    recorder = observer.recorder
+    perf_counter = time.perf_counter
+
+    def capture(self: Any, create_forward_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if hook.disabled or not isinstance(self, model_manager):
+            return original(self, create_forward_fn, *args, **kwargs)
+        open_capture: list[Any] = []
+
+        def close() -> None:
+            if open_capture:
+                key, started, free_before = open_capture.pop()
+                info = observer.memory_info()
+                memory = None
+                if free_before is not None and info is not None:
+                    memory = max(0, free_before - info[0])
+                recorder.record_capture(key, memory, perf_counter() - started)
+
+        def factory(desc: Any, *fargs: Any, **fkwargs: Any) -> Any:
+            if not hook.disabled:
+                try:
+                    close()
+                    warmup = fkwargs.get("warmup", fargs[0] if fargs else False)
+                    if not warmup:
+                        observer.timer()
+                        info = observer.memory_info()
+                        key = (str(mode_name(desc.cg_mode)), int(desc.num_tokens))
+                        open_capture.append((key, perf_counter(), info[0] if info is not None else None))
+                except Exception:
+                    hook.fail()
+            return create_forward_fn(desc, *fargs, **fkwargs)
+
+        result = original(self, factory, *args, **kwargs)
+        try:
+            close()
+        except Exception:
+            hook.fail()
+        return result
+
+    return capture
+
+
+def manager_replay_wrapper(observer: Observer, original: Callable[..., Any], model_manager: type) -> Callable[..., Any]:
+    hook = observer.hook("graph_manager_replay")
+    recorder = observer.recorder
+
+    def run_fullgraph(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
+        if hook.disabled or not isinstance(self, model_manager):
+            return original(self, desc, *args, **kwargs)
+        try:
+            key = (str(mode_name(desc.cg_mode)), int(desc.num_tokens))
+            recorder.count_replay(key)
+            token = observer.timer().start()
+        except Exception:
+            hook.fail()
+            return original(self, desc, *args, **kwargs)
+        result = original(self, desc, *args, **kwargs)
+        if token is not None:
+            try:
+                recorder.timer.stop(token, key)
+            except Exception:
+                hook.fail()
+        return result
+
+    return run_fullgraph
+
+
+def manager_dispatch_wrapper(
+    observer: Observer, original: Callable[..., Any], model_manager: type, none_mode: Any
+) -> Callable[..., Any]:
+    hook = observer.hook("graph_manager_dispatch")
+    recorder = observer.recorder
+
+    def after(manager: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any, result: Any) -> None:
+        if not isinstance(manager, model_manager) or not getattr(manager, "_graphs_captured", False):
+            return
+        if argument(args, kwargs, 2, "uniform_token_count") is None:
+            return  # not a uniform decode batch
+        reason = None
+        if getattr(result, "cg_mode", none_mode) == none_mode:
+            captured = getattr(manager, "captured_token_counts", None)
+            sizes = captured() if callable(captured) else []
+            reason = eager_reason(
+                num_tokens=int(argument(args, kwargs, 1, "num_tokens")), max_size=max(sizes) if sizes else None
+            )
+        recorder.record_decode_step(reason)
+
+    return around(hook, original, None, after)
