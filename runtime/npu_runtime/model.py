@@ -248,7 +248,7 @@ class _Fields:
         self.data, self.source, self.prefix = data, source, prefix
 
     def _where(self, key: str) -> str:
-        return f"{self.source}: field {self.prefix}{key!r}"
+        return f"{self.source}: field {self.prefix + key!r}"
 
     def raw(self, key: str) -> Any:
         for name in _ALIASES.get(key, (key,)):
@@ -356,7 +356,7 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
         moe_intermediate = intermediate  # Mixtral: intermediate_size is the expert's size
     if intermediate is None:
         if moe_intermediate is None:
-            raise ModelError(f"{source}: missing field {text.prefix}'intermediate_size'")
+            raise ModelError(f"{source}: missing field {text.prefix + 'intermediate_size'!r}")
         intermediate = moe_intermediate
 
     dtype = (
