@@ -34,7 +34,7 @@ from npu_runtime import modes, sizes
 from npu_runtime.contract import DEVICE_KINDS, GRAPH_MODES, PlanOptions
 from npu_runtime.model import DTYPE_BYTES, ModelInfo, inspect_model
 from npu_runtime.modes import Downgrade
-from npu_runtime.probe import DeviceInfo, device_family, device_from_options
+from npu_runtime.probe import DeviceError, DeviceInfo, device_family, device_from_options
 
 __all__ = [
     "DEFAULT_STREAM_BUDGET",
@@ -191,7 +191,11 @@ class Plan:
 
 def plan_for(options: PlanOptions, model_path: str) -> Plan:
     """Probe the device (or take the overrides), inspect the model, plan. Reads the environment."""
-    return make_plan(options, device_from_options(options), inspect_model(model_path), environ=os.environ)
+    try:
+        device = device_from_options(options)
+    except DeviceError as exc:
+        raise PlanError(exc.field, exc.message) from None
+    return make_plan(options, device, inspect_model(model_path), environ=os.environ)
 
 
 def make_plan(
@@ -542,8 +546,15 @@ def _fit(
 
     if mode == modes.NONE:
         chosen: tuple[int, ...] = ()
+    elif keep < 1:
+        # Only with resolve_mode=False: the mode is the engine's to change, so keep the ceiling and say so.
+        chosen = sizes.thin(candidates, 1)
+        limit = "stream budget" if why == "streams" else "memory"
+        warnings.append(
+            f"not even the largest capture size fits the {limit}: "
+            "expect the engine to fail at capture or to run eagerly"
+        )
     else:
-        keep = max(keep, 1)
         chosen = sizes.thin(candidates, keep)
         if len(chosen) < len(candidates):
             warnings.append(_thinning_message(why, len(candidates), len(chosen), streams, family))

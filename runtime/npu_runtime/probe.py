@@ -1,18 +1,25 @@
 """Device probe: which accelerator this pod has, how many, and how much memory each one holds.
 
 Order of attempts: torch_npu (`torch.npu.mem_get_info`, device name), then `npu-smi info`
-(parsed), then `torch.cuda`, then the host CPU. torch and torch_npu are imported inside the
-functions that use them, so this module imports on a machine without them. Every figure can be
+(parsed), then `torch.cuda`, then the host CPU. torch and torch_npu are only imported in a child
+interpreter, so this module imports on a machine without them. Every figure can be
 replaced through the `--device-*` options; with a kind and a memory size given, nothing is probed.
+
+The torch probes run in a child interpreter: creating an NPU or CUDA context in the runtime's own
+process would keep device memory (and, on NPUs, streams) busy for as long as the runtime supervises
+vLLM, and vLLM refuses to start when free memory is below what it requests.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -21,6 +28,20 @@ from npu_runtime.contract import PlanOptions
 
 _MIB: Final = 1 << 20
 _NPU_SMI_TIMEOUT_S: Final = 10.0
+_TORCH_PROBE_TIMEOUT_S: Final = 180.0  # importing torch_npu and initialising CANN can take a while
+# Run in a child interpreter; prints one JSON object (or null). {module} is "npu" or "cuda".
+_TORCH_PROBE: Final = """
+import json, torch
+{imports}
+backend = torch.{module}
+if not backend.is_available() or backend.device_count() < 1:
+    print("null")
+else:
+    count = backend.device_count()
+    memory = [backend.mem_get_info(i) for i in range(count)]
+    print(json.dumps({{"name": str(backend.get_device_name(0)), "count": count,
+                      "total": min(int(t) for _, t in memory), "free": min(int(f) for f, _ in memory)}}))
+"""
 # `npu-smi info` prints two rows per chip: "| 0     910B3    | OK | ..." then
 # "| 0                | 0000:C1:00.0 | 0    0 / 0    3318 / 65536 |" where the last pair is the HBM
 # (or, on 310P, the memory) used / total in MB.
@@ -55,6 +76,15 @@ def probe_device() -> DeviceInfo:
     return _probe_cpu()
 
 
+class DeviceError(ValueError):
+    """The overrides cannot describe a device: `field` names the option to add."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
 def device_from_options(options: PlanOptions) -> DeviceInfo:
     """Probe, then apply the --device-* overrides. With a kind and a memory size, do not probe."""
     if options.device_kind is not None and options.device_memory is not None:
@@ -70,8 +100,12 @@ def device_from_options(options: PlanOptions) -> DeviceInfo:
     probed = probe_device()
     changes: dict[str, object] = {}
     if options.device_kind is not None and options.device_kind != probed.kind:
-        # A different kind than the one found: the probe's figures describe another device.
-        changes.update(kind=options.device_kind, name="unknown", free_bytes=None)
+        # The probe's figures describe another device: they cannot stand for this one.
+        raise DeviceError(
+            "device_memory",
+            f"this machine has a {probed.kind} device, not {options.device_kind}: "
+            f"give --device-memory to plan for a {options.device_kind} device",
+        )
     if options.device_name is not None:
         changes["name"] = options.device_name
     if options.device_memory is not None:
@@ -87,30 +121,36 @@ def device_from_options(options: PlanOptions) -> DeviceInfo:
 
 
 def _probe_torch_npu() -> DeviceInfo | None:
+    if importlib.util.find_spec("torch_npu") is None:
+        return None
+    return _probe_torch("npu", "import torch_npu  # registers torch.npu", source="torch_npu")
+
+
+def _probe_torch(module: str, imports: str, source: str) -> DeviceInfo | None:
+    """Ask torch in a child interpreter; None when it finds nothing or fails in any way."""
+    code = _TORCH_PROBE.format(module=module, imports=imports)
     try:
-        import torch
-        import torch_npu  # noqa: F401  (registers torch.npu)
-    except Exception:  # ImportError, or CANN libraries missing: feature-detect, never fail
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=_TORCH_PROBE_TIMEOUT_S
+        )
+        found = (
+            json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout else None
+        )
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    if not isinstance(found, dict):
         return None
     try:
-        npu = torch.npu
-        if not npu.is_available():
-            return None
-        count = int(npu.device_count())
-        if count < 1:
-            return None
-        memory = [npu.mem_get_info(i) for i in range(count)]
-        name = str(npu.get_device_name(0))
-    except Exception:
+        return DeviceInfo(
+            kind=module,
+            name=str(found["name"]),
+            count=int(found["count"]),
+            total_bytes=int(found["total"]),
+            free_bytes=int(found["free"]),
+            source=source,
+        )
+    except (KeyError, TypeError, ValueError):
         return None
-    return DeviceInfo(
-        kind="npu",
-        name=name,
-        count=count,
-        total_bytes=min(int(total) for _, total in memory),
-        free_bytes=min(int(free) for free, _ in memory),
-        source="torch_npu",
-    )
 
 
 def _probe_npu_smi(run: Callable[[list[str]], str] | None = None) -> DeviceInfo | None:
@@ -161,28 +201,9 @@ def parse_npu_smi(text: str) -> DeviceInfo | None:
 
 
 def _probe_torch_cuda() -> DeviceInfo | None:
-    try:
-        import torch
-    except Exception:
+    if importlib.util.find_spec("torch") is None:
         return None
-    try:
-        if not torch.cuda.is_available():
-            return None
-        count = int(torch.cuda.device_count())
-        memory = [torch.cuda.mem_get_info(i) for i in range(count)]
-        name = str(torch.cuda.get_device_name(0))
-    except Exception:
-        return None
-    if not memory:
-        return None
-    return DeviceInfo(
-        kind="cuda",
-        name=name,
-        count=count,
-        total_bytes=min(int(total) for _, total in memory),
-        free_bytes=min(int(free) for free, _ in memory),
-        source="torch.cuda",
-    )
+    return _probe_torch("cuda", "", source="torch.cuda")
 
 
 def _probe_cpu() -> DeviceInfo:

@@ -114,6 +114,12 @@ def test_broken_model_exits_2(tmp_path: Any) -> None:
     assert "num_hidden_layers" in broken.stderr
 
 
+def test_a_device_kind_without_its_memory_exits_2() -> None:
+    done = run("plan", "--model", str(FIXTURES / "qwen2.5-7b"), "--device-kind", "npu")  # this machine: a CPU
+    assert done.returncode == 2
+    assert "--device-memory" in done.stderr
+
+
 def test_model_that_cannot_fit_exits_3_with_numbers() -> None:
     done = run("plan", "--model", str(FIXTURES / "qwen2.5-72b-instruct"), "--device-kind", "npu",
                "--device-memory", "32Gi", "--json")  # fmt: skip

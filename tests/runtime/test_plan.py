@@ -108,6 +108,12 @@ class TestModes:
         assert "--enforce-eager" not in p.vllm_args
         assert any("expected to downgrade" in w and "CpuHasNoGraphs" in w for w in p.warnings)
 
+    def test_engine_resolves_mode_even_when_graphs_do_not_fit(self, models: dict[str, ModelInfo]) -> None:
+        options = PlanOptions(graph_mode="PIECEWISE", stream_budget=20, max_model_len=4096)
+        p = make_plan(options, NPU, models["qwen2.5-7b"], resolve_mode=False, environ=POD_ENV)
+        assert (p.effective_mode, p.capture_sizes) == ("PIECEWISE", (256,))
+        assert any("not even the largest capture size fits the stream budget" in w for w in p.warnings)
+
     def test_mla_full_request_on_npu(self, models: dict[str, ModelInfo]) -> None:
         p = plan(models["deepseek-v2-lite"], graph_mode="FULL", tensor_parallel=2)
         assert p.effective_mode == "FULL_DECODE_ONLY"

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from npu_runtime.contract import PlanOptions
-from npu_runtime.probe import DeviceInfo, _probe_npu_smi, device_family, device_from_options, parse_npu_smi
+from npu_runtime.probe import (
+    DeviceError,
+    DeviceInfo,
+    _probe_npu_smi,
+    _probe_torch_cuda,
+    _probe_torch_npu,
+    device_family,
+    device_from_options,
+    parse_npu_smi,
+    probe_device,
+)
 
 MIB = 1 << 20
 
@@ -93,3 +104,44 @@ def test_probe_without_torch_finds_the_cpu() -> None:
 )
 def test_device_family(kind: str, name: str, family: str) -> None:
     assert device_family(DeviceInfo(kind, name, 1, 1, None, "override")) == family
+
+
+FAKE_TORCH = """
+class _Backend:
+    def is_available(self): return True
+    def device_count(self): return 2
+    def mem_get_info(self, index): return ((40 - index) << 30, 64 << 30)
+    def get_device_name(self, index): return {name!r}
+{attribute} = _Backend()
+"""
+
+
+def test_torch_probes_run_in_a_child_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in torch (and torch_npu, which registers torch.npu) that only the child process imports.
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(FAKE_TORCH.format(name="NVIDIA H200", attribute="cuda"))
+    (tmp_path / "torch_npu.py").write_text(
+        "import torch\n" + FAKE_TORCH.format(name="Ascend910B3", attribute="torch.npu")
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert _probe_torch_cuda() == DeviceInfo("cuda", "NVIDIA H200", 2, 64 << 30, 39 << 30, "torch.cuda")
+    assert _probe_torch_npu() == DeviceInfo("npu", "Ascend910B3", 2, 64 << 30, 39 << 30, "torch_npu")
+    assert probe_device().source == "torch_npu"
+    assert "torch" not in sys.modules or not hasattr(sys.modules["torch"], "cuda")
+
+
+def test_a_broken_torch_is_no_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('libcuda.so missing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert _probe_torch_cuda() is None
+
+
+def test_a_kind_this_machine_lacks_needs_its_memory() -> None:
+    probed = probe_device()
+    other = next(kind for kind in ("npu", "cuda", "cpu") if kind != probed.kind)
+    with pytest.raises(DeviceError) as caught:
+        device_from_options(PlanOptions(device_kind=other))
+    assert caught.value.field == "device_memory"
