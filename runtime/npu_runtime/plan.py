@@ -565,6 +565,15 @@ def _fit(
         streams = dataclasses.replace(streams, applies=False, estimate=0)
 
     kv_cache = budget - fixed - graph_bytes
+    cpu_space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if device.kind == "cpu" and cpu_space.isdigit() and int(cpu_space) > 0:
+        # vllm/platforms/cpu.py: VLLM_CPU_KVCACHE_SPACE (GiB) becomes kv_cache_memory_bytes.
+        kv_cache = min(kv_cache, int(cpu_space) * GIB)
+        if kv_cache < min_kv:
+            raise DoesNotFitError(
+                f"VLLM_CPU_KVCACHE_SPACE={cpu_space} GiB cannot hold one {max_model_len}-token sequence "
+                f"({_gib(min_kv)}); raise it or lower --max-model-len"
+            )
     tokens = kv_cache // kv_per_token if kv_per_token else 0
     if kv_cache < full_kv:
         warnings.append(
@@ -588,8 +597,12 @@ def _fit(
                 f"({engine_util} of {_gib(total)}); lower --gpu-memory-utilization to "
                 f"{math.floor(device.free_bytes / total * 100) / 100} or free the device"
             )
-    if device.kind == "cpu":
-        warnings.append("on CPU, vLLM sizes the KV cache from VLLM_CPU_KVCACHE_SPACE, not from this budget")
+    if device.kind == "cpu" and not cpu_space:
+        # vllm/v1/worker/cpu_worker.py: without it, --gpu-memory-utilization is the share of host memory.
+        warnings.append(
+            "on CPU, --gpu-memory-utilization is a share of host memory; set VLLM_CPU_KVCACHE_SPACE (GiB) "
+            "to fix the KV cache size instead"
+        )
     memory = MemoryPlan(
         total_bytes=total,
         budget_bytes=budget,

@@ -96,6 +96,12 @@ class TestModes:
         assert "--enforce-eager" in p.vllm_args
         assert compilation_config(p) == {"cudagraph_mode": "NONE"}
 
+    def test_cpu_kv_cache_space(self, models: dict[str, ModelInfo]) -> None:
+        p = plan(models["qwen2.5-7b"], device=CPU, env={"VLLM_CPU_KVCACHE_SPACE": "1"}, max_model_len=4096)
+        assert p.memory.kv_cache_bytes == GIB
+        with pytest.raises(DoesNotFitError, match="VLLM_CPU_KVCACHE_SPACE=1"):
+            plan(models["qwen2.5-7b"], device=CPU, env={"VLLM_CPU_KVCACHE_SPACE": "1"}, max_model_len=32768)
+
     def test_engine_resolves_mode(self, models: dict[str, ModelInfo]) -> None:
         p = make_plan(
             PlanOptions(max_model_len=4096, max_num_seqs=12), CPU, models["qwen2.5-7b"], resolve_mode=False
