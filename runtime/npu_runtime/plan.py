@@ -496,6 +496,11 @@ def _fit(
         # vllm-ascend 310P guide: AttentionMaskBuilder310 builds a [max_model_len, max_model_len]
         # float16 mask.
         activation += max_model_len * max_model_len * 2
+        if options.max_model_len is None:
+            warnings.append(
+                f"on 310P set --max-model-len explicitly (vllm-ascend's 310P guide): the attention mask "
+                f"for the derived {max_model_len} tokens takes {_gib(max_model_len * max_model_len * 2)}"
+            )
     margin = _margin(options, device)
     kv_per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
     min_kv = _kv_sequence_bytes(model, max_model_len, tp, pp, dtype_bytes)

@@ -180,6 +180,8 @@ class TestDevices:
         short = plan(models["qwen2.5-7b"], device=p310, max_model_len=4096)
         long = plan(models["qwen2.5-7b"], device=p310, max_model_len=32768)
         assert long.memory.activation_bytes - short.memory.activation_bytes == 2 * (32768**2 - 4096**2)
+        derived = plan(models["qwen2.5-7b"], device=p310, tensor_parallel=4)  # 131072 tokens: a 32 GiB mask
+        assert any("set --max-model-len explicitly" in w and "32.00 GiB" in w for w in derived.warnings)
 
     def test_950_piecewise_keeps_four_sizes(self, models: dict[str, ModelInfo]) -> None:
         a5 = DeviceInfo("npu", "Ascend950PR", 8, 128 * GIB, None, "override")
