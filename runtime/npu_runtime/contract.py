@@ -107,6 +107,9 @@ class PlanOptions:
     device_name: str | None = None
     device_memory: int | None = None
     device_count: int | None = None
+    # ACL graph stream budget per device (NPU only); None: vllm-ascend's historical 1800 of 2048.
+    # Soft-partitioned NPUs get only a share of the device's streams (vllm-ascend issue #8585).
+    stream_budget: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +195,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     device.add_argument("--device-name", default=None)
     device.add_argument("--device-memory", type=_argtype(parse_size), default=None, help="per device")
     device.add_argument("--device-count", type=_positive_int, default=None)
+    device.add_argument(
+        "--stream-budget",
+        type=_positive_int,
+        default=None,
+        help="ACL graph streams the plan may use per NPU (default 1800 of 2048; less on a shared NPU)",
+    )
 
 
 def plan_options_from_args(args: argparse.Namespace) -> PlanOptions:

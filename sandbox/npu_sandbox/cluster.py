@@ -14,15 +14,14 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
 import kmock
 import yaml
-
 from npu_operator import crd
 from npu_operator.config import OperatorConfig
+
 from npu_sandbox.emulator import KubeEmulator
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -74,7 +73,7 @@ class LocalCluster:
         os.environ["KUBECONFIG"] = str(self.kubeconfig)
         return self
 
-    async def __aexit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.stop_operator()
         if self._old_kubeconfig is None:
             os.environ.pop("KUBECONFIG", None)
@@ -103,7 +102,6 @@ class LocalCluster:
         it is alone in its process; the API stays here and the two talk only over HTTP.
         """
         import kopf
-
         import npu_operator.handlers  # noqa: F401  (registers the handlers)
 
         if self._operator is not None:
@@ -164,9 +162,7 @@ class LocalCluster:
 
     async def create(self, obj: dict[str, Any], plural: str) -> dict[str, Any]:
         namespace = obj["metadata"].get("namespace")
-        result: dict[str, Any] = await self._call(
-            "POST", resource_path(obj["apiVersion"], plural, namespace), obj
-        )
+        result: dict[str, Any] = await self._call("POST", resource_path(obj["apiVersion"], plural, namespace), obj)
         return result
 
     async def ensure(self, obj: dict[str, Any], plural: str) -> None:
@@ -182,13 +178,19 @@ class LocalCluster:
             raise
         return result
 
-    async def list(self, api_version: str, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    async def list_objects(self, api_version: str, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
         answer = await self._call("GET", resource_path(api_version, plural, namespace))
         return list(answer.get("items", []))
 
     async def patch(
-        self, api_version: str, plural: str, namespace: str | None, name: str, patch: dict[str, Any],
-        *, subresource: str | None = None,
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str | None,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        subresource: str | None = None,
     ) -> dict[str, Any]:
         path = resource_path(api_version, plural, namespace, name) + (f"/{subresource}" if subresource else "")
         result: dict[str, Any] = await self._call("PATCH", path, patch, "application/merge-patch+json")
@@ -213,14 +215,14 @@ class LocalCluster:
         """Every write request the API has served so far (POST, PUT, PATCH, DELETE)."""
         return [request for request in self.emulator if request.method.value in WRITE_METHODS]
 
-    async def wait_for(self, probe: Any, *, timeout: float = 30.0, interval: float = 0.1, what: str = "") -> Any:
+    async def wait_for(self, probe: Any, *, within: float = 30.0, interval: float = 0.1, what: str = "") -> Any:
         """Poll the async callable `probe` until it returns something truthy; that is returned."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = asyncio.get_running_loop().time() + within
         last: Any = None
         while True:
             last = await probe()
             if last:
                 return last
             if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"timed out after {timeout}s waiting for {what or probe}; last: {last!r}")
+                raise TimeoutError(f"timed out after {within}s waiting for {what or probe}; last: {last!r}")
             await asyncio.sleep(interval)

@@ -21,6 +21,8 @@ from typing import Any
 
 import aiohttp.web
 import attrs
+import jsonpatch
+import jsonpointer
 import kmock
 from kmock._internal import dicts, enums, rendering
 from npu_operator import crd
@@ -166,7 +168,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return raw
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
-        if request.resource is not None and isinstance(request.data, dict):
+        if request.resource is not None and isinstance(request.data, dict | list):
             try:
                 if request.action == enums.action.CREATE:
                     self._admit_create(request)
@@ -175,8 +177,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             except kmock.KubernetesError as exc:
                 return await self._render_error(exc)
         response = await super()._handle(request)
-        if request.action == enums.action.DELETE and request.name is not None and request.resource is not None:
-            await self._collect_garbage()
+        if request.action in (enums.action.DELETE, enums.action.UPDATE) and request.name is not None:
+            await self._collect_garbage()  # a delete, or a patch that released the last finalizer
         return response
 
     def _admit_create(self, request: rendering.Request) -> None:
@@ -203,10 +205,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def _admit_update(self, request: rendering.Request) -> None:
         """Turn the client's patch into one that yields what the API server would store."""
-        data: dict[str, Any] = request.data
         old = self._stored(request.resource, request.namespace, request.name or "")
         if old is None:
             return  # kmock answers 404
+        data: Any = request.data
+        if isinstance(data, list):  # a JSON patch (RFC 6902), as kopf sends for finalizers
+            try:
+                data = jsonpatch.apply_patch(old, data)
+            except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=f"the patch failed: {exc}") from None
+            data = replace_patch(old, data)
+            object.__setattr__(request, "data", data)  # kmock then applies it as a merge patch
         if self._has_status(request.resource):
             # The status subresource changes only status; the main resource changes all but status.
             if request.subresource == "status":

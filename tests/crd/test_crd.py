@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from npu_operator import crd
+
 from tests.operator.conftest import EXAMPLES, example
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +119,11 @@ INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
     ("capture-sizes-with-mode-none", setting("spec.graph", {"mode": "NONE", "captureSizes": [1]}), "other than NONE"),
     ("unknown-on-downgrade", setting("spec.graph", {"onDowngrade": "Ignore"}), "is not one of"),
     ("max-num-seqs-zero", setting("spec.engine", {"maxNumSeqs": 0}), "less than the minimum of 1"),
-    ("memory-utilization-zero", setting("spec.engine", {"gpuMemoryUtilization": 0}), "less than or equal to the minimum"),
+    (
+        "memory-utilization-zero",
+        setting("spec.engine", {"gpuMemoryUtilization": 0}),
+        "less than or equal to the minimum",
+    ),
     ("memory-utilization-above-one", setting("spec.engine", {"gpuMemoryUtilization": 1.2}), "greater than the maximum"),
     ("unknown-dtype", setting("spec.engine", {"dtype": "fp8"}), "is not one of"),
     (
@@ -127,7 +131,11 @@ INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
         setting("spec.engine", {"speculative": {"method": "draft_model", "numTokens": 2}}),
         "draft_model needs speculative.model",
     ),
-    ("speculative-without-tokens", setting("spec.engine", {"speculative": {"method": "mtp"}}), "'numTokens' is a required"),
+    (
+        "speculative-without-tokens",
+        setting("spec.engine", {"speculative": {"method": "mtp"}}),
+        "'numTokens' is a required",
+    ),
     (
         "env-value-and-value-from",
         setting("spec.engine", {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {}}}]}),
@@ -233,3 +241,14 @@ def test_defaults_do_not_touch_what_the_user_wrote() -> None:
     defaulted = crd.apply_defaults(manifest)
     assert manifest == original
     assert defaulted["spec"]["engine"]["maxNumSeqs"] == 12
+
+
+def test_the_api_reference_is_generated_from_this_crd() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_api_docs", ROOT / "scripts" / "gen_api_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    committed = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    assert committed == module.render(), "docs/api.md is stale: run .venv/bin/python scripts/gen_api_docs.py"

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from npu_operator.config import OperatorConfig
 from npu_sandbox.cluster import LocalCluster
 

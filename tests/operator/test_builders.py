@@ -9,12 +9,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-
 from npu_operator import builders
 from npu_operator.api import parse_spec
 from npu_operator.config import OperatorConfig
 from npu_operator.reconcile import adopted_children
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, parse_serve_args
+
 from tests.operator.conftest import EXAMPLES, example
 
 GOLDEN = Path(__file__).parent / "golden"

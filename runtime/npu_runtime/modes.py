@@ -1,0 +1,246 @@
+"""Graph-mode resolution: the mode the engine will really run, and why it differs from the request.
+
+`RULES` is the one table. Each rule names the engine code (or issue) it encodes; rules are
+applied in the order the engine applies them (vLLM's VllmConfig.__post_init__, then the
+platform's check_and_update_config, then the model runner's resolve_cudagraph_mode_and_sizes),
+each to the mode the previous ones left. A rule that changes the mode yields one `Downgrade` with
+a stable CamelCase reason. Cases the table does not know keep the mode and add a warning: the
+planner never guesses silently.
+
+Targets: vLLM 0.31 and vllm-ascend main of 2026-08 (commit 182b75ea).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from npu_runtime.model import ModelInfo
+from npu_runtime.probe import DeviceInfo, device_family
+
+NONE: Final = "NONE"
+PIECEWISE: Final = "PIECEWISE"
+FULL: Final = "FULL"
+FULL_DECODE_ONLY: Final = "FULL_DECODE_ONLY"
+FULL_AND_PIECEWISE: Final = "FULL_AND_PIECEWISE"
+
+# CUDAGraphMode's structure (vllm/config/compilation.py): what decode batches and mixed batches run as.
+_DECODE: Final = {
+    NONE: NONE,
+    PIECEWISE: PIECEWISE,
+    FULL: FULL,
+    FULL_DECODE_ONLY: FULL,
+    FULL_AND_PIECEWISE: FULL,
+}
+_MIXED: Final = {
+    NONE: NONE,
+    PIECEWISE: PIECEWISE,
+    FULL: FULL,
+    FULL_DECODE_ONLY: NONE,
+    FULL_AND_PIECEWISE: PIECEWISE,
+}
+
+# Architectures whose attention the table below describes (standard GQA/MHA or MLA decoders and
+# the multimodal wrappers around them). Others keep their mode with a warning.
+KNOWN_ARCHITECTURES: Final = frozenset(
+    {
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "MixtralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "DeepseekV2ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "LlavaForConditionalGeneration",
+    }
+)
+
+
+def decode_mode(mode: str) -> str:
+    """What a uniform decode batch runs as under `mode` (CUDAGraphMode.decode_mode)."""
+    return _DECODE[mode]
+
+
+def has_full_graphs(mode: str) -> bool:
+    return FULL in (_DECODE[mode], _MIXED[mode])
+
+
+def has_piecewise_graphs(mode: str) -> bool:
+    return PIECEWISE in (_DECODE[mode], _MIXED[mode])
+
+
+@dataclass(frozen=True)
+class Downgrade:
+    """One change of graph mode, with the reason the engine (or the plan) has for it."""
+
+    from_mode: str
+    to_mode: str
+    reason: str
+    """A stable CamelCase code, e.g. "CpuHasNoGraphs"."""
+    message: str
+
+
+@dataclass(frozen=True)
+class ModeContext:
+    """Everything the rules look at."""
+
+    device_kind: str
+    device_family: str
+    architecture: str
+    is_mla: bool
+    is_encoder_decoder: bool
+    is_pooling: bool
+    enforce_eager: bool
+    speculative_tokens: int
+
+
+@dataclass(frozen=True)
+class Rule:
+    reason: str
+    applies: Callable[[str, ModeContext], bool]
+    target: Callable[[str, ModeContext], str]
+    message: str
+    source: str
+
+
+def _mla_full_fallback(mode: str, ctx: ModeContext) -> str:
+    # resolve_cudagraph_mode_and_sizes: FULL_AND_PIECEWISE when the splitting ops contain attention,
+    # else FULL_DECODE_ONLY. vllm-ascend empties splitting_ops for full-graph modes
+    # (_setup_compile_backend); vLLM's default splitting ops on CUDA contain attention
+    # (CompilationConfig.set_splitting_ops_for_v1).
+    return FULL_DECODE_ONLY if ctx.device_kind == "npu" else FULL_AND_PIECEWISE
+
+
+RULES: Final[tuple[Rule, ...]] = (
+    Rule(
+        reason="CpuHasNoGraphs",
+        applies=lambda mode, ctx: ctx.device_kind == "cpu" and mode != NONE,
+        target=lambda mode, ctx: NONE,
+        message="the CPU platform has no static graphs; vLLM runs every step eagerly",
+        source="vllm/config/vllm.py VllmConfig.__post_init__: support_static_graph_mode() is False "
+        "(platforms/interface.py default; platforms/cpu.py does not override it) -> NONE",
+    ),
+    Rule(
+        reason="EnforceEager",
+        applies=lambda mode, ctx: ctx.enforce_eager and mode != NONE,
+        target=lambda mode, ctx: NONE,
+        message="--enforce-eager disables graph capture",
+        source="vllm/config/vllm.py VllmConfig.__post_init__ ('Cudagraph is disabled under eager mode'); "
+        "vllm_ascend/platform.py _update_compilation_modes",
+    ),
+    Rule(
+        reason="PoolingModelNoFullGraphs",
+        applies=lambda mode, ctx: ctx.is_pooling and ctx.device_kind != "cpu" and has_full_graphs(mode),
+        target=lambda mode, ctx: PIECEWISE,
+        message="pooling models do not support full graphs",
+        source="vllm/config/vllm.py VllmConfig.__post_init__ "
+        "('Pooling models do not support full cudagraphs')",
+    ),
+    Rule(
+        reason="EncoderDecoderPiecewiseOnly",
+        applies=lambda mode, ctx: (
+            ctx.device_kind == "npu" and ctx.is_encoder_decoder and mode not in (NONE, PIECEWISE)
+        ),
+        target=lambda mode, ctx: PIECEWISE,
+        message="vllm-ascend runs encoder-decoder models in PIECEWISE mode only",
+        source="vllm_ascend/platform.py _update_compilation_modes ('Encoder-decoder models currently only "
+        "support PIECEWISE mode')",
+    ),
+    Rule(
+        reason="EncoderDecoderFullDecodeOnly",
+        applies=lambda mode, ctx: (
+            ctx.device_kind == "cuda" and ctx.is_encoder_decoder and mode not in (NONE, FULL_DECODE_ONLY)
+        ),
+        target=lambda mode, ctx: FULL_DECODE_ONLY,
+        message="vLLM runs encoder-decoder models in FULL_DECODE_ONLY mode",
+        source="vllm/config/vllm.py VllmConfig.__post_init__ ('Encoder-decoder models do not support ...')",
+    ),
+    Rule(
+        reason="MlaNoMixedBatchGraphs",
+        applies=lambda mode, ctx: ctx.is_mla and mode == FULL and ctx.device_kind in ("npu", "cuda"),
+        target=_mla_full_fallback,
+        message="MLA attention supports full graphs for uniform decode batches only (UNIFORM_BATCH), "
+        "not for mixed prefill-decode batches",
+        source="vllm/config/compilation.py resolve_cudagraph_mode_and_sizes (mixed_mode FULL needs "
+        "AttentionCGSupport.ALWAYS); vllm_ascend/attention/mla_v1.py AscendMLAMetadataBuilder."
+        "get_cudagraph_support -> UNIFORM_BATCH; vllm/v1/attention/backends/mla/* (UNIFORM_BATCH)",
+    ),
+    Rule(
+        reason="FlashAttention2NoMixedBatchGraphs",
+        applies=lambda mode, ctx: (
+            ctx.device_kind == "cuda"
+            and not ctx.is_mla
+            and mode == FULL
+            and ctx.device_family == "ampere-ada"
+        ),
+        target=lambda mode, ctx: FULL_AND_PIECEWISE,
+        message="FlashAttention 2 supports full graphs for uniform batches only (UNIFORM_BATCH)",
+        source="vllm/v1/attention/backends/flash_attn.py FlashAttentionMetadataBuilder._cudagraph_support "
+        "(ALWAYS with FA3, UNIFORM_BATCH otherwise); compilation.py resolve_cudagraph_mode_and_sizes",
+    ),
+)
+
+
+def resolve_mode(
+    requested: str,
+    *,
+    device: DeviceInfo,
+    model: ModelInfo,
+    enforce_eager: bool = False,
+    speculative_tokens: int = 0,
+) -> tuple[str, tuple[Downgrade, ...], tuple[str, ...]]:
+    """(effective mode, downgrades in the order they happen, warnings for cases the table lacks)."""
+    ctx = ModeContext(
+        device_kind=device.kind,
+        device_family=device_family(device),
+        architecture=model.architecture,
+        is_mla=model.is_mla,
+        is_encoder_decoder=model.is_encoder_decoder,
+        is_pooling=model.is_pooling,
+        enforce_eager=enforce_eager,
+        speculative_tokens=speculative_tokens,
+    )
+    mode = requested
+    downgrades: list[Downgrade] = []
+    for rule in RULES:
+        if rule.applies(mode, ctx):
+            target = rule.target(mode, ctx)
+            if target != mode:
+                downgrades.append(Downgrade(mode, target, rule.reason, f"{mode} -> {target}: {rule.message}"))
+                mode = target
+    return mode, tuple(downgrades), _unknown_cases(mode, ctx)
+
+
+def _unknown_cases(mode: str, ctx: ModeContext) -> tuple[str, ...]:
+    """Warnings for what the table cannot decide: the mode is kept as it is."""
+    if mode == NONE:
+        return ()
+    warnings: list[str] = []
+    if ctx.architecture not in KNOWN_ARCHITECTURES:
+        warnings.append(
+            f"architecture {ctx.architecture} is not in the planner's table; its attention backend's graph "
+            f"support is unknown, so {mode} is kept as requested"
+        )
+    if ctx.device_kind == "npu" and ctx.device_family == "unknown":
+        warnings.append(
+            "NPU family unknown (device name not 910B*, 910C/910_93*, 310P*, 950): vllm-ascend's "
+            f"family-specific rules were not applied, {mode} kept"
+        )
+    if ctx.device_family == "310P" and mode not in (FULL_DECODE_ONLY,):
+        # vllm-ascend docs, tutorials/hardwares/310p:
+        # "supports FULL_DECODE_ONLY graph mode on Atlas 300I DUO".
+        warnings.append(
+            f"vllm-ascend documents only FULL_DECODE_ONLY graphs on 310P; {mode} is untested there"
+        )
+    if ctx.device_kind == "cuda" and mode == FULL and ctx.device_family not in ("hopper", "ampere-ada"):
+        warnings.append(
+            "FULL graphs need an attention backend with AttentionCGSupport.ALWAYS; "
+            f"on {ctx.device_family} GPUs "
+            "the backend is not known here, so FULL is kept (the engine may switch to FULL_AND_PIECEWISE)"
+        )
+    return tuple(warnings)

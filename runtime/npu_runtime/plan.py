@@ -1,0 +1,832 @@
+"""The plan: graph mode, capture sizes, memory and streams, decided before the model loads.
+
+`make_plan(options, device, model)` is pure (no I/O, no clock): it resolves the graph mode
+(`modes.RULES`), lists the capture sizes that cover every decode batch up to max_num_seqs
+(`sizes.covering_sizes`), fits them to device memory and, on NPUs, to the ACL graph stream
+budget, and returns the vLLM arguments that carry the decision. `plan_for(options, path)` adds
+the probe and the model inspection.
+
+Memory model, per device (all figures in bytes; see docs/planner.md):
+
+    budget     = total * gpu_memory_utilization
+    budget    >= weights + activation + margin + graphs + kv_cache
+    graphs     = first_capture + (sizes - 1) * per_size          (vLLM's profile_cudagraph_memory)
+    kv_cache   = what remains; it must hold at least one max_model_len sequence
+
+Weights are measured (safetensors) or estimated (shape); activation, margin and graphs are
+estimates; the engine measures them again at startup.
+
+Errors: `PlanError` for invalid input (exit 2, `.field` names the option), `DoesNotFitError` when
+the model cannot fit (exit 3, the message gives the numbers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from npu_runtime import modes, sizes
+from npu_runtime.contract import DEVICE_KINDS, GRAPH_MODES, PlanOptions
+from npu_runtime.model import DTYPE_BYTES, ModelInfo, inspect_model
+from npu_runtime.modes import Downgrade
+from npu_runtime.probe import DeviceError, DeviceInfo, device_family, device_from_options
+
+__all__ = [
+    "DEFAULT_STREAM_BUDGET",
+    "DEVICE_STREAMS",
+    "DoesNotFitError",
+    "MemoryPlan",
+    "Plan",
+    "PlanError",
+    "StreamPlan",
+    "make_plan",
+    "plan_for",
+]
+
+KIB: Final = 1 << 10
+MIB: Final = 1 << 20
+GIB: Final = 1 << 30
+
+# vllm-ascend's historical ACL graph budget: "we can only capture 1800 graphs at most ... bounded by
+# the number of streams, which is 2048, we save 248 streams as a buffer" (vllm_ascend/utils.py
+# update_aclgraph_sizes, removed in #9962 after newer HDK/CANN stacks raised the limit).
+DEFAULT_STREAM_BUDGET: Final = 1800
+DEVICE_STREAMS: Final = 2048
+# Non-AIV HCCL expansion: each communication group costs about 40 streams up front (same source).
+_STREAMS_PER_COMM_GROUP: Final = 40
+# 310P with TP > 1: hardware event ids limit the graphs; vllm-ascend's 310P guide reports that
+# Qwen3-32B "can capture and replay 2 graphs" (docs/.../tutorials/hardwares/310p). No limit at TP=1.
+_310P_TP_MAX_SIZES: Final = 2
+# A5 (950) PIECEWISE: vllm_ascend/platform.py _prune_capture_sizes_for_950 keeps 4 sizes.
+_A5_PIECEWISE_MAX_SIZES: Final = 4
+
+# Estimates (docs/planner.md says where each comes from).
+_ACTIVATION_WORKSPACE: Final = 256 * MIB  # kernels' workspaces, allocator slack during profile_run
+_NON_TORCH_BASE: Final = 512 * MIB  # runtime context (ACL/CUDA), not seen by the torch allocator
+_COMM_BUFFERS: Final = 400 * MIB  # HCCL_BUFFSIZE default 200 MB, in and out, per communication group
+_NPU_REDUNDANCY: Final = 150 * MIB  # vllm_ascend/worker/worker.py: "A 150 MiB buffer is kept"
+_GRAPH_POOL_OVERHEAD: Final = 64 * MIB  # graph pool bookkeeping and attention metadata buffers
+_PER_GRAPH_MIN: Final = 1 * MIB  # vLLM: "Use at least 1 MiB per graph for driver overhead"
+_PER_PIECE: Final = 256 * KIB  # one piecewise sub-graph
+ENGINE_MIN_BATCHED_TOKENS: Final = 2048
+
+
+class PlanError(ValueError):
+    """Invalid input: the CLI exits 2 and names `field` (an option, e.g. "capture_sizes")."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class DoesNotFitError(Exception):
+    """The model cannot run on this device as configured: the CLI exits 3; the message has the numbers."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device memory, in bytes. weights + activation + margin + graph + kv_cache <= budget."""
+
+    total_bytes: int
+    budget_bytes: int
+    """total * gpu_memory_utilization: what the engine may use."""
+    weights_bytes: int
+    kv_cache_bytes: int
+    graph_bytes: int
+    activation_bytes: int
+    margin_bytes: int
+    """Non-torch memory (runtime context, communication buffers) and a safety buffer."""
+    free_bytes: int | None
+    weights_source: str
+    graph_first_capture_bytes: int
+    graph_per_size_bytes: int
+    kv_bytes_per_token: int
+    kv_cache_tokens: int
+    min_kv_cache_bytes: int
+    """One sequence of max_model_len: the engine refuses to start with less."""
+    full_kv_cache_bytes: int
+    """max_num_seqs sequences of max_model_len each."""
+    engine_gpu_memory_utilization: float
+    """The value passed to vLLM: lower than requested when the plan, not the engine, reserves the graphs."""
+    graph_reserved_by: str
+    """"engine" (vLLM deducts its own graph estimate), "plan" (the utilisation is lowered) or "none"."""
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """ACL graph streams per device (NPU only): estimate <= budget."""
+
+    applies: bool
+    budget: int
+    device_streams: int
+    per_size: int
+    fixed: int
+    estimate: int
+    max_sizes: int | None
+    hccl_op_expansion_mode: str
+    communication_groups: int
+    formula: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the runtime will ask vLLM for, and why. `to_dict()` is the JSON of `npu-runtime plan --json`."""
+
+    requested_mode: str
+    effective_mode: str
+    capture_sizes: tuple[int, ...]
+    downgrades: tuple[Downgrade, ...]
+    memory: MemoryPlan
+    streams: StreamPlan
+    vllm_args: tuple[str, ...]
+    warnings: tuple[str, ...]
+    device: DeviceInfo
+    model: ModelInfo
+    mode_resolved_by: str
+    """"plan" or "engine" (serve --engine-resolves-mode: the requested mode goes to vLLM unchanged)."""
+    max_num_seqs: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    decode_query_len: int
+    max_capture_size: int
+    """The ceiling: the largest decode batch, in tokens, that the plan covers with a graph."""
+    eager_decode_batches: tuple[int, int] | None
+    """Decode batches (first, last, in requests) that run eagerly although graphs are on."""
+    dtype: str
+    tensor_parallel: int
+    pipeline_parallel: int
+    data_parallel: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requested_mode": self.requested_mode,
+            "effective_mode": self.effective_mode,
+            "mode_resolved_by": self.mode_resolved_by,
+            "capture_sizes": list(self.capture_sizes),
+            "max_capture_size": self.max_capture_size,
+            "eager_decode_batches": list(self.eager_decode_batches) if self.eager_decode_batches else None,
+            "downgrades": [dataclasses.asdict(d) for d in self.downgrades],
+            "memory": dataclasses.asdict(self.memory),
+            "streams": dataclasses.asdict(self.streams),
+            "vllm_args": list(self.vllm_args),
+            "warnings": list(self.warnings),
+            "max_num_seqs": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "decode_query_len": self.decode_query_len,
+            "dtype": self.dtype,
+            "tensor_parallel": self.tensor_parallel,
+            "pipeline_parallel": self.pipeline_parallel,
+            "data_parallel": self.data_parallel,
+            "device": dataclasses.asdict(self.device),
+            "model": self.model.summary(),
+        }
+
+
+def plan_for(options: PlanOptions, model_path: str) -> Plan:
+    """Probe the device (or take the overrides), inspect the model, plan. Reads the environment."""
+    try:
+        device = device_from_options(options)
+    except DeviceError as exc:
+        raise PlanError(exc.field, exc.message) from None
+    return make_plan(options, device, inspect_model(model_path), environ=os.environ)
+
+
+def make_plan(
+    options: PlanOptions,
+    device: DeviceInfo,
+    model: ModelInfo,
+    *,
+    resolve_mode: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> Plan:
+    """The plan for `model` on `device`. Pure.
+
+    resolve_mode=False: the requested mode goes to the engine unchanged (serve's
+    --engine-resolves-mode); the rules' expected downgrades become warnings and the capture
+    sizes are still planned. `environ` holds the variables the engine reads that change the plan
+    (HCCL_OP_EXPANSION_MODE, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, ...); None means none set.
+    """
+    env = dict(environ or {})
+    family = device_family(device)
+    _validate(options, device, model, family, env)
+    warnings: list[str] = []
+    max_model_len = _max_model_len(options, model, env, warnings)
+    dtype = _dtype(options, model, family)
+
+    requested = options.graph_mode
+    predicted, downgrades_list, mode_warnings = modes.resolve_mode(
+        requested,
+        device=device,
+        model=model,
+        enforce_eager=options.enforce_eager,
+        speculative_tokens=options.speculative_tokens,
+    )
+    warnings += mode_warnings
+    downgrades = list(downgrades_list)
+    if resolve_mode:
+        mode = predicted
+    else:
+        mode = requested
+        warnings += [f"the engine is expected to downgrade {d.message} ({d.reason})" for d in downgrades]
+        downgrades = []
+
+    q = 1 + options.speculative_tokens
+    ceiling, candidates = _candidate_sizes(options, mode, q, warnings)
+    batched_tokens = _batched_tokens(options, ceiling)
+
+    fit = _fit(
+        options,
+        device,
+        model,
+        family,
+        env,
+        mode,
+        candidates,
+        q,
+        dtype,
+        max_model_len,
+        batched_tokens,
+        resolve_mode,
+    )
+    warnings += fit.warnings
+    downgrades += fit.downgrades
+    mode = fit.mode
+
+    eager: tuple[int, int] | None = None
+    if mode != modes.NONE and decode_mode_is_graph(mode):
+        missed = sizes.uncovered(fit.sizes, options.max_num_seqs, q)
+        if missed:
+            eager = (missed.start, missed.stop - 1)
+            warnings.append(
+                f"decode batches of {eager[0]}..{eager[1]} requests are above the largest captured size "
+                f"{max(fit.sizes)} and run eagerly"
+            )
+
+    vllm_args = _vllm_args(options, mode, fit.sizes, fit.memory, dtype, max_model_len, batched_tokens)
+    return Plan(
+        requested_mode=requested,
+        effective_mode=mode,
+        capture_sizes=fit.sizes,
+        downgrades=tuple(downgrades),
+        memory=fit.memory,
+        streams=fit.streams,
+        vllm_args=vllm_args,
+        warnings=tuple(warnings),
+        device=device,
+        model=model,
+        mode_resolved_by="plan" if resolve_mode else "engine",
+        max_num_seqs=options.max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=batched_tokens,
+        decode_query_len=q,
+        max_capture_size=max(fit.sizes, default=0),
+        eager_decode_batches=eager,
+        dtype=dtype,
+        tensor_parallel=options.tensor_parallel,
+        pipeline_parallel=options.pipeline_parallel,
+        data_parallel=options.data_parallel,
+    )
+
+
+def decode_mode_is_graph(mode: str) -> bool:
+    return modes.decode_mode(mode) != modes.NONE
+
+
+# -- validation ------------------------------------------------------------------------------------
+
+
+def _validate(
+    options: PlanOptions, device: DeviceInfo, model: ModelInfo, family: str, env: dict[str, str]
+) -> None:
+    if options.graph_mode not in GRAPH_MODES:
+        raise PlanError("graph_mode", f"{options.graph_mode!r} is not one of {', '.join(GRAPH_MODES)}")
+    if device.kind not in DEVICE_KINDS:
+        raise PlanError("device_kind", f"{device.kind!r} is not one of {', '.join(DEVICE_KINDS)}")
+    for field in ("max_num_seqs", "tensor_parallel", "pipeline_parallel", "data_parallel"):
+        if getattr(options, field) < 1:
+            raise PlanError(field, f"must be a positive integer, got {getattr(options, field)}")
+    if options.max_capture_size is not None and options.max_capture_size < 1:
+        raise PlanError("max_capture_size", f"must be a positive integer, got {options.max_capture_size}")
+    if options.max_model_len is not None and options.max_model_len < 1:
+        raise PlanError("max_model_len", f"must be a positive integer, got {options.max_model_len}")
+    if not 0.0 < options.gpu_memory_utilization <= 1.0:
+        raise PlanError("gpu_memory_utilization", f"must be in (0, 1], got {options.gpu_memory_utilization}")
+    if options.stream_budget is not None and options.stream_budget < 1:
+        raise PlanError("stream_budget", f"must be a positive integer, got {options.stream_budget}")
+    if options.speculative_tokens < 0:
+        raise PlanError("speculative_tokens", f"must be zero or more, got {options.speculative_tokens}")
+    if options.speculative_tokens and not options.speculative_method:
+        raise PlanError(
+            "speculative_method", "speculative tokens are set but no speculative method (e.g. mtp, ngram)"
+        )
+    if options.speculative_method and not options.speculative_tokens:
+        raise PlanError(
+            "speculative_tokens", f"speculative method {options.speculative_method!r} needs a token count"
+        )
+    if device.total_bytes < 1:
+        raise PlanError("device_memory", f"must be positive, got {device.total_bytes}")
+    world = options.tensor_parallel * options.pipeline_parallel * options.data_parallel
+    if device.kind != "cpu" and world > device.count:
+        raise PlanError(
+            "tensor_parallel",
+            f"tensor {options.tensor_parallel} x pipeline {options.pipeline_parallel} x data "
+            f"{options.data_parallel} = {world} devices, but {device.count} are visible",
+        )
+    # vllm/config/parallel.py / model.py verify_with_parallel_config: heads must split evenly.
+    if model.num_attention_heads % options.tensor_parallel:
+        raise PlanError(
+            "tensor_parallel",
+            f"{model.num_attention_heads} attention heads cannot be split over "
+            f"{options.tensor_parallel} ranks",
+        )
+    if options.pipeline_parallel > model.num_layers:
+        raise PlanError(
+            "pipeline_parallel", f"{options.pipeline_parallel} stages for {model.num_layers} layers"
+        )
+    if family == "310P" and model.is_mla:
+        # vllm_ascend/_310p/model_runner_310p.py initialize_kv_cache_tensors:
+        # "MLAAttention is not supported for 310P."
+        raise PlanError(
+            "model", f"{model.architecture} uses MLA attention, which vllm-ascend does not support on 310P"
+        )
+    if family == "310P" and options.dtype in ("bfloat16", "bf16"):
+        # vllm-ascend tutorials (Qwen3.5-27B, PaddleOCR-VL): "On Atlas 300I DUO, only float16 is supported."
+        raise PlanError("dtype", "310P supports float16 only, not bfloat16")
+    if (
+        device.kind == "npu"
+        and env.get("ASCEND_LAUNCH_BLOCKING", "0") == "1"
+        and options.graph_mode != modes.NONE
+        and not options.enforce_eager
+    ):
+        # vllm_ascend/platform.py _setup_compile_backend raises:
+        # "ACL graph is incompatible with ASCEND_LAUNCH_BLOCKING=1".
+        raise PlanError(
+            "ASCEND_LAUNCH_BLOCKING", "ACL graphs are incompatible with ASCEND_LAUNCH_BLOCKING=1; unset it"
+        )
+
+
+def _max_model_len(options: PlanOptions, model: ModelInfo, env: dict[str, str], warnings: list[str]) -> int:
+    derived = model.max_position_embeddings
+    if options.max_model_len is None:
+        return derived
+    if options.max_model_len > derived:
+        # vllm/config/model.py _get_and_verify_max_len raises unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set.
+        if env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true"):
+            warnings.append(
+                f"max_model_len {options.max_model_len} exceeds the model's {derived} (allowed by env)"
+            )
+        else:
+            raise PlanError(
+                "max_model_len",
+                f"{options.max_model_len} is above the model's context length {derived}; vLLM refuses it "
+                "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+            )
+    return options.max_model_len
+
+
+def _dtype(options: PlanOptions, model: ModelInfo, family: str) -> str:
+    if options.dtype not in ("auto", ""):
+        return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}.get(
+            options.dtype, options.dtype
+        )
+    if family == "310P":
+        return "float16"
+    # vLLM "auto": the checkpoint's dtype, except that float32 checkpoints run in 16 bits
+    # (vllm/config/model.py _resolve_auto_dtype).
+    return "bfloat16" if model.dtype in ("float32", "float") else model.dtype
+
+
+# -- capture sizes -----------------------------------------------------------------------------------
+
+
+def _candidate_sizes(
+    options: PlanOptions, mode: str, q: int, warnings: list[str]
+) -> tuple[int, tuple[int, ...]]:
+    """(ceiling, the sizes before fitting). The ceiling is the largest decode batch in tokens."""
+    full_decode = modes.decode_mode(mode) == modes.FULL
+    decode_ceiling = options.max_num_seqs * q
+    ceiling = options.max_capture_size if options.max_capture_size is not None else decode_ceiling
+    if full_decode and q > 1 and ceiling % q:
+        raise PlanError(
+            "max_capture_size",
+            f"{ceiling} is not a multiple of 1 + speculative tokens = {q}; "
+            "FULL decode graphs need whole requests",
+        )
+    if options.capture_sizes is not None:
+        explicit = tuple(options.capture_sizes)
+        problem = sizes.validate_sizes(explicit, ceiling, q if full_decode else 1)
+        if problem:
+            raise PlanError("capture_sizes", problem)
+        if options.max_capture_size is not None and explicit[-1] != options.max_capture_size:
+            # vllm/config/vllm.py _set_cudagraph_sizes raises when both are given and disagree.
+            raise PlanError(
+                "max_capture_size",
+                f"{options.max_capture_size} differs from the largest capture size {explicit[-1]}; "
+                "vLLM refuses that",
+            )
+        return explicit[-1], explicit
+    if ceiling < decode_ceiling:
+        warnings.append(
+            f"max capture size {ceiling} is below max_num_seqs x (1 + speculative tokens) = {decode_ceiling}"
+        )
+    return ceiling, sizes.covering_sizes(options.max_num_seqs, q, ceiling)
+
+
+def _batched_tokens(options: PlanOptions, ceiling: int) -> int:
+    """max_num_batched_tokens the plan pins (and budgets the activation for).
+
+    vLLM's smallest default for the OpenAI server is 2048 (EngineArgs.get_batch_defaults: below 70 GiB
+    and on CPU); it must be at least max_num_seqs (SchedulerConfig) and at least the largest capture
+    size, or vLLM drops that size (_set_cudagraph_sizes keeps sizes <= max_num_batched_tokens). The
+    value does not depend on device memory, so more memory never changes the activation budget.
+    """
+    return max(ENGINE_MIN_BATCHED_TOKENS, ceiling, options.max_num_seqs * (1 + options.speculative_tokens))
+
+
+# -- fitting ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Fit:
+    mode: str
+    sizes: tuple[int, ...]
+    memory: MemoryPlan
+    streams: StreamPlan
+    downgrades: tuple[Downgrade, ...]
+    warnings: tuple[str, ...]
+
+
+def _fit(
+    options: PlanOptions,
+    device: DeviceInfo,
+    model: ModelInfo,
+    family: str,
+    env: dict[str, str],
+    mode: str,
+    candidates: tuple[int, ...],
+    q: int,
+    dtype: str,
+    max_model_len: int,
+    batched_tokens: int,
+    resolve_mode: bool,
+) -> _Fit:
+    tp, pp = options.tensor_parallel, options.pipeline_parallel
+    dtype_bytes = DTYPE_BYTES.get(dtype, 2)
+    total = device.total_bytes
+    budget = math.floor(total * options.gpu_memory_utilization)
+    warnings: list[str] = []
+    downgrades: list[Downgrade] = []
+
+    weights = _weights_per_device(model, dtype, tp, pp, warnings)
+    if weights > total:
+        raise DoesNotFitError(
+            f"the weights alone do not fit: {_gib(weights)} per device ({_gib(model.weight_bytes)} over "
+            f"{tp * pp} devices, {model.weight_source}) > {_gib(total)} device memory; "
+            f"{_tp_hint(model, weights * tp * pp, budget)}"
+        )
+    activation = _activation_bytes(model, batched_tokens, tp, dtype_bytes) + _sampler_bytes(options, model)
+    if family == "310P":
+        # vllm-ascend 310P guide: AttentionMaskBuilder310 builds a [max_model_len, max_model_len]
+        # float16 mask.
+        activation += max_model_len * max_model_len * 2
+        if options.max_model_len is None:
+            warnings.append(
+                f"on 310P set --max-model-len explicitly (vllm-ascend's 310P guide): the attention mask "
+                f"for the derived {max_model_len} tokens takes {_gib(max_model_len * max_model_len * 2)}"
+            )
+    margin = _margin(options, device)
+    kv_per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
+    min_kv = _kv_sequence_bytes(model, max_model_len, tp, pp, dtype_bytes)
+    full_kv = min_kv * options.max_num_seqs
+    fixed = weights + activation + margin
+    if fixed + min_kv > budget:
+        room = budget - fixed
+        longest = max(room // kv_per_token, 0) if kv_per_token else 0
+        raise DoesNotFitError(
+            f"no room for the KV cache of one {max_model_len}-token sequence: budget {_gib(budget)} "
+            f"({options.gpu_memory_utilization} of {_gib(total)}) - weights {_gib(weights)} - activation "
+            f"{_gib(activation)} - margin {_gib(margin)} = {_gib(room)} < {_gib(min_kv)}; "
+            f"lower --max-model-len (about {longest} tokens fit), add tensor parallel ranks or memory"
+        )
+
+    def graph_cost(current: str) -> tuple[int, int]:
+        return _graph_cost(model, current, max(candidates), tp, dtype_bytes)
+
+    # Fit: a downgrade (streams first, then memory) may change the mode and so the cost; repeat.
+    while True:
+        streams = _stream_plan(options, device, model, env, mode, len(candidates))
+        first, per_size = graph_cost(mode) if mode != modes.NONE else (0, 0)
+        caps: list[tuple[int, str]] = [(len(candidates), "")]
+        if mode != modes.NONE:
+            room = budget - fixed - min_kv - first
+            caps.append((0 if room < 0 else 1 + room // per_size, "memory"))
+            if streams.max_sizes is not None:
+                caps.append((streams.max_sizes, "streams"))
+            if family == "310P" and tp > 1:
+                caps.append((_310P_TP_MAX_SIZES, "310P"))
+            if family == "A5" and modes.has_piecewise_graphs(mode):
+                caps.append((_A5_PIECEWISE_MAX_SIZES, "A5"))
+        keep, why = min(caps, key=lambda cap: cap[0])
+        if mode == modes.NONE or keep >= 1 or not resolve_mode:
+            break
+        target = (
+            _without_piecewise(mode) if why == "streams" and modes.has_piecewise_graphs(mode) else modes.NONE
+        )
+        reason = "StreamBudgetExceeded" if why == "streams" else "GraphMemoryExceedsBudget"
+        detail = (
+            f"one capture size needs {streams.fixed + streams.per_size} streams, budget {streams.budget}"
+            if why == "streams"
+            else f"the largest graph ({_gib(first)}) does not fit beside the weights, activation and one "
+            f"sequence of KV cache in {_gib(budget)}"
+        )
+        downgrades.append(Downgrade(mode, target, reason, f"{mode} -> {target}: {detail}"))
+        mode = target
+
+    if mode == modes.NONE:
+        chosen: tuple[int, ...] = ()
+    elif keep < 1:
+        # Only with resolve_mode=False: the mode is the engine's to change, so keep the ceiling and say so.
+        chosen = sizes.thin(candidates, 1)
+        limit = "stream budget" if why == "streams" else "memory"
+        warnings.append(
+            f"not even the largest capture size fits the {limit}: "
+            "expect the engine to fail at capture or to run eagerly"
+        )
+    else:
+        chosen = sizes.thin(candidates, keep)
+        if len(chosen) < len(candidates):
+            warnings.append(_thinning_message(why, len(candidates), len(chosen), streams, family))
+    graph_bytes = first + (len(chosen) - 1) * per_size if chosen else 0
+    if chosen and streams.applies:
+        streams = dataclasses.replace(streams, estimate=streams.fixed + len(chosen) * streams.per_size)
+    elif not chosen:
+        streams = dataclasses.replace(streams, applies=False, estimate=0)
+
+    kv_cache = budget - fixed - graph_bytes
+    cpu_space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if device.kind == "cpu" and cpu_space.isdigit() and int(cpu_space) > 0:
+        # vllm/platforms/cpu.py: VLLM_CPU_KVCACHE_SPACE (GiB) becomes kv_cache_memory_bytes.
+        kv_cache = min(kv_cache, int(cpu_space) * GIB)
+        if kv_cache < min_kv:
+            raise DoesNotFitError(
+                f"VLLM_CPU_KVCACHE_SPACE={cpu_space} GiB cannot hold one {max_model_len}-token sequence "
+                f"({_gib(min_kv)}); raise it or lower --max-model-len"
+            )
+    tokens = kv_cache // kv_per_token if kv_per_token else 0
+    if kv_cache < full_kv:
+        warnings.append(
+            f"the KV cache holds about {tokens} tokens: {kv_cache // min_kv} sequences of "
+            f"{max_model_len} tokens "
+            f"at once, fewer than max_num_seqs={options.max_num_seqs} at full length"
+        )
+    reserved_by = _graph_reserved_by(device, env, graph_bytes)
+    engine_util = options.gpu_memory_utilization
+    if reserved_by == "plan":
+        # vllm-ascend's NPUWorker.determine_available_memory gives the KV cache all of
+        # requested - non_kv memory and captures graphs afterwards (#8260; the pre-KV estimate of #9865
+        # was reverted by #11562), so the graphs must fit in what the utilisation leaves out.
+        engine_util = math.floor((budget - graph_bytes) / total * 10_000) / 10_000
+    if device.kind != "cpu" and device.free_bytes is not None:
+        wanted = math.ceil(total * engine_util)
+        if device.free_bytes < wanted:
+            # vllm/v1/worker/utils.py request_memory: free memory below total x utilisation is an error.
+            raise DoesNotFitError(
+                f"free device memory {_gib(device.free_bytes)} is below the {_gib(wanted)} vLLM will request "
+                f"({engine_util} of {_gib(total)}); lower --gpu-memory-utilization to "
+                f"{math.floor(device.free_bytes / total * 100) / 100} or free the device"
+            )
+    if device.kind == "cpu" and not cpu_space:
+        # vllm/v1/worker/cpu_worker.py: without it, --gpu-memory-utilization is the share of host memory.
+        warnings.append(
+            "on CPU, --gpu-memory-utilization is a share of host memory; set VLLM_CPU_KVCACHE_SPACE (GiB) "
+            "to fix the KV cache size instead"
+        )
+    memory = MemoryPlan(
+        total_bytes=total,
+        budget_bytes=budget,
+        weights_bytes=weights,
+        kv_cache_bytes=kv_cache,
+        graph_bytes=graph_bytes,
+        activation_bytes=activation,
+        margin_bytes=margin,
+        free_bytes=device.free_bytes,
+        weights_source=model.weight_source,
+        graph_first_capture_bytes=first if chosen else 0,
+        graph_per_size_bytes=per_size if chosen else 0,
+        kv_bytes_per_token=kv_per_token,
+        kv_cache_tokens=tokens,
+        min_kv_cache_bytes=min_kv,
+        full_kv_cache_bytes=full_kv,
+        engine_gpu_memory_utilization=engine_util,
+        graph_reserved_by=reserved_by,
+    )
+    return _Fit(mode, chosen, memory, streams, tuple(downgrades), tuple(warnings))
+
+
+def _tp_hint(model: ModelInfo, all_weights: int, budget: int) -> str:
+    for tp in range(1, model.num_attention_heads + 1):
+        if model.num_attention_heads % tp == 0 and all_weights / tp < budget:
+            return f"tensor parallel {tp} is the smallest that holds them"
+    return "no tensor-parallel size holds them on this device"
+
+
+def _without_piecewise(mode: str) -> str:
+    """CUDAGraphMode.without_piecewise: PIECEWISE -> NONE, FULL_AND_PIECEWISE -> FULL_DECODE_ONLY."""
+    return {modes.PIECEWISE: modes.NONE, modes.FULL_AND_PIECEWISE: modes.FULL_DECODE_ONLY}.get(mode, mode)
+
+
+def _thinning_message(why: str, before: int, after: int, streams: StreamPlan, family: str) -> str:
+    reason = {
+        "memory": "device memory",
+        "streams": f"the stream budget ({streams.budget} streams, {streams.per_size} per size)",
+        "310P": "310P's graph limit with tensor parallel > 1 (vllm-ascend 310P guide: 2 graphs)",
+        "A5": "vllm-ascend's 4-size limit for PIECEWISE on 950 (_prune_capture_sizes_for_950)",
+    }.get(why, why)
+    return (
+        f"capture sizes thinned from {before} to {after} to fit {reason}; the smallest and largest are kept"
+    )
+
+
+def _graph_reserved_by(device: DeviceInfo, env: dict[str, str], graph_bytes: int) -> str:
+    if graph_bytes == 0 or device.kind == "cpu":
+        return "none"
+    if device.kind == "cuda" and env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") != "0":
+        # vllm/v1/worker/gpu_worker.py determine_available_memory subtracts profile_cudagraph_memory()
+        # from the KV budget (envs.VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, default on).
+        return "engine"
+    return "plan"
+
+
+# -- memory estimates ----------------------------------------------------------------------------------
+
+
+def _weights_per_device(model: ModelInfo, dtype: str, tp: int, pp: int, warnings: list[str]) -> int:
+    weights = model.weight_bytes
+    stored = DTYPE_BYTES.get(model.dtype)
+    wanted = DTYPE_BYTES.get(dtype)
+    if model.quantization is None and stored and wanted and stored != wanted:
+        weights = weights * wanted // stored
+        warnings.append(f"weights stored as {model.dtype} are loaded as {dtype}: {_gib(weights)} in all")
+    return math.ceil(weights / (tp * pp))
+
+
+def _activation_bytes(model: ModelInfo, tokens: int, tp: int, dtype_bytes: int) -> int:
+    """Peak activation of one forward pass over `tokens` tokens (vLLM's profile_run), estimated."""
+    hidden = model.hidden_size
+    qkv = (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim // tp
+    if model.is_moe and model.num_experts_per_tok and model.moe_intermediate_size:
+        # Routed tokens are copied per chosen expert: dispatch buffers plus the experts' gate/up outputs.
+        per_token = model.num_experts_per_tok * (2 * hidden + 3 * model.moe_intermediate_size // tp)
+    else:
+        per_token = 3 * model.intermediate_size // tp
+    return tokens * dtype_bytes * (4 * hidden + qkv + per_token) + _ACTIVATION_WORKSPACE
+
+
+def _sampler_bytes(options: PlanOptions, model: ModelInfo) -> int:
+    """The sampler's dummy run over max_num_seqs rows of the vocabulary.
+
+    fp32 logits and probabilities plus an int64 sort order: 16 bytes per entry.
+    """
+    return options.max_num_seqs * (1 + options.speculative_tokens) * model.vocab_size * 16
+
+
+def _margin(options: PlanOptions, device: DeviceInfo) -> int:
+    groups = sum(n > 1 for n in (options.tensor_parallel, options.pipeline_parallel, options.data_parallel))
+    margin = _NON_TORCH_BASE + groups * _COMM_BUFFERS
+    if device.kind == "npu":
+        margin += _NPU_REDUNDANCY
+    return margin
+
+
+def _kv_sequence_bytes(model: ModelInfo, length: int, tp: int, pp: int, dtype_bytes: int) -> int:
+    """KV cache of one sequence of `length` tokens on one device; sliding-window layers keep the window."""
+    per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
+    if not model.sliding_layers or not model.sliding_window:
+        return per_token * length
+    # Hybrid models (layer_types) are not windowed as a whole: sliding_window is None there.
+    return per_token * min(length, model.sliding_window)
+
+
+def _graph_cost(model: ModelInfo, mode: str, largest: int, tp: int, dtype_bytes: int) -> tuple[int, int]:
+    """(first capture, each further size), estimated as vLLM's profile_cudagraph_memory measures them.
+
+    The first (largest) capture allocates the graph pool: the activations of one decode step of
+    `largest` tokens. Each further size adds driver/graph bookkeeping: at least 1 MiB per graph
+    (vLLM's floor), a sub-graph per layer in piecewise mode. FULL_AND_PIECEWISE keeps both families.
+    """
+    first_one = (
+        _activation_bytes(model, largest, tp, dtype_bytes) - _ACTIVATION_WORKSPACE + _GRAPH_POOL_OVERHEAD
+    )
+    pieces = model.num_layers + 1
+    piecewise = max(_PER_GRAPH_MIN, pieces * _PER_PIECE)
+    if mode == modes.FULL_AND_PIECEWISE:
+        return 2 * first_one, piecewise + _PER_GRAPH_MIN
+    if mode == modes.PIECEWISE:
+        return first_one, piecewise
+    return first_one, _PER_GRAPH_MIN
+
+
+# -- streams ---------------------------------------------------------------------------------------
+
+
+def _stream_plan(
+    options: PlanOptions, device: DeviceInfo, model: ModelInfo, env: dict[str, str], mode: str, count: int
+) -> StreamPlan:
+    """ACL graph streams, after vllm-ascend's update_aclgraph_sizes (vllm_ascend/utils.py before #9962).
+
+    Per captured size: PIECEWISE about layers + 1 sub-graphs (plus a draft model's layers + 1), a
+    FULL graph about one; times a communication factor: with HCCL_OP_EXPANSION_MODE=AIV
+    1 + groups (+ a fixed block for dense models' all-reduce), otherwise 1 + 2 x groups plus 40
+    streams per group up front. FULL_AND_PIECEWISE adds one full graph per size.
+    """
+    budget = options.stream_budget or DEFAULT_STREAM_BUDGET
+    groups = sum(n > 1 for n in (options.tensor_parallel, options.data_parallel))
+    aiv = env.get("HCCL_OP_EXPANSION_MODE", "").upper() == "AIV"
+    expansion = "AIV" if aiv else "default"
+    if device.kind != "npu" or mode == modes.NONE:
+        return StreamPlan(
+            False, budget, DEVICE_STREAMS, 0, 0, 0, None, expansion, groups, "not an NPU graph mode"
+        )
+    draft = model.draft_layers if options.speculative_method in ("mtp", "deepseek_mtp") else 0
+    if modes.has_piecewise_graphs(mode):
+        per_graph = model.num_layers + 1 + (draft + 1 if draft else 0)
+        shape = f"(layers {model.num_layers} + 1{f' + draft {draft} + 1' if draft else ''})"
+    else:
+        per_graph = 1 + (1 if draft else 0)
+        shape = "1 full graph" + (" + 1 draft graph" if draft else "")
+    if aiv:
+        factor = 1 + groups
+        if model.is_moe and options.data_parallel > 1:
+            factor += 1
+        fixed = 0 if model.is_moe else factor * per_graph
+        formula = f"{shape} x (1 + {groups} comm groups) per size" + (
+            "" if model.is_moe else " + one dense block"
+        )
+    else:
+        factor = 1 + 2 * groups
+        fixed = groups * _STREAMS_PER_COMM_GROUP
+        formula = f"{shape} x (1 + 2 x {groups} comm groups) per size + 40 x {groups}"
+    per_size = per_graph * factor
+    if mode == modes.FULL_AND_PIECEWISE:
+        per_size += 1
+        formula += " + 1 full graph per size"
+    max_sizes = max((budget - fixed) // per_size, 0)
+    estimate = fixed + min(count, max_sizes) * per_size if max_sizes else 0
+    return StreamPlan(
+        True, budget, DEVICE_STREAMS, per_size, fixed, estimate, max_sizes, expansion, groups, formula
+    )
+
+
+# -- vLLM arguments ----------------------------------------------------------------------------------
+
+
+def _vllm_args(
+    options: PlanOptions,
+    mode: str,
+    chosen: tuple[int, ...],
+    memory: MemoryPlan,
+    dtype: str,
+    max_model_len: int,
+    batched_tokens: int,
+) -> tuple[str, ...]:
+    """Flags for `python -m vllm.entrypoints.openai.api_server` (names from vllm/engine/arg_utils.py)."""
+    compilation: dict[str, Any] = {"cudagraph_mode": mode}
+    if mode != modes.NONE:
+        compilation["cudagraph_capture_sizes"] = list(chosen)
+    args = [
+        "--compilation-config",
+        json.dumps(compilation, separators=(",", ":")),
+        "--max-num-seqs",
+        str(options.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(batched_tokens),
+        "--gpu-memory-utilization",
+        f"{memory.engine_gpu_memory_utilization:g}",
+        "--tensor-parallel-size",
+        str(options.tensor_parallel),
+        "--pipeline-parallel-size",
+        str(options.pipeline_parallel),
+        "--dtype",
+        dtype,
+    ]
+    if options.max_model_len is not None:
+        args += ["--max-model-len", str(max_model_len)]
+    if options.data_parallel > 1:
+        args += ["--data-parallel-size", str(options.data_parallel)]
+    if options.speculative_tokens:
+        spec = {"method": options.speculative_method, "num_speculative_tokens": options.speculative_tokens}
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    if mode == modes.NONE:
+        args.append("--enforce-eager")
+    return tuple(args)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"

@@ -1,0 +1,249 @@
+"""Device probe: which accelerator this pod has, how many, and how much memory each one holds.
+
+Order of attempts: torch_npu (`torch.npu.mem_get_info`, device name), then `npu-smi info`
+(parsed), then `torch.cuda`, then the host CPU. torch and torch_npu are only imported in a child
+interpreter, so this module imports on a machine without them. Every figure can be
+replaced through the `--device-*` options; with a kind and a memory size given, nothing is probed.
+
+The torch probes run in a child interpreter: creating an NPU or CUDA context in the runtime's own
+process would keep device memory (and, on NPUs, streams) busy for as long as the runtime supervises
+vLLM, and vLLM refuses to start when free memory is below what it requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from npu_runtime.contract import PlanOptions
+
+_MIB: Final = 1 << 20
+_NPU_SMI_TIMEOUT_S: Final = 10.0
+_TORCH_PROBE_TIMEOUT_S: Final = 180.0  # importing torch_npu and initialising CANN can take a while
+# Run in a child interpreter; prints one JSON object (or null). {module} is "npu" or "cuda".
+_TORCH_PROBE: Final = """
+import json, torch
+{imports}
+backend = torch.{module}
+if not backend.is_available() or backend.device_count() < 1:
+    print("null")
+else:
+    count = backend.device_count()
+    memory = [backend.mem_get_info(i) for i in range(count)]
+    print(json.dumps({{"name": str(backend.get_device_name(0)), "count": count,
+                      "total": min(int(t) for _, t in memory), "free": min(int(f) for f, _ in memory)}}))
+"""
+# `npu-smi info` prints two rows per chip: "| 0     910B3    | OK | ..." then
+# "| 0                | 0000:C1:00.0 | 0    0 / 0    3318 / 65536 |" where the last pair is the HBM
+# (or, on 310P, the memory) used / total in MB.
+_NPU_ROW = re.compile(r"^\|\s*(\d+)\s+([A-Za-z0-9][\w.-]*[A-Za-z][\w.-]*)\s*\|\s*[A-Za-z]+\s*\|")
+_CHIP_ROW = re.compile(r"^\|\s*\d+\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|")
+_USED_TOTAL = re.compile(r"(\d+)\s*/\s*(\d+)")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Per-device figures of the accelerator the plan is made for."""
+
+    kind: str
+    """"npu", "cuda" or "cpu"."""
+    name: str
+    """E.g. "Ascend910B3", "NVIDIA H200", "cpu"."""
+    count: int
+    total_bytes: int
+    """Per device (the smallest of the visible devices)."""
+    free_bytes: int | None
+    """Per device when known (the smallest)."""
+    source: str
+    """How it was found: "torch_npu", "npu-smi", "torch.cuda", "cpu", "override" (or "<probe>+override")."""
+
+
+def probe_device() -> DeviceInfo:
+    """The first of torch_npu, npu-smi, torch.cuda that finds a device; else the host CPU."""
+    for attempt in (_probe_torch_npu, _probe_npu_smi, _probe_torch_cuda):
+        found = attempt()
+        if found is not None:
+            return found
+    return _probe_cpu()
+
+
+class DeviceError(ValueError):
+    """The overrides cannot describe a device: `field` names the option to add."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def device_from_options(options: PlanOptions) -> DeviceInfo:
+    """Probe, then apply the --device-* overrides. With a kind and a memory size, do not probe."""
+    if options.device_kind is not None and options.device_memory is not None:
+        return DeviceInfo(
+            kind=options.device_kind,
+            name=options.device_name or ("cpu" if options.device_kind == "cpu" else "unknown"),
+            count=options.device_count
+            or options.tensor_parallel * options.pipeline_parallel * options.data_parallel,
+            total_bytes=options.device_memory,
+            free_bytes=None,
+            source="override",
+        )
+    probed = probe_device()
+    changes: dict[str, object] = {}
+    if options.device_kind is not None and options.device_kind != probed.kind:
+        # The probe's figures describe another device: they cannot stand for this one.
+        raise DeviceError(
+            "device_memory",
+            f"this machine has a {probed.kind} device, not {options.device_kind}: "
+            f"give --device-memory to plan for a {options.device_kind} device",
+        )
+    if options.device_name is not None:
+        changes["name"] = options.device_name
+    if options.device_memory is not None:
+        changes.update(total_bytes=options.device_memory, free_bytes=None)
+    if options.device_count is not None:
+        changes["count"] = options.device_count
+    if not changes:
+        return probed
+    return dataclasses.replace(probed, source=f"{probed.source}+override", **changes)  # type: ignore[arg-type]
+
+
+# -- the attempts ------------------------------------------------------------------------------------
+
+
+def _probe_torch_npu() -> DeviceInfo | None:
+    if importlib.util.find_spec("torch_npu") is None:
+        return None
+    return _probe_torch("npu", "import torch_npu  # registers torch.npu", source="torch_npu")
+
+
+def _probe_torch(module: str, imports: str, source: str) -> DeviceInfo | None:
+    """Ask torch in a child interpreter; None when it finds nothing or fails in any way."""
+    code = _TORCH_PROBE.format(module=module, imports=imports)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=_TORCH_PROBE_TIMEOUT_S
+        )
+        found = (
+            json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout else None
+        )
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    if not isinstance(found, dict):
+        return None
+    try:
+        return DeviceInfo(
+            kind=module,
+            name=str(found["name"]),
+            count=int(found["count"]),
+            total_bytes=int(found["total"]),
+            free_bytes=int(found["free"]),
+            source=source,
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _probe_npu_smi(run: Callable[[list[str]], str] | None = None) -> DeviceInfo | None:
+    if run is None:
+        if shutil.which("npu-smi") is None:
+            return None
+        run = _run_command
+    try:
+        text = run(["npu-smi", "info"])
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_npu_smi(text)
+
+
+def _run_command(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=_NPU_SMI_TIMEOUT_S, check=True).stdout
+
+
+def parse_npu_smi(text: str) -> DeviceInfo | None:
+    """DeviceInfo from the chip table of `npu-smi info`; None when it lists no chip."""
+    names: list[str] = []
+    memory: list[tuple[int, int]] = []
+    pending_name: str | None = None
+    for line in text.splitlines():
+        row = _NPU_ROW.match(line)
+        if row:
+            pending_name = row.group(2)
+            continue
+        if pending_name is not None and _CHIP_ROW.match(line):
+            pairs = _USED_TOTAL.findall(line)
+            if pairs:
+                used, total = (int(x) for x in pairs[-1])
+                if total > 0:
+                    names.append(pending_name)
+                    memory.append((used, total))
+            pending_name = None
+    if not memory:
+        return None
+    name = names[0] if names[0].lower().startswith("ascend") else f"Ascend{names[0]}"
+    return DeviceInfo(
+        kind="npu",
+        name=name,
+        count=len(memory),
+        total_bytes=min(total for _, total in memory) * _MIB,
+        free_bytes=min(total - used for used, total in memory) * _MIB,
+        source="npu-smi",
+    )
+
+
+def _probe_torch_cuda() -> DeviceInfo | None:
+    if importlib.util.find_spec("torch") is None:
+        return None
+    return _probe_torch("cuda", "", source="torch.cuda")
+
+
+def _probe_cpu() -> DeviceInfo:
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    free: int | None = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    return DeviceInfo(kind="cpu", name="cpu", count=1, total_bytes=total, free_bytes=free, source="cpu")
+
+
+def device_family(device: DeviceInfo) -> str:
+    """The hardware family the engine's rules depend on, from the device name.
+
+    NPU families follow vllm-ascend's AscendDeviceType (vllm_ascend/device/hardware.py:
+    910B* -> A2, 910_93xx / 910C -> A3, 310P* -> 310P, 950 -> A5). CUDA families matter for the
+    attention backend's graph support (FlashAttention 3 on Hopper, 2 elsewhere).
+    """
+    name = device.name.lower().replace(" ", "")
+    if device.kind == "cpu":
+        return "cpu"
+    if device.kind == "npu":
+        if "310p" in name:
+            return "310P"
+        if "950" in name:
+            return "A5"
+        if "910b" in name:
+            return "A2"
+        if "910_93" in name or "910c" in name or "9392" in name or "9382" in name or "9362" in name:
+            return "A3"
+        return "unknown"
+    if any(tag in name for tag in ("h100", "h200", "h800", "h20", "gh200")):
+        return "hopper"
+    if any(tag in name for tag in ("b200", "b300", "gb200", "gb300")):
+        return "blackwell"
+    if any(tag in name for tag in ("a100", "a800", "a10", "a30", "l40", "l4", "rtx")):
+        return "ampere-ada"
+    return "unknown"

@@ -1,0 +1,329 @@
+"""The real operator (kopf, our handlers, our client) against the API emulator over HTTP.
+
+Nothing is patched: the operator logs in through a kubeconfig, watches, creates children and
+writes status over real HTTP. The tests play the deployment controller where one is needed
+(they write a Deployment's status) and count the requests the API served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from npu_operator import crd
+from npu_sandbox.cluster import ApiRejected, LocalCluster
+
+from tests.operator.conftest import TEST_CONFIG, example
+
+NS = "default"
+
+
+def manifest(name: str = "sandbox-cpu.yaml", **spec: Any) -> dict[str, Any]:
+    document = example(name)
+    document["metadata"]["namespace"] = NS
+    document["spec"].update(spec)
+    return document
+
+
+async def resource(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    obj = await cluster.get(crd.API_VERSION, crd.PLURAL, NS, name)
+    assert obj is not None
+    return obj
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), {})
+
+
+async def wait_condition(cluster: LocalCluster, name: str, kind: str, status: str, reason: str | None = None) -> Any:
+    async def probe() -> Any:
+        obj = await resource(cluster, name)
+        found = condition(obj, kind)
+        return obj if found.get("status") == status and reason in (None, found.get("reason")) else None
+
+    return await cluster.wait_for(probe, within=20, what=f"{kind}={status} ({reason})")
+
+
+async def child(cluster: LocalCluster, api_version: str, plural: str, name: str) -> dict[str, Any] | None:
+    return await cluster.get(api_version, plural, NS, name)
+
+
+async def settle_deployment(cluster: LocalCluster, name: str, ready: int) -> None:
+    """Play the deployment controller: all replicas updated, `ready` of them ready."""
+    deployment = await child(cluster, "apps/v1", "deployments", name)
+    assert deployment is not None
+    replicas = deployment["spec"]["replicas"]
+    await cluster.patch(
+        "apps/v1",
+        "deployments",
+        NS,
+        name,
+        {
+            "status": {
+                "observedGeneration": deployment["metadata"]["generation"],
+                "replicas": replicas,
+                "updatedReplicas": replicas,
+                "readyReplicas": ready,
+                "availableReplicas": ready,
+            }
+        },
+        subresource="status",
+    )
+
+
+async def events(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:
+    return [
+        e for e in await cluster.list_objects("v1", "events", NS) if e.get("involvedObject", {}).get("name") == name
+    ]
+
+
+async def test_create_builds_owned_children_and_reports_progressing(operator: LocalCluster) -> None:
+    created = await operator.apply_npu_inference(manifest(replicas=2))
+    uid = created["metadata"]["uid"]
+    obj = await wait_condition(operator, "tiny-llama", "Progressing", "True")
+
+    for api_version, plural in [("apps/v1", "deployments"), ("v1", "services"), ("policy/v1", "poddisruptionbudgets")]:
+        found = await child(operator, api_version, plural, "tiny-llama")
+        assert found is not None, plural
+        owners = found["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [("NPUInference", uid, True)]
+    status = obj["status"]
+    assert status["phase"] == "Progressing"
+    assert status["observedGeneration"] == 1
+    assert status["selector"] == "app.kubernetes.io/name=npu-inference,inference.npu.dev/name=tiny-llama"
+    assert status["endpoint"] == "http://tiny-llama.default.svc:8000/v1"
+    assert condition(obj, "Ready")["status"] == "False"
+    assert condition(obj, "Degraded")["status"] == "False"
+
+
+async def test_spec_change_updates_the_deployment_and_is_observed(operator: LocalCluster) -> None:
+    await operator.apply_npu_inference(manifest())
+    await wait_condition(operator, "tiny-llama", "Progressing", "True")
+    changed = manifest()
+    changed["spec"]["engine"]["maxNumSeqs"] = 4
+    changed["spec"]["replicas"] = 3
+    await operator.apply_npu_inference(changed)
+
+    async def updated() -> Any:
+        deployment = await child(operator, "apps/v1", "deployments", "tiny-llama")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"] if deployment else []
+        return deployment if deployment and deployment["spec"]["replicas"] == 3 and "4" in args else None
+
+    deployment = await operator.wait_for(updated, within=20, what="the Deployment to follow the spec")
+    assert deployment["metadata"]["generation"] == 2
+
+    async def observed() -> Any:
+        obj = await resource(operator, "tiny-llama")
+        return obj["status"].get("observedGeneration") == 2 and obj["status"]["ready"] == "0/3"
+
+    await operator.wait_for(observed, within=20, what="observedGeneration 2")
+
+
+async def test_a_spec_field_removed_is_removed_from_the_deployment(operator: LocalCluster) -> None:
+    with_selector = manifest()
+    with_selector["spec"]["template"] = {"nodeSelector": {"zone": "a", "pool": "npu"}}
+    await operator.apply_npu_inference(with_selector)
+
+    async def node_selector() -> Any:
+        deployment = await child(operator, "apps/v1", "deployments", "tiny-llama")
+        return deployment and deployment["spec"]["template"]["spec"].get("nodeSelector")
+
+    assert await operator.wait_for(node_selector) == {"pool": "npu", "zone": "a"}
+    without = manifest()
+    without["spec"]["template"] = {"nodeSelector": {"pool": "npu"}}
+    # A merge patch cannot drop a map key by omission: write the whole template as kubectl would.
+    await operator.patch(
+        crd.API_VERSION, crd.PLURAL, NS, "tiny-llama", {"spec": {"template": {"nodeSelector": {"zone": None}}}}
+    )
+
+    async def zone_gone() -> Any:
+        return await node_selector() == {"pool": "npu"}
+
+    await operator.wait_for(zone_gone, what="the dropped nodeSelector key to leave the Deployment")
+
+
+async def test_a_deleted_child_is_recreated_and_a_hand_edit_is_reverted(operator: LocalCluster) -> None:
+    await operator.apply_npu_inference(manifest())
+    await wait_condition(operator, "tiny-llama", "Progressing", "True")
+    service = await child(operator, "v1", "services", "tiny-llama")
+    assert service is not None
+    await operator.delete("v1", "services", NS, "tiny-llama")
+
+    async def recreated() -> Any:
+        again = await child(operator, "v1", "services", "tiny-llama")
+        return again if again and again["metadata"]["uid"] != service["metadata"]["uid"] else None
+
+    await operator.wait_for(recreated, within=10, what="the Service to be recreated")
+
+    await operator.patch("apps/v1", "deployments", NS, "tiny-llama", {"spec": {"replicas": 7}})
+
+    async def reverted() -> Any:
+        deployment = await child(operator, "apps/v1", "deployments", "tiny-llama")
+        return deployment and deployment["spec"]["replicas"] == 1
+
+    await operator.wait_for(reverted, within=10, what="the hand-edited replicas to be put back")
+
+
+async def test_scaling_to_one_replica_removes_the_disruption_budget(operator: LocalCluster) -> None:
+    await operator.apply_npu_inference(manifest(replicas=2))
+
+    async def pdb() -> Any:
+        return await child(operator, "policy/v1", "poddisruptionbudgets", "tiny-llama")
+
+    await operator.wait_for(pdb)
+    await operator.patch(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama", {"spec": {"replicas": 1}})
+
+    async def gone() -> bool:
+        return await pdb() is None
+
+    await operator.wait_for(gone, what="the PDB to be deleted")
+
+
+async def test_ready_deployment_makes_the_resource_ready_with_one_event(operator: LocalCluster) -> None:
+    await operator.apply_npu_inference(manifest())
+    await wait_condition(operator, "tiny-llama", "Progressing", "True")
+    await settle_deployment(operator, "tiny-llama", ready=1)
+    obj = await wait_condition(operator, "tiny-llama", "Ready", "True", "Serving")
+    assert obj["status"]["phase"] == "Ready"
+    assert obj["status"]["ready"] == "1/1"
+    assert condition(obj, "Progressing")["status"] == "False"
+
+    async def ready_event() -> Any:
+        return [e for e in await events(operator, "tiny-llama") if e["reason"] == "Ready"]
+
+    found = await operator.wait_for(ready_event)
+    await asyncio.sleep(2.5 * TEST_CONFIG.resync_seconds)
+    assert len(await ready_event()) == len(found) == 1
+    assert found[0]["type"] == "Normal"
+
+
+async def test_invalid_spec_is_marked_once_and_then_left_alone(operator: LocalCluster) -> None:
+    bad = manifest()
+    bad["spec"]["npu"] = {"count": 1, "resourceName": "kubernetes.io/npu"}
+    bad["spec"]["engine"]["extraArgs"] = ["--max-num-seqs=4"]
+    await operator.apply_npu_inference(bad)
+    obj = await wait_condition(operator, "tiny-llama", "Degraded", "True", "InvalidSpec")
+    message = condition(obj, "Degraded")["message"]
+    assert "spec.npu.resourceName" in message and "kubernetes.io domain" in message
+    assert "spec.engine.extraArgs[0]" in message and "spec.engine.maxNumSeqs" in message
+    assert obj["status"]["phase"] == "Failed"
+    assert await child(operator, "apps/v1", "deployments", "tiny-llama") is None
+
+    async def warning() -> Any:
+        return [e for e in await events(operator, "tiny-llama") if e["reason"] == "InvalidSpec"]
+
+    (event,) = await operator.wait_for(warning)
+    assert event["type"] == "Warning" and "spec.npu.resourceName" in event["message"]
+
+    await asyncio.sleep(1.0)  # let kopf finish its own bookkeeping of the failed handler
+    before = len(operator.writes())
+    await asyncio.sleep(3 * TEST_CONFIG.resync_seconds)
+    late = operator.writes()[before:]
+    assert late == [], [(r.method.value, r.url.path, r.data) for r in late]
+
+    fix = {"spec": {"npu": {"resourceName": None}, "engine": {"extraArgs": None}}}
+    await operator.patch(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama", fix)
+    await wait_condition(operator, "tiny-llama", "Degraded", "False")
+    assert await child(operator, "apps/v1", "deployments", "tiny-llama") is not None
+
+
+async def test_schema_violations_are_refused_by_the_api(cluster: LocalCluster) -> None:
+    bad = manifest()
+    bad["spec"]["parallelism"] = {"tensor": 2}
+    with pytest.raises(ApiRejected) as caught:
+        await cluster.apply_npu_inference(bad)
+    assert caught.value.status == 422
+    assert "must equal npu.count" in caught.value.body["message"]
+
+
+async def test_a_settled_resource_costs_no_writes(operator: LocalCluster) -> None:
+    await operator.apply_npu_inference(manifest(replicas=2))
+    await wait_condition(operator, "tiny-llama", "Progressing", "True")
+    await settle_deployment(operator, "tiny-llama", ready=2)
+    await wait_condition(operator, "tiny-llama", "Ready", "True")
+    await asyncio.sleep(1.5)  # the Ready event is posted asynchronously
+
+    requests_before = len(list(operator.emulator))
+    writes_before = len(operator.writes())
+    window = 3 * TEST_CONFIG.resync_seconds
+    await asyncio.sleep(window)
+    writes = operator.writes()[writes_before:]
+    reads = len(list(operator.emulator)) - requests_before - len(writes)
+    print(f"\nidle for {window:.1f}s (3 resync intervals): {len(writes)} writes, {reads} reads")
+    assert writes == [], [f"{r.method.value} {r.url.path}" for r in writes]
+
+
+async def test_restarting_the_operator_repeats_no_event_and_no_write(operator: LocalCluster) -> None:
+    await operator.apply_npu_inference(manifest())
+    await wait_condition(operator, "tiny-llama", "Progressing", "True")
+    await settle_deployment(operator, "tiny-llama", ready=1)
+    await wait_condition(operator, "tiny-llama", "Ready", "True")
+    await asyncio.sleep(1.5)
+    events_before = await events(operator, "tiny-llama")
+
+    await operator.stop_operator()
+    await operator.start_operator(TEST_CONFIG)
+    await asyncio.sleep(1.0)  # resume handlers and the first reconcile
+    writes_before = len(operator.writes())
+    await asyncio.sleep(3 * TEST_CONFIG.resync_seconds)
+    assert await events(operator, "tiny-llama") == events_before
+    resource_writes = [r for r in operator.writes()[writes_before:] if "kopfpeerings" not in r.url.path]
+    assert resource_writes == []
+
+
+async def test_a_foreign_service_is_left_alone_and_reported(operator: LocalCluster) -> None:
+    await operator.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "tiny-llama", "namespace": NS},
+            "spec": {"ports": [{"port": 80}]},
+        },
+        "services",
+    )
+    await operator.apply_npu_inference(manifest())
+    obj = await wait_condition(operator, "tiny-llama", "Degraded", "True", "ChildConflict")
+    assert "Service default/tiny-llama" in condition(obj, "Degraded")["message"]
+    service = await child(operator, "v1", "services", "tiny-llama")
+    assert service is not None and service["spec"]["ports"] == [{"port": 80}]
+
+
+async def test_pod_monitor_is_created_when_the_api_is_served() -> None:
+    async with LocalCluster(pod_monitors=True) as cluster:
+        await cluster.start_operator(TEST_CONFIG)
+        try:
+            with_monitor = manifest()
+            with_monitor["spec"]["metrics"] = {"podMonitor": {"enabled": True, "labels": {"release": "prom"}}}
+            await cluster.apply_npu_inference(with_monitor)
+
+            async def monitor() -> Any:
+                return await child(cluster, "monitoring.coreos.com/v1", "podmonitors", "tiny-llama")
+
+            found = await cluster.wait_for(monitor)
+            assert found["metadata"]["labels"]["release"] == "prom"
+            assert [e["port"] for e in found["spec"]["podMetricsEndpoints"]] == ["metrics", "http"]
+        finally:
+            await cluster.stop_operator()
+
+
+async def test_pod_monitor_without_its_api_is_noted_in_the_status(operator: LocalCluster) -> None:
+    with_monitor = manifest()
+    with_monitor["spec"]["metrics"] = {"podMonitor": {"enabled": True}}
+    await operator.apply_npu_inference(with_monitor)
+    obj = await wait_condition(operator, "tiny-llama", "Progressing", "True")
+    assert "monitoring.coreos.com/v1 API is not installed" in condition(obj, "Degraded")["message"]
+
+
+async def test_deleting_the_resource_collects_its_children(operator: LocalCluster) -> None:
+    await operator.apply_npu_inference(manifest())
+    await wait_condition(operator, "tiny-llama", "Progressing", "True")
+    await operator.delete(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama")
+
+    async def all_gone() -> bool:
+        return (
+            await operator.get(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama") is None
+            and await child(operator, "apps/v1", "deployments", "tiny-llama") is None
+        )
+
+    await operator.wait_for(all_gone, what="the resource (after kopf releases its finalizer) and its children")
