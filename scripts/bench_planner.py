@@ -44,9 +44,7 @@ def smallest_tp(path: Path) -> int:
         if model.num_attention_heads % tp:
             continue
         try:
-            make_plan(
-                PlanOptions(tensor_parallel=tp, max_model_len=MAX_MODEL_LEN), DEVICE, model, environ=ENV
-            )
+            make_plan(PlanOptions(tensor_parallel=tp, max_model_len=MAX_MODEL_LEN), DEVICE, model, environ=ENV)
         except (DoesNotFitError, PlanError):
             continue
         return tp

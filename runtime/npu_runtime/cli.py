@@ -59,9 +59,7 @@ def _usage(stream: Any) -> None:
 
 
 def probe_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="npu-runtime probe", description="Show the accelerator this pod sees."
-    )
+    parser = argparse.ArgumentParser(prog="npu-runtime probe", description="Show the accelerator this pod sees.")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     from npu_runtime.probe import probe_device
@@ -79,8 +77,7 @@ def probe_command(argv: list[str]) -> int:
 def plan_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="npu-runtime plan",
-        description="Plan vLLM's graph mode, capture sizes and memory for a model "
-        "on this (or a described) device.",
+        description="Plan vLLM's graph mode, capture sizes and memory for a model on this (or a described) device.",
     )
     parser.add_argument("--model", required=True, help="model directory or its config.json")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -129,8 +126,7 @@ def render_plan(plan: dict[str, Any]) -> str:
         f"model     {model['architecture']} ({model['path']}), {model['num_layers']} layers, {plan['dtype']}",
         f"device    {device['count']} x {device['name']} ({device['kind']}, {device['source']}), "
         f"tensor parallel {plan['tensor_parallel']}",
-        f"mode      {plan['requested_mode']} -> {plan['effective_mode']} "
-        f"(resolved by {plan['mode_resolved_by']})",
+        f"mode      {plan['requested_mode']} -> {plan['effective_mode']} (resolved by {plan['mode_resolved_by']})",
         f"sizes     {len(plan['capture_sizes'])}: {_short_list(plan['capture_sizes'])}",
         f"decode    max_num_seqs {plan['max_num_seqs']} x {plan['decode_query_len']} tokens, "
         f"max_model_len {plan['max_model_len']}",

@@ -70,9 +70,7 @@ _MAX_LEN_KEYS: Final = (
 )
 # RoPE types whose max_position_embeddings is already scaled, so vLLM does not multiply by `factor`
 # (vllm/config/model.py, _get_and_verify_max_len).
-_PRESCALED_ROPE: Final = frozenset(
-    {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
-)
+_PRESCALED_ROPE: Final = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
 
 # Defaults of transformers' config classes for the fields the planner needs, used only when a
 # nested text config leaves them out (llava-1.5's config.json relies on LlamaConfig's defaults).
@@ -236,9 +234,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ModelError(
-            f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
-        ) from None
+        raise ModelError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
 
 
 class _Fields:
@@ -311,9 +307,7 @@ def _text_config(config: dict[str, Any], source: Path) -> tuple[_Fields, list[st
         for k in filled:
             merged[k] = defaults[k]
         if filled:
-            notes.append(
-                f"{key} leaves {', '.join(filled)} unset: transformers' {nested['model_type']} defaults used"
-            )
+            notes.append(f"{key} leaves {', '.join(filled)} unset: transformers' {nested['model_type']} defaults used")
         notes.append(f"language model read from {key}")
         return _Fields(merged, source, prefix=f"{key}."), notes
     return _Fields(config, source), notes
@@ -343,10 +337,7 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
     qk_rope = text.opt_int("qk_rope_head_dim") if is_mla else None
 
     num_experts = (
-        text.opt_int("n_routed_experts")
-        or text.opt_int("num_experts")
-        or text.opt_int("num_local_experts")
-        or None
+        text.opt_int("n_routed_experts") or text.opt_int("num_experts") or text.opt_int("num_local_experts") or None
     )
     is_moe = bool(num_experts and num_experts > 1)
     experts_per_tok = text.opt_int("num_experts_per_tok") if is_moe else None
@@ -359,12 +350,7 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
             raise ModelError(f"{source}: missing field {text.prefix + 'intermediate_size'!r}")
         intermediate = moe_intermediate
 
-    dtype = (
-        text.opt_str("torch_dtype")
-        or text.opt_str("dtype")
-        or top.opt_str("torch_dtype")
-        or top.opt_str("dtype")
-    )
+    dtype = text.opt_str("torch_dtype") or text.opt_str("dtype") or top.opt_str("torch_dtype") or top.opt_str("dtype")
     if dtype is None:
         notes.append("no torch_dtype in the config: bfloat16 assumed")
         dtype = "bfloat16"
@@ -486,11 +472,7 @@ def _estimate_params(text: _Fields, config: dict[str, Any], f: dict[str, Any], e
         rope = f["qk_rope_head_dim"] or 0
         v_dim = text.opt_int("v_head_dim") or nope
         q_lora = text.opt_int("q_lora_rank")
-        q = (
-            hidden * heads * (nope + rope)
-            if not q_lora
-            else hidden * q_lora + q_lora + q_lora * heads * (nope + rope)
-        )
+        q = hidden * heads * (nope + rope) if not q_lora else hidden * q_lora + q_lora + q_lora * heads * (nope + rope)
         attn = q + hidden * (f["kv_lora_rank"] + rope) + f["kv_lora_rank"]
         attn += f["kv_lora_rank"] * heads * (nope + v_dim) + heads * v_dim * hidden
     else:

@@ -138,14 +138,11 @@ RULES: Final[tuple[Rule, ...]] = (
         applies=lambda mode, ctx: ctx.is_pooling and ctx.device_kind != "cpu" and has_full_graphs(mode),
         target=lambda mode, ctx: PIECEWISE,
         message="pooling models do not support full graphs",
-        source="vllm/config/vllm.py VllmConfig.__post_init__ "
-        "('Pooling models do not support full cudagraphs')",
+        source="vllm/config/vllm.py VllmConfig.__post_init__ ('Pooling models do not support full cudagraphs')",
     ),
     Rule(
         reason="EncoderDecoderPiecewiseOnly",
-        applies=lambda mode, ctx: (
-            ctx.device_kind == "npu" and ctx.is_encoder_decoder and mode not in (NONE, PIECEWISE)
-        ),
+        applies=lambda mode, ctx: ctx.device_kind == "npu" and ctx.is_encoder_decoder and mode not in (NONE, PIECEWISE),
         target=lambda mode, ctx: PIECEWISE,
         message="vllm-ascend runs encoder-decoder models in PIECEWISE mode only",
         source="vllm_ascend/platform.py _update_compilation_modes ('Encoder-decoder models currently only "
@@ -173,10 +170,7 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule(
         reason="FlashAttention2NoMixedBatchGraphs",
         applies=lambda mode, ctx: (
-            ctx.device_kind == "cuda"
-            and not ctx.is_mla
-            and mode == FULL
-            and ctx.device_family == "ampere-ada"
+            ctx.device_kind == "cuda" and not ctx.is_mla and mode == FULL and ctx.device_family == "ampere-ada"
         ),
         target=lambda mode, ctx: FULL_AND_PIECEWISE,
         message="FlashAttention 2 supports full graphs for uniform batches only (UNIFORM_BATCH)",
@@ -234,9 +228,7 @@ def _unknown_cases(mode: str, ctx: ModeContext) -> tuple[str, ...]:
     if ctx.device_family == "310P" and mode not in (FULL_DECODE_ONLY,):
         # vllm-ascend docs, tutorials/hardwares/310p:
         # "supports FULL_DECODE_ONLY graph mode on Atlas 300I DUO".
-        warnings.append(
-            f"vllm-ascend documents only FULL_DECODE_ONLY graphs on 310P; {mode} is untested there"
-        )
+        warnings.append(f"vllm-ascend documents only FULL_DECODE_ONLY graphs on 310P; {mode} is untested there")
     if ctx.device_kind == "cuda" and mode == FULL and ctx.device_family not in ("hopper", "ampere-ada"):
         warnings.append(
             "FULL graphs need an attention backend with AttentionCGSupport.ALWAYS; "

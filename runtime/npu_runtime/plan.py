@@ -302,9 +302,7 @@ def decode_mode_is_graph(mode: str) -> bool:
 # -- validation ------------------------------------------------------------------------------------
 
 
-def _validate(
-    options: PlanOptions, device: DeviceInfo, model: ModelInfo, family: str, env: dict[str, str]
-) -> None:
+def _validate(options: PlanOptions, device: DeviceInfo, model: ModelInfo, family: str, env: dict[str, str]) -> None:
     if options.graph_mode not in GRAPH_MODES:
         raise PlanError("graph_mode", f"{options.graph_mode!r} is not one of {', '.join(GRAPH_MODES)}")
     if device.kind not in DEVICE_KINDS:
@@ -323,13 +321,9 @@ def _validate(
     if options.speculative_tokens < 0:
         raise PlanError("speculative_tokens", f"must be zero or more, got {options.speculative_tokens}")
     if options.speculative_tokens and not options.speculative_method:
-        raise PlanError(
-            "speculative_method", "speculative tokens are set but no speculative method (e.g. mtp, ngram)"
-        )
+        raise PlanError("speculative_method", "speculative tokens are set but no speculative method (e.g. mtp, ngram)")
     if options.speculative_method and not options.speculative_tokens:
-        raise PlanError(
-            "speculative_tokens", f"speculative method {options.speculative_method!r} needs a token count"
-        )
+        raise PlanError("speculative_tokens", f"speculative method {options.speculative_method!r} needs a token count")
     if device.total_bytes < 1:
         raise PlanError("device_memory", f"must be positive, got {device.total_bytes}")
     world = options.tensor_parallel * options.pipeline_parallel * options.data_parallel
@@ -343,19 +337,14 @@ def _validate(
     if model.num_attention_heads % options.tensor_parallel:
         raise PlanError(
             "tensor_parallel",
-            f"{model.num_attention_heads} attention heads cannot be split over "
-            f"{options.tensor_parallel} ranks",
+            f"{model.num_attention_heads} attention heads cannot be split over {options.tensor_parallel} ranks",
         )
     if options.pipeline_parallel > model.num_layers:
-        raise PlanError(
-            "pipeline_parallel", f"{options.pipeline_parallel} stages for {model.num_layers} layers"
-        )
+        raise PlanError("pipeline_parallel", f"{options.pipeline_parallel} stages for {model.num_layers} layers")
     if family == "310P" and model.is_mla:
         # vllm_ascend/_310p/model_runner_310p.py initialize_kv_cache_tensors:
         # "MLAAttention is not supported for 310P."
-        raise PlanError(
-            "model", f"{model.architecture} uses MLA attention, which vllm-ascend does not support on 310P"
-        )
+        raise PlanError("model", f"{model.architecture} uses MLA attention, which vllm-ascend does not support on 310P")
     if family == "310P" and options.dtype in ("bfloat16", "bf16"):
         # vllm-ascend tutorials (Qwen3.5-27B, PaddleOCR-VL): "On Atlas 300I DUO, only float16 is supported."
         raise PlanError("dtype", "310P supports float16 only, not bfloat16")
@@ -367,9 +356,7 @@ def _validate(
     ):
         # vllm_ascend/platform.py _setup_compile_backend raises:
         # "ACL graph is incompatible with ASCEND_LAUNCH_BLOCKING=1".
-        raise PlanError(
-            "ASCEND_LAUNCH_BLOCKING", "ACL graphs are incompatible with ASCEND_LAUNCH_BLOCKING=1; unset it"
-        )
+        raise PlanError("ASCEND_LAUNCH_BLOCKING", "ACL graphs are incompatible with ASCEND_LAUNCH_BLOCKING=1; unset it")
 
 
 def _max_model_len(options: PlanOptions, model: ModelInfo, env: dict[str, str], warnings: list[str]) -> int:
@@ -379,9 +366,7 @@ def _max_model_len(options: PlanOptions, model: ModelInfo, env: dict[str, str], 
     if options.max_model_len > derived:
         # vllm/config/model.py _get_and_verify_max_len raises unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set.
         if env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true"):
-            warnings.append(
-                f"max_model_len {options.max_model_len} exceeds the model's {derived} (allowed by env)"
-            )
+            warnings.append(f"max_model_len {options.max_model_len} exceeds the model's {derived} (allowed by env)")
         else:
             raise PlanError(
                 "max_model_len",
@@ -406,9 +391,7 @@ def _dtype(options: PlanOptions, model: ModelInfo, family: str) -> str:
 # -- capture sizes -----------------------------------------------------------------------------------
 
 
-def _candidate_sizes(
-    options: PlanOptions, mode: str, q: int, warnings: list[str]
-) -> tuple[int, tuple[int, ...]]:
+def _candidate_sizes(options: PlanOptions, mode: str, q: int, warnings: list[str]) -> tuple[int, tuple[int, ...]]:
     """(ceiling, the sizes before fitting). The ceiling is the largest decode batch in tokens."""
     full_decode = modes.decode_mode(mode) == modes.FULL
     decode_ceiling = options.max_num_seqs * q
@@ -416,8 +399,7 @@ def _candidate_sizes(
     if full_decode and q > 1 and ceiling % q:
         raise PlanError(
             "max_capture_size",
-            f"{ceiling} is not a multiple of 1 + speculative tokens = {q}; "
-            "FULL decode graphs need whole requests",
+            f"{ceiling} is not a multiple of 1 + speculative tokens = {q}; FULL decode graphs need whole requests",
         )
     if options.capture_sizes is not None:
         explicit = tuple(options.capture_sizes)
@@ -428,8 +410,7 @@ def _candidate_sizes(
             # vllm/config/vllm.py _set_cudagraph_sizes raises when both are given and disagree.
             raise PlanError(
                 "max_capture_size",
-                f"{options.max_capture_size} differs from the largest capture size {explicit[-1]}; "
-                "vLLM refuses that",
+                f"{options.max_capture_size} differs from the largest capture size {explicit[-1]}; vLLM refuses that",
             )
         return explicit[-1], explicit
     if ceiling < decode_ceiling:
@@ -536,9 +517,7 @@ def _fit(
         keep, why = min(caps, key=lambda cap: cap[0])
         if mode == modes.NONE or keep >= 1 or not resolve_mode:
             break
-        target = (
-            _without_piecewise(mode) if why == "streams" and modes.has_piecewise_graphs(mode) else modes.NONE
-        )
+        target = _without_piecewise(mode) if why == "streams" and modes.has_piecewise_graphs(mode) else modes.NONE
         reason = "StreamBudgetExceeded" if why == "streams" else "GraphMemoryExceedsBudget"
         detail = (
             f"one capture size needs {streams.fixed + streams.per_size} streams, budget {streams.budget}"
@@ -649,9 +628,7 @@ def _thinning_message(why: str, before: int, after: int, streams: StreamPlan, fa
         "310P": "310P's graph limit with tensor parallel > 1 (vllm-ascend 310P guide: 2 graphs)",
         "A5": "vllm-ascend's 4-size limit for PIECEWISE on 950 (_prune_capture_sizes_for_950)",
     }.get(why, why)
-    return (
-        f"capture sizes thinned from {before} to {after} to fit {reason}; the smallest and largest are kept"
-    )
+    return f"capture sizes thinned from {before} to {after} to fit {reason}; the smallest and largest are kept"
 
 
 def _graph_reserved_by(device: DeviceInfo, env: dict[str, str], graph_bytes: int) -> str:
@@ -721,9 +698,7 @@ def _graph_cost(model: ModelInfo, mode: str, largest: int, tp: int, dtype_bytes:
     `largest` tokens. Each further size adds driver/graph bookkeeping: at least 1 MiB per graph
     (vLLM's floor), a sub-graph per layer in piecewise mode. FULL_AND_PIECEWISE keeps both families.
     """
-    first_one = (
-        _activation_bytes(model, largest, tp, dtype_bytes) - _ACTIVATION_WORKSPACE + _GRAPH_POOL_OVERHEAD
-    )
+    first_one = _activation_bytes(model, largest, tp, dtype_bytes) - _ACTIVATION_WORKSPACE + _GRAPH_POOL_OVERHEAD
     pieces = model.num_layers + 1
     piecewise = max(_PER_GRAPH_MIN, pieces * _PER_PIECE)
     if mode == modes.FULL_AND_PIECEWISE:
@@ -751,9 +726,7 @@ def _stream_plan(
     aiv = env.get("HCCL_OP_EXPANSION_MODE", "").upper() == "AIV"
     expansion = "AIV" if aiv else "default"
     if device.kind != "npu" or mode == modes.NONE:
-        return StreamPlan(
-            False, budget, DEVICE_STREAMS, 0, 0, 0, None, expansion, groups, "not an NPU graph mode"
-        )
+        return StreamPlan(False, budget, DEVICE_STREAMS, 0, 0, 0, None, expansion, groups, "not an NPU graph mode")
     draft = model.draft_layers if options.speculative_method in ("mtp", "deepseek_mtp") else 0
     if modes.has_piecewise_graphs(mode):
         per_graph = model.num_layers + 1 + (draft + 1 if draft else 0)
@@ -766,9 +739,7 @@ def _stream_plan(
         if model.is_moe and options.data_parallel > 1:
             factor += 1
         fixed = 0 if model.is_moe else factor * per_graph
-        formula = f"{shape} x (1 + {groups} comm groups) per size" + (
-            "" if model.is_moe else " + one dense block"
-        )
+        formula = f"{shape} x (1 + {groups} comm groups) per size" + ("" if model.is_moe else " + one dense block")
     else:
         factor = 1 + 2 * groups
         fixed = groups * _STREAMS_PER_COMM_GROUP
@@ -779,9 +750,7 @@ def _stream_plan(
         formula += " + 1 full graph per size"
     max_sizes = max((budget - fixed) // per_size, 0)
     estimate = fixed + min(count, max_sizes) * per_size if max_sizes else 0
-    return StreamPlan(
-        True, budget, DEVICE_STREAMS, per_size, fixed, estimate, max_sizes, expansion, groups, formula
-    )
+    return StreamPlan(True, budget, DEVICE_STREAMS, per_size, fixed, estimate, max_sizes, expansion, groups, formula)
 
 
 # -- vLLM arguments ----------------------------------------------------------------------------------

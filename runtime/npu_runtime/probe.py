@@ -91,8 +91,7 @@ def device_from_options(options: PlanOptions) -> DeviceInfo:
         return DeviceInfo(
             kind=options.device_kind,
             name=options.device_name or ("cpu" if options.device_kind == "cpu" else "unknown"),
-            count=options.device_count
-            or options.tensor_parallel * options.pipeline_parallel * options.data_parallel,
+            count=options.device_count or options.tensor_parallel * options.pipeline_parallel * options.data_parallel,
             total_bytes=options.device_memory,
             free_bytes=None,
             source="override",
@@ -133,9 +132,7 @@ def _probe_torch(module: str, imports: str, source: str) -> DeviceInfo | None:
         done = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=_TORCH_PROBE_TIMEOUT_S
         )
-        found = (
-            json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout else None
-        )
+        found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout else None
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
     if not isinstance(found, dict):

@@ -38,15 +38,11 @@ def plan_json(*args: str) -> dict[str, Any]:
 
 
 def test_plan_json_has_the_contract_keys() -> None:
-    plan = plan_json(
-        "--model", str(FIXTURES / "qwen2.5-7b"), *NPU_64, "--max-num-seqs", "12", "--tensor-parallel", "2"
-    )
+    plan = plan_json("--model", str(FIXTURES / "qwen2.5-7b"), *NPU_64, "--max-num-seqs", "12", "--tensor-parallel", "2")
     assert plan["requested_mode"] == plan["effective_mode"] == "FULL_DECODE_ONLY"
     assert plan["capture_sizes"] == [1, 2, 4, 8, 12]
     assert plan["downgrades"] == []
-    assert {"total_bytes", "weights_bytes", "kv_cache_bytes", "graph_bytes", "activation_bytes"} <= set(
-        plan["memory"]
-    )
+    assert {"total_bytes", "weights_bytes", "kv_cache_bytes", "graph_bytes", "activation_bytes"} <= set(plan["memory"])
     assert plan["memory"]["total_bytes"] == 64 << 30
     assert all(isinstance(a, str) for a in plan["vllm_args"])
     assert isinstance(plan["warnings"], list)
@@ -162,9 +158,7 @@ def test_usage_and_unknown_commands() -> None:
     assert "unknown command" in unknown.stderr
 
 
-def test_a_subcommand_is_one_table_entry(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_subcommand_is_one_table_entry(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(cli.COMMANDS, "serve", ("tests.runtime.test_cli:fake_serve", "start serving"))
     assert cli.main(["serve", "--model", "x"]) == 7
     assert capsys.readouterr().out == "serve ['--model', 'x']\n"
@@ -181,9 +175,7 @@ def test_plan_is_fast(model_name: str) -> None:
     from npu_runtime.contract import PlanOptions
     from npu_runtime.plan import DoesNotFitError, PlanError, plan_for
 
-    options = PlanOptions(
-        device_kind="npu", device_name="Ascend910B3", device_memory=64 << 30, tensor_parallel=8
-    )
+    options = PlanOptions(device_kind="npu", device_name="Ascend910B3", device_memory=64 << 30, tensor_parallel=8)
     start = time.perf_counter()
     for _ in range(10):
         with contextlib.suppress(DoesNotFitError, PlanError):

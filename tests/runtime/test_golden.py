@@ -35,9 +35,7 @@ TENSOR_PARALLEL = {
 BASE: dict[str, Any] = {"max_num_seqs": 100, "max_model_len": 4096}
 
 
-def outcome(
-    options: PlanOptions, device: DeviceInfo, model: ModelInfo, env: dict[str, str]
-) -> dict[str, Any]:
+def outcome(options: PlanOptions, device: DeviceInfo, model: ModelInfo, env: dict[str, str]) -> dict[str, Any]:
     try:
         return make_plan(options, device, model, environ=env).to_dict()
     except PlanError as exc:
@@ -55,18 +53,14 @@ def compare(name: str, actual: dict[str, Any]) -> None:
     assert path.is_file(), f"{path} is missing: run UPDATE_GOLDEN=1 pytest {__file__}"
     expected = json.loads(path.read_text())
     for key in sorted(set(expected) | set(actual)):
-        assert actual.get(key) == expected.get(key), (
-            f"{name}.json [{key}] changed (UPDATE_GOLDEN=1 to accept)"
-        )
+        assert actual.get(key) == expected.get(key), f"{name}.json [{key}] changed (UPDATE_GOLDEN=1 to accept)"
 
 
 @pytest.mark.parametrize("model_name", MODEL_NAMES)
 def test_device_table(model_name: str) -> None:
     model = load_model(model_name)
     table = {
-        f"{device_name}/tp{tp}": outcome(
-            PlanOptions(tensor_parallel=tp, **BASE), DEVICES[device_name], model, POD_ENV
-        )
+        f"{device_name}/tp{tp}": outcome(PlanOptions(tensor_parallel=tp, **BASE), DEVICES[device_name], model, POD_ENV)
         for device_name, tps in TENSOR_PARALLEL.items()
         for tp in tps
     }
@@ -122,9 +116,7 @@ def test_scenarios() -> None:
     for name, (model_name, device_name, options, env) in SCENARIOS.items():
         model, device = load_model(model_name), DEVICES[device_name]
         if name == "cpu-engine-resolves":
-            results[name] = make_plan(
-                PlanOptions(**options), device, model, resolve_mode=False, environ=env
-            ).to_dict()
+            results[name] = make_plan(PlanOptions(**options), device, model, resolve_mode=False, environ=env).to_dict()
         else:
             results[name] = outcome(PlanOptions(**options), device, model, env)
     compare("scenarios", results)

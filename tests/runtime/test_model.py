@@ -111,10 +111,7 @@ class TestRealConfigs:
 
     def test_gqa_heads_replicate_when_fewer_than_ranks(self, models: dict[str, ModelInfo]) -> None:
         qwen = models["qwen2.5-7b"]  # 4 KV heads
-        per_rank = [
-            qwen.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=1, dtype_bytes=2)
-            for tp in (1, 4, 8)
-        ]
+        per_rank = [qwen.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=1, dtype_bytes=2) for tp in (1, 4, 8)]
         assert per_rank == [28 * 2 * 4 * 128 * 2, 28 * 2 * 1 * 128 * 2, 28 * 2 * 1 * 128 * 2]
 
     def test_config_file_path_is_accepted(self) -> None:
@@ -130,9 +127,7 @@ class TestSafetensors:
     def test_weights_from_headers_of_all_files(self, tmp_path: Path) -> None:
         write_config(tmp_path)
         a = write_safetensors(tmp_path / "model-00001-of-00002.safetensors", {"x": ("BF16", [64, 64])})
-        b = write_safetensors(
-            tmp_path / "model-00002-of-00002.safetensors", {"y": ("I8", [10])}, metadata=False
-        )
+        b = write_safetensors(tmp_path / "model-00002-of-00002.safetensors", {"y": ("I8", [10])}, metadata=False)
         info = inspect_model(tmp_path)
         assert (info.weight_bytes, info.weight_source) == (a + b, "safetensors-headers")
 
@@ -146,9 +141,7 @@ class TestSafetensors:
     def test_index_total_size_wins(self, tmp_path: Path) -> None:
         write_config(tmp_path)
         write_safetensors(tmp_path / "s1.safetensors", {"x": ("F16", [5, 5])})
-        (tmp_path / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": 12345}})
-        )
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 12345}}))
         info = inspect_model(tmp_path)
         assert (info.weight_bytes, info.weight_source) == (12345, "safetensors-index")
 

@@ -57,9 +57,7 @@ def test_full_decode_only_is_kept_for_dense_and_mla_on_npu(models: dict[str, Mod
 
 
 @pytest.mark.parametrize(("device", "expected"), [(NPU, "FULL_DECODE_ONLY"), (GPU, "FULL_AND_PIECEWISE")])
-def test_mla_full_loses_mixed_batch_graphs(
-    models: dict[str, ModelInfo], device: DeviceInfo, expected: str
-) -> None:
+def test_mla_full_loses_mixed_batch_graphs(models: dict[str, ModelInfo], device: DeviceInfo, expected: str) -> None:
     effective, downgrades, _ = resolve_mode("FULL", device=device, model=models["deepseek-v2-lite"])
     assert effective == expected
     assert downgrades == (Downgrade("FULL", expected, "MlaNoMixedBatchGraphs", downgrades[0].message),)

@@ -21,9 +21,7 @@ GPU = DEVICES["GPU-141GiB"]
 CPU = DEVICES["CPU-64GiB"]
 
 
-def plan(
-    model: ModelInfo, device: DeviceInfo = NPU, env: dict[str, str] | None = None, **options: Any
-) -> Plan:
+def plan(model: ModelInfo, device: DeviceInfo = NPU, env: dict[str, str] | None = None, **options: Any) -> Plan:
     return make_plan(PlanOptions(**options), device, model, environ=POD_ENV if env is None else env)
 
 
@@ -64,9 +62,7 @@ class TestCaptureSizes:
         p = plan(models["qwen2.5-7b"], max_num_seqs=64, capture_sizes=(1, 16, 64))
         assert p.capture_sizes == (1, 16, 64)
 
-    def test_explicit_sizes_below_max_num_seqs_leave_batches_eager(
-        self, models: dict[str, ModelInfo]
-    ) -> None:
+    def test_explicit_sizes_below_max_num_seqs_leave_batches_eager(self, models: dict[str, ModelInfo]) -> None:
         p = plan(models["qwen2.5-7b"], max_num_seqs=64, capture_sizes=(1, 2, 4, 8))
         assert p.eager_decode_batches == (9, 64)
         assert any("9..64 requests" in w for w in p.warnings)
@@ -103,12 +99,8 @@ class TestModes:
             plan(models["qwen2.5-7b"], device=CPU, env={"VLLM_CPU_KVCACHE_SPACE": "1"}, max_model_len=32768)
 
     def test_engine_resolves_mode(self, models: dict[str, ModelInfo]) -> None:
-        p = make_plan(
-            PlanOptions(max_model_len=4096, max_num_seqs=12), CPU, models["qwen2.5-7b"], resolve_mode=False
-        )
-        assert (p.requested_mode, p.effective_mode, p.mode_resolved_by) == ("FULL_DECODE_ONLY",) * 2 + (
-            "engine",
-        )
+        p = make_plan(PlanOptions(max_model_len=4096, max_num_seqs=12), CPU, models["qwen2.5-7b"], resolve_mode=False)
+        assert (p.requested_mode, p.effective_mode, p.mode_resolved_by) == ("FULL_DECODE_ONLY",) * 2 + ("engine",)
         assert p.downgrades == ()
         assert p.capture_sizes == (1, 2, 4, 8, 12)
         assert "--enforce-eager" not in p.vllm_args
@@ -129,9 +121,7 @@ class TestModes:
 class TestStreams:
     def test_piecewise_is_thinned_to_the_stream_budget(self, models: dict[str, ModelInfo]) -> None:
         # Non-AIV HCCL, TP 8, 80 layers: (80 + 1) x (1 + 2) = 243 streams per size, 40 up front.
-        p = plan(
-            models["llama-3.1-70b"], env={}, graph_mode="PIECEWISE", tensor_parallel=8, max_model_len=8192
-        )
+        p = plan(models["llama-3.1-70b"], env={}, graph_mode="PIECEWISE", tensor_parallel=8, max_model_len=8192)
         assert (p.streams.per_size, p.streams.fixed) == (243, 40)
         assert len(p.capture_sizes) == (1800 - 40) // 243 == 7
         assert p.capture_sizes[0] == 1
@@ -188,14 +178,10 @@ class TestDevices:
         p = plan(models["qwen2.5-7b"], device=a5, graph_mode="PIECEWISE", max_model_len=4096)
         assert len(p.capture_sizes) == 4
 
-    def test_graph_memory_is_reserved_by_lowering_utilisation_on_npu(
-        self, models: dict[str, ModelInfo]
-    ) -> None:
+    def test_graph_memory_is_reserved_by_lowering_utilisation_on_npu(self, models: dict[str, ModelInfo]) -> None:
         p = plan(models["qwen2.5-7b"], max_model_len=4096)
         assert p.memory.graph_reserved_by == "plan"
-        expected = (
-            math.floor((p.memory.budget_bytes - p.memory.graph_bytes) / p.memory.total_bytes * 1e4) / 1e4
-        )
+        expected = math.floor((p.memory.budget_bytes - p.memory.graph_bytes) / p.memory.total_bytes * 1e4) / 1e4
         assert p.memory.engine_gpu_memory_utilization == expected < 0.9
         assert f"{expected:g}" in p.vllm_args
 
@@ -236,9 +222,7 @@ class TestMemory:
         assert "--enforce-eager" in p.vllm_args
 
     def test_weights_alone_do_not_fit(self, models: dict[str, ModelInfo]) -> None:
-        with pytest.raises(
-            DoesNotFitError, match=r"135\.43 GiB per device .* > 32\.00 GiB.*tensor parallel 8"
-        ):
+        with pytest.raises(DoesNotFitError, match=r"135\.43 GiB per device .* > 32\.00 GiB.*tensor parallel 8"):
             plan(models["qwen2.5-72b-instruct"], device=DEVICES["910B4-32GiB"])
 
     def test_no_room_for_one_sequence(self, models: dict[str, ModelInfo]) -> None:

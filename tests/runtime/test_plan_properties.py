@@ -101,9 +101,7 @@ def test_more_memory_never_removes_a_size(
     smaller = try_plan(*case)
     assume(smaller is not None)
     assert smaller is not None
-    larger = try_plan(
-        options, dataclasses.replace(device, total_bytes=device.total_bytes + extra), model, env
-    )
+    larger = try_plan(options, dataclasses.replace(device, total_bytes=device.total_bytes + extra), model, env)
     assert larger is not None  # what fits in less memory fits in more
     assert set(smaller.capture_sizes) <= set(larger.capture_sizes)
 
@@ -112,8 +110,6 @@ def test_every_max_num_seqs_up_to_1024_is_covered() -> None:
     model = MODELS["qwen3-30b-a3b"]
     device = DeviceInfo("npu", "Ascend910B3", 8, 64 * GIB, None, "override")
     for max_num_seqs in range(1, 1025):
-        plan = make_plan(
-            PlanOptions(max_num_seqs=max_num_seqs, max_model_len=4096, tensor_parallel=2), device, model
-        )
+        plan = make_plan(PlanOptions(max_num_seqs=max_num_seqs, max_model_len=4096, tensor_parallel=2), device, model)
         assert plan.capture_sizes[-1] == max_num_seqs, max_num_seqs
         assert plan.eager_decode_batches is None
