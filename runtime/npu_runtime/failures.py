@@ -15,7 +15,7 @@ carries the same reason. Reason codes are a contract with the operator:
     PortInUse                  the API or metrics port is taken
     EngineExited               anything else; the message keeps the engine's last lines
 
-`FailureScanner` watches the engine's output as it streams by (first matching line per rule,
+`FailureScanner` watches the engine's output as it streams by (last matching line per rule,
 plus a tail of recent lines) and classifies at exit. Patterns come from real error text (see
 tests/runtime/data/errors). Pure: no I/O but `write_termination_message`.
 """
@@ -107,6 +107,9 @@ class _Rule:
     reason: str
     pattern: re.Pattern[str]
     hint: str
+    # Also match traceback source lines and indented continuation lines (ACL's error details are
+    # indented; Python source lines mentioning "out of memory" must not count as an OOM).
+    indented: bool = False
 
 
 # Order matters: the first rule with a match wins. Stream resources before OOM, because ACL's
@@ -121,6 +124,7 @@ _RULES: Final = (
         ),
         "ACL graph capture ran out of NPU stream resources; capture fewer sizes (--capture-sizes or a "
         "lower --max-capture-size), use FULL_DECODE_ONLY, or upgrade HDK/CANN",
+        indented=True,
     ),
     _Rule(
         DEVICE_OOM,
@@ -171,11 +175,15 @@ _CAPTURE_CONTEXT: Final = re.compile(
 
 
 class FailureScanner:
-    """Feed it the engine's output line by line; ask it why the engine failed when it exits."""
+    """Feed it the engine's output line by line; ask it why the engine failed when it exits.
+
+    Per rule it keeps the last matching line (the final exception message of a traceback comes
+    after the frames), skipping INFO/WARNING log lines and traceback source lines.
+    """
 
     def __init__(self, tail: int = TAIL_LINES) -> None:
         self.tail: collections.deque[str] = collections.deque(maxlen=tail)
-        self.first: dict[str, str] = {}
+        self.last: dict[str, str] = {}
         self.capture_context = False
 
     def feed(self, line: str) -> None:
@@ -183,14 +191,16 @@ class FailureScanner:
         if not line.strip():
             return
         self.tail.append(line)
-        quiet = bool(_QUIET_LEVEL.match(line))
-        if not quiet:
-            for rule in _RULES:
-                if rule.reason not in self.first and rule.pattern.search(line):
-                    self.first[rule.reason] = clean(line)
-                    break
-            if _CAPTURE_CONTEXT.search(line):
-                self.capture_context = True
+        if _QUIET_LEVEL.match(line):
+            return
+        if _CAPTURE_CONTEXT.search(line):
+            self.capture_context = True
+        body = _LOG_PREFIX.sub("", line, count=1)
+        indented = body.startswith("    ") or body.lstrip().startswith('File "')
+        for rule in _RULES:
+            if (rule.indented or not indented) and rule.pattern.search(line):
+                self.last[rule.reason] = clean(line)
+                break
 
     def feed_all(self, lines: Iterable[str]) -> FailureScanner:
         for line in lines:
@@ -200,7 +210,7 @@ class FailureScanner:
     def failure(self, exit_code: int | None, *, capturing: bool = False) -> Failure:
         """The cause of an engine exit; `capturing` when the observer saw the engine capturing graphs."""
         for rule in _RULES:
-            seen = self.first.get(rule.reason)
+            seen = self.last.get(rule.reason)
             if seen is None:
                 continue
             reason = rule.reason
