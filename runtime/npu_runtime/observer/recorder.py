@@ -17,8 +17,10 @@ No torch here: the device event factory and the memory probe are handed in by th
 
 from __future__ import annotations
 
+import array
 import collections
 import logging
+import math
 import os
 import threading
 import time
@@ -95,20 +97,25 @@ class EventTimer:
 
 
 class ReplayStats:
-    __slots__ = ("buckets", "count", "recent", "sum", "timed")
+    __slots__ = ("_next", "buckets", "count", "recent", "sum", "timed")
 
     def __init__(self) -> None:
         self.count = 0  # replays seen
         self.timed = 0  # replays with a device time
         self.sum = 0.0
         self.buckets = [0] * (len(metrics.REPLAY_LATENCY_BUCKETS) + 1)
-        self.recent: collections.deque[float] = collections.deque(maxlen=RECENT_SAMPLES)
+        self.recent = array.array("d")  # a ring of the last RECENT_SAMPLES device times (8 bytes each)
+        self._next = 0
 
     def observe(self, seconds: float) -> None:
         self.timed += 1
         self.sum += seconds
         self.buckets[metrics.bucket_index(seconds)] += 1
-        self.recent.append(seconds)
+        if len(self.recent) < RECENT_SAMPLES:
+            self.recent.append(seconds)
+        else:
+            self.recent[self._next] = seconds
+            self._next = (self._next + 1) % RECENT_SAMPLES
 
 
 def percentile(samples: list[float], fraction: float) -> float | None:
@@ -116,7 +123,7 @@ def percentile(samples: list[float], fraction: float) -> float | None:
     if not samples:
         return None
     ordered = sorted(samples)
-    rank = max(1, min(len(ordered), round(fraction * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(fraction * len(ordered))))
     return ordered[rank - 1]
 
 
