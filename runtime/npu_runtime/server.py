@@ -1,0 +1,136 @@
+"""The runtime's HTTP endpoints on the metrics port: /metrics, /status, /healthz, /readyz.
+
+The standard library's ThreadingHTTPServer in a daemon thread: the runtime's main thread is a
+plain process supervisor (signals, a child process, a poll loop) with no event loop to share;
+these endpoints are scraped every few seconds and each request reads a few small files, so a
+thread per request is plenty; and it adds no dependency to the engine image. /readyz asks the
+engine's /health on every call (with a short timeout), so readiness follows the engine exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from npu_runtime import metrics
+from npu_runtime.status import RuntimeStatus
+
+HEALTH_TIMEOUT_SECONDS = 2.0
+
+
+def engine_healthy(url: str, timeout: float = HEALTH_TIMEOUT_SECONDS) -> bool:
+    """True when the engine's /health answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class _Collector:
+    """A prometheus_client collector that builds the families from the status at scrape time."""
+
+    def __init__(self, status: RuntimeStatus) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Any]:
+        yield from metrics.families(self.status.metric_values())
+
+
+class MetricsServer:
+    """Serves the four endpoints for `status`; `engine_alive` and `health_url` describe the engine."""
+
+    def __init__(
+        self,
+        status: RuntimeStatus,
+        *,
+        host: str,
+        port: int,
+        engine_alive: Callable[[], bool],
+        health_url: str,
+    ) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.status = status
+        self.engine_alive = engine_alive
+        self.health_url = health_url
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(status))
+        self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="metrics-server", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            server_version = "npu-runtime"
+
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                try:
+                    if path == "/metrics":
+                        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+                        self._send(HTTPStatus.OK, generate_latest(server.registry), CONTENT_TYPE_LATEST)
+                    elif path == "/status":
+                        body = json.dumps(server.status.document(), indent=2, sort_keys=True).encode()
+                        self._send(HTTPStatus.OK, body + b"\n", "application/json")
+                    elif path == "/healthz":
+                        self._plain(*server.healthz())
+                    elif path == "/readyz":
+                        self._plain(*server.readyz())
+                    else:
+                        self._plain(HTTPStatus.NOT_FOUND, "not found: try /metrics, /status, /healthz, /readyz")
+                except Exception as exc:  # keep serving: one bad request must not kill the thread
+                    self._plain(HTTPStatus.INTERNAL_SERVER_ERROR, f"error: {exc}")
+
+            def _plain(self, status: HTTPStatus, text: str) -> None:
+                self._send(status, (text + "\n").encode(), "text/plain; charset=utf-8")
+
+            def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return  # probes every few seconds would drown the engine's log
+
+        return Handler
+
+    def healthz(self) -> tuple[HTTPStatus, str]:
+        """Alive: the runtime answers and the engine process (once started) is running."""
+        state = self.status.state
+        if state == "failed":
+            return HTTPStatus.SERVICE_UNAVAILABLE, "failed"
+        if state in ("starting", "stopping") or self.engine_alive():
+            return HTTPStatus.OK, "ok"
+        return HTTPStatus.SERVICE_UNAVAILABLE, "engine process is not running"
+
+    def readyz(self) -> tuple[HTTPStatus, str]:
+        """Ready: the engine's own /health answers 200."""
+        if self.status.state in ("failed", "stopping", "starting"):
+            return HTTPStatus.SERVICE_UNAVAILABLE, self.status.state
+        if engine_healthy(self.health_url):
+            return HTTPStatus.OK, "ready"
+        return HTTPStatus.SERVICE_UNAVAILABLE, f"engine not ready ({self.status.state})"

@@ -1,0 +1,271 @@
+"""The runtime's view of itself and its engine: the /status document and the metric values.
+
+`RuntimeStatus` is written by `serve` (state, plan, engine pid, exit, failure) and read by the
+HTTP server's threads; the engine side comes from the observer's per-process reports, read and
+aggregated on every request (a handful of small files).
+
+Aggregation over the engine's processes: tensor-parallel workers each capture and replay the
+same graphs and see the same decode steps, so per-key values take the largest over processes
+(capture memory and time: the worst device), and a replay histogram is taken from the process
+with the most timed replays. Instrumentation errors add up (each process's hooks fail alone).
+The effective mode is the one a worker resolved, else the final VllmConfig's, else the plan's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from npu_runtime import metrics, reports
+from npu_runtime.failures import Failure
+
+STATES: Final = ("starting", "loading", "capturing", "ready", "failed", "stopping")
+STATUS_SCHEMA: Final = 1
+
+
+def runtime_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("npu-inference")
+    except Exception:
+        return "0+unknown"
+
+
+@dataclasses.dataclass
+class EngineView:
+    """What the observer reports say, aggregated over the engine's processes."""
+
+    effective_mode: str | None = None
+    effective_source: str | None = None  # "engine" (a worker resolved it) or "config" (final VllmConfig)
+    phase: str | None = None
+    vllm_version: str | None = None
+    downgrades: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    captures: dict[tuple[str, int], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    replay: dict[tuple[str, int], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    eager_fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)
+    decode_steps: int = 0
+    errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    memory: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    processes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def aggregate(engine_reports: Sequence[Mapping[str, Any]]) -> EngineView:
+    view = EngineView()
+    seen_downgrades: set[tuple[str, str, str]] = set()
+    phases: set[str] = set()
+    for report in engine_reports:
+        view.processes.append(
+            {
+                "pid": report.get("pid"),
+                "process": report.get("process"),
+                "phase": report.get("phase"),
+                "hooks": (report.get("hooks") or {}).get("installed", []),
+                "unavailable": (report.get("hooks") or {}).get("unavailable", []),
+            }
+        )
+        view.vllm_version = view.vllm_version or report.get("vllm_version")
+        if report.get("phase"):
+            phases.add(str(report["phase"]))
+        resolved = report.get("resolved_mode")
+        config_mode = report.get("config_mode") or {}
+        if resolved and view.effective_source != "engine":
+            view.effective_mode, view.effective_source = str(resolved), "engine"
+        elif config_mode.get("final") and view.effective_source is None:
+            view.effective_mode, view.effective_source = str(config_mode["final"]), "config"
+        for downgrade in report.get("downgrades") or []:
+            key = (downgrade.get("from_mode", ""), downgrade.get("to_mode", ""), downgrade.get("reason", ""))
+            if key not in seen_downgrades:
+                seen_downgrades.add(key)
+                view.downgrades.append({**downgrade, "stage": "engine"})
+        for capture in report.get("captures") or []:
+            key2 = (str(capture["mode"]), int(capture["size"]))
+            known = view.captures.get(key2)
+            memory = capture.get("memory_bytes")
+            if known is None:
+                view.captures[key2] = {"memory_bytes": memory, "seconds": float(capture.get("seconds") or 0.0)}
+            else:
+                if memory is not None:
+                    known["memory_bytes"] = max(known["memory_bytes"] or 0, memory)
+                known["seconds"] = max(known["seconds"], float(capture.get("seconds") or 0.0))
+        for replay in report.get("replay") or []:
+            key2 = (str(replay["mode"]), int(replay["size"]))
+            known = view.replay.get(key2)
+            if known is None or int(replay.get("timed", 0)) > int(known.get("timed", 0)):
+                merged = dict(replay)
+                if known is not None:
+                    merged["count"] = max(int(known["count"]), int(replay.get("count", 0)))
+                view.replay[key2] = merged
+            else:
+                known["count"] = max(int(known["count"]), int(replay.get("count", 0)))
+        for reason, count in (report.get("eager_fallbacks") or {}).items():
+            view.eager_fallbacks[reason] = max(view.eager_fallbacks.get(reason, 0), int(count))
+        view.decode_steps = max(view.decode_steps, int(report.get("decode_steps") or 0))
+        for hook, count in (report.get("errors") or {}).items():
+            view.errors[hook] = view.errors.get(hook, 0) + int(count)
+        memory_report = report.get("memory") or {}
+        device = memory_report.get("device")
+        if device:
+            for kind in metrics.DEVICE_MEMORY_KINDS:
+                if isinstance(memory_report.get(kind), int):
+                    view.memory[(str(device), kind)] = int(memory_report[kind])
+    if "capturing" in phases:
+        view.phase = "capturing"
+    elif "captured" in phases:
+        view.phase = "captured"
+    elif phases:
+        view.phase = "loaded"
+    return view
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanView:
+    """What serve took from the plan (kept as plain data, so this module needs no planner)."""
+
+    requested_mode: str
+    effective_mode: str
+    plan: Mapping[str, Any]
+    downgrades: Sequence[Mapping[str, str]] = ()  # stage "plan"
+    capture_sizes: Sequence[int] = ()
+    memory: Mapping[str, int] = dataclasses.field(default_factory=dict)  # kind -> bytes, planned
+
+
+class RuntimeStatus:
+    """This runtime's state; thread-safe."""
+
+    def __init__(self, observer_dir: str | None, requested_mode: str) -> None:
+        self.observer_dir = observer_dir
+        self._lock = threading.Lock()
+        self._state = "starting"
+        self._plan = PlanView(requested_mode=requested_mode, effective_mode=requested_mode, plan={})
+        self._failure: Failure | None = None
+        self._engine_pid: int | None = None
+        self._exit_code: int | None = None
+        self.version = runtime_version()
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def set_state(self, state: str) -> None:
+        assert state in STATES, state
+        with self._lock:
+            if self._state in ("failed", "stopping") and state not in ("failed", "stopping"):
+                return  # terminal: a late health answer must not resurrect a stopping runtime
+            self._state = state
+
+    def set_plan(self, plan: PlanView) -> None:
+        with self._lock:
+            self._plan = plan
+
+    def set_engine(self, pid: int | None) -> None:
+        with self._lock:
+            self._engine_pid = pid
+
+    def set_exit(self, code: int | None) -> None:
+        with self._lock:
+            self._exit_code = code
+
+    def fail(self, failure: Failure) -> None:
+        with self._lock:
+            self._failure = failure
+            self._state = "failed"
+
+    @property
+    def failure(self) -> Failure | None:
+        return self._failure
+
+    def engine_view(self) -> EngineView:
+        return aggregate(reports.read_reports(self.observer_dir))
+
+    # ----- /status -----
+
+    def document(self, view: EngineView | None = None) -> dict[str, Any]:
+        view = self.engine_view() if view is None else view
+        with self._lock:
+            plan, state, failure = self._plan, self._state, self._failure
+            pid, exit_code = self._engine_pid, self._exit_code
+        effective = view.effective_mode or plan.effective_mode
+        downgrades = [{**dict(d), "stage": "plan"} for d in plan.downgrades] + view.downgrades
+        captures = [
+            {"mode": mode, "size": size, "memory_bytes": entry["memory_bytes"], "seconds": entry["seconds"]}
+            for (mode, size), entry in sorted(view.captures.items())
+        ]
+        replay = [
+            {
+                "mode": mode,
+                "size": size,
+                "count": int(entry.get("count", 0)),
+                "p50_seconds": entry.get("p50_seconds"),
+                "p99_seconds": entry.get("p99_seconds"),
+            }
+            for (mode, size), entry in sorted(view.replay.items())
+        ]
+        memory: dict[str, dict[str, int]] = {}
+        for (device, kind), value in sorted(self._memory(plan, view).items()):
+            memory.setdefault(device, {})[kind] = value
+        return {
+            "schema": STATUS_SCHEMA,
+            "runtime_version": self.version,
+            "state": state,
+            "requested_mode": plan.requested_mode,
+            "effective_mode": effective,
+            "effective_mode_source": view.effective_source or "plan",
+            "plan": dict(plan.plan),
+            "captures": captures,
+            "downgrades": downgrades,
+            "replay": replay,
+            "eager_fallbacks": dict(sorted(view.eager_fallbacks.items())),
+            "decode_steps": view.decode_steps,
+            "failure": failure.to_dict() if failure is not None else None,
+            "engine": {"pid": pid, "exit_code": exit_code, "vllm_version": view.vllm_version},
+            "memory": memory,
+            "instrumentation_errors": dict(sorted(view.errors.items())),
+            "observer": {"processes": view.processes},
+        }
+
+    @staticmethod
+    def _memory(plan: PlanView, view: EngineView) -> dict[tuple[str, str], int]:
+        memory = {("plan", kind): int(value) for kind, value in plan.memory.items()}
+        memory.update(view.memory)
+        return memory
+
+    # ----- /metrics -----
+
+    def metric_values(self, view: EngineView | None = None) -> metrics.MetricValues:
+        view = self.engine_view() if view is None else view
+        with self._lock:
+            plan = self._plan
+        downgrades: dict[tuple[str, str, str, str], int] = {}
+        for stage, items in (("plan", plan.downgrades), ("engine", view.downgrades)):
+            for d in items:
+                key = (str(d.get("from_mode")), str(d.get("to_mode")), str(d.get("reason")), stage)
+                downgrades[key] = downgrades.get(key, 0) + 1
+        capture_sizes: dict[str, int] = {}
+        for mode, _size in view.captures:
+            capture_sizes[mode] = capture_sizes.get(mode, 0) + 1
+        replay = {
+            key: metrics.HistogramValue(
+                buckets=tuple(int(b) for b in entry.get("buckets") or ()),
+                sum=float(entry.get("sum_seconds") or 0.0),
+            )
+            for key, entry in view.replay.items()
+        }
+        return metrics.MetricValues(
+            requested_mode=plan.requested_mode,
+            effective_mode=view.effective_mode or plan.effective_mode,
+            downgrades=downgrades,
+            capture_sizes=capture_sizes,
+            capture_memory={
+                key: int(entry["memory_bytes"])
+                for key, entry in view.captures.items()
+                if entry["memory_bytes"] is not None
+            },
+            capture_seconds={key: float(entry["seconds"]) for key, entry in view.captures.items()},
+            replay=replay,
+            eager_fallbacks=dict(view.eager_fallbacks),
+            device_memory=self._memory(plan, view),
+            instrumentation_errors=dict(view.errors),
+        )

@@ -1,0 +1,234 @@
+"""The engine's command line and environment, process supervision with stub engines, and the HTTP
+endpoints (no vLLM needed: the engine-backed versions are in test_serve_engine.py)."""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from npu_runtime import launch, reports
+from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, ServeOptions
+from npu_runtime.server import MetricsServer
+from npu_runtime.status import PlanView, RuntimeStatus
+
+# ----- command line and environment -----
+
+
+def test_engine_argv_puts_the_users_extra_args_last() -> None:
+    options = ServeOptions(
+        model="/models/qwen",
+        served_model_name="qwen",
+        host="0.0.0.0",
+        port=8000,
+        extra_engine_args=("--max-num-seqs", "8", "--trust-remote-code"),
+    )
+    argv = launch.engine_argv(options, ["--compilation-config", "{}", "--max-num-seqs", "16"], python="py")
+    assert argv == [
+        "py",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/models/qwen",
+        "--served-model-name",
+        "qwen",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--compilation-config",
+        "{}",
+        "--max-num-seqs",
+        "16",
+        "--max-num-seqs",  # argparse: the last one wins, so the user can override the plan
+        "8",
+        "--trust-remote-code",
+    ]
+
+
+def test_engine_env_enables_the_observer_and_keeps_other_plugins() -> None:
+    env = launch.engine_env({"VLLM_PLUGINS": "ascend, ascend_kv_connector"}, observer_dir="/tmp/o")
+    assert env["VLLM_PLUGINS"] == "ascend,ascend_kv_connector,npu_graph_observer"
+    assert env[reports.ENV_DIR] == "/tmp/o"
+    assert launch.engine_env({"VLLM_PLUGINS": "npu_graph_observer"}, observer_dir="/o")["VLLM_PLUGINS"] == (
+        "npu_graph_observer"
+    )
+    assert "VLLM_PLUGINS" not in launch.engine_env({}, observer_dir="/o")  # unset: every plugin loads
+
+
+def test_engine_env_sets_the_ascend_defaults_unless_the_user_did() -> None:
+    env = launch.engine_env({"TASK_QUEUE_ENABLE": "2"}, observer_dir="/o")
+    assert env["TASK_QUEUE_ENABLE"] == "2"
+    for name, value in ASCEND_RECOMMENDED_ENV.items():
+        if name != "TASK_QUEUE_ENABLE":
+            assert env[name] == value
+
+
+def test_prometheus_multiproc_dir_is_fresh_per_run_and_never_introduced(tmp_path: Path) -> None:
+    assert "PROMETHEUS_MULTIPROC_DIR" not in launch.engine_env({}, observer_dir="/o")
+    parent = tmp_path / "prom"
+    parent.mkdir()
+    (parent / "counter_123.db").write_bytes(b"stale")
+    dirs = launch.RunDirs({"PROMETHEUS_MULTIPROC_DIR": str(parent)})
+    assert dirs.prometheus is not None
+    fresh = Path(dirs.prometheus)
+    assert fresh.parent == parent
+    assert list(fresh.iterdir()) == []
+    env = launch.engine_env({"PROMETHEUS_MULTIPROC_DIR": str(parent)}, observer_dir="/o", prometheus_dir=str(fresh))
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == str(fresh)
+    dirs.close()
+    assert not fresh.exists()
+    assert not Path(dirs.observer).exists()
+    assert (parent / "counter_123.db").exists()  # the user's directory itself is left alone
+
+
+# ----- supervision with stub engines -----
+
+STUBBORN_ENGINE = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+# A worker in a session of its own: not in the engine's process group.
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print("worker", worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_output_is_relayed_and_scanned() -> None:
+    lines: list[str] = []
+    out = io.StringIO()
+    engine = launch.EngineProcess(
+        [sys.executable, "-c", "import sys; print('hello'); print('boom', file=sys.stderr); sys.exit(3)"],
+        dict(os.environ),
+        on_line=lines.append,
+        output=out,
+    )
+    engine.start()
+    assert engine.wait(30) == 3
+    engine.finish()
+    assert sorted(lines) == ["boom\n", "hello\n"]
+    assert "hello" in out.getvalue()
+
+
+def test_a_graceful_engine_stops_on_sigterm() -> None:
+    engine = launch.EngineProcess(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+        dict(os.environ),
+        output=io.StringIO(),
+    )
+    engine.start()
+    time.sleep(0.5)
+    code, killed = engine.stop(10)
+    assert (code, killed) == (-15, False)
+
+
+def test_a_stubborn_engine_is_killed_with_everything_it_left_behind(tmp_path: Path) -> None:
+    # In a process of its own: it becomes a child subreaper, which must not happen to pytest.
+    script = tmp_path / "supervise.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import io, os, sys, time
+            from npu_runtime import launch
+            assert launch.become_subreaper()
+            lines = []
+            engine = launch.EngineProcess([sys.executable, "-c", {STUBBORN_ENGINE!r}], dict(os.environ),
+                                          on_line=lines.append, output=io.StringIO())
+            engine.start()
+            while not lines:
+                time.sleep(0.05)
+            worker = int(lines[0].split()[1])
+            start = time.monotonic()
+            code, killed = engine.stop(1.0)
+            took = time.monotonic() - start
+            try:
+                os.kill(worker, 0)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+            print(code, killed, round(took), alive)
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["-9", "True", "1", "False"]
+
+
+# ----- the HTTP endpoints -----
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode()
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    ok = True
+
+    def do_GET(self) -> None:
+        self.send_response(200 if Health.ok else 503)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def engine_health() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/health"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def server(tmp_path: Path, engine_health: str) -> Iterator[tuple[MetricsServer, RuntimeStatus, list[bool]]]:
+    status = RuntimeStatus(str(tmp_path), "FULL_DECODE_ONLY")
+    status.set_plan(PlanView("FULL_DECODE_ONLY", "NONE", {"effective_mode": "NONE"}))
+    alive = [True]
+    metrics_server = MetricsServer(
+        status, host="127.0.0.1", port=0, engine_alive=lambda: alive[0], health_url=engine_health
+    )
+    metrics_server.start()
+    yield metrics_server, status, alive
+    metrics_server.close()
+
+
+def test_endpoints(server: tuple[MetricsServer, RuntimeStatus, list[bool]]) -> None:
+    metrics_server, status, alive = server
+    base = f"http://127.0.0.1:{metrics_server.port}"
+    assert get(base + "/healthz")[0] == 200  # starting: the runtime answers
+    assert get(base + "/readyz")[0] == 503  # not before the engine runs
+    status.set_state("loading")
+    Health.ok = False
+    assert get(base + "/readyz") == (503, "engine not ready (loading)\n")
+    Health.ok = True
+    assert get(base + "/readyz") == (200, "ready\n")
+    code, body = get(base + "/status")
+    assert code == 200
+    assert json.loads(body)["effective_mode"] == "NONE"
+    code, body = get(base + "/metrics")
+    assert code == 200
+    assert 'npu_graph_mode_info{effective="NONE",requested="FULL_DECODE_ONLY"} 1.0' in body
+    alive[0] = False
+    assert get(base + "/healthz")[0] == 503  # the engine process is gone
+    assert get(base + "/nope")[0] == 404
+    status.set_state("stopping")
+    assert get(base + "/readyz")[0] == 503
