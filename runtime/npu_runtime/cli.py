@@ -2,6 +2,7 @@
 
     npu-runtime probe [--json]
     npu-runtime plan --model PATH [planner options] [--json]
+    npu-runtime serve --model PATH [serve and planner options] [-- engine args]   (npu_runtime.serve)
 
 Exit status: 0 on success, 2 on invalid input (the message on stderr names the field), 3 when
 the model cannot fit the device. Subcommands are looked up in `COMMANDS` (name -> "module:function",
@@ -29,6 +30,7 @@ EXIT_DOES_NOT_FIT: Final = 3
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "probe": ("npu_runtime.cli:probe_command", "show the accelerator this pod sees"),
     "plan": ("npu_runtime.cli:plan_command", "plan graph mode, capture sizes and memory for a model"),
+    "serve": ("npu_runtime.serve:serve_command", "plan, start vLLM with the plan, report what the engine did"),
 }
 
 

@@ -1,0 +1,346 @@
+"""`npu-runtime serve`: plan, start vLLM with the plan and the graph observer, report, supervise.
+
+    npu-runtime serve --model PATH [--served-model-name NAME] [--port 8000] [--metrics-port 9090]
+        [--host 0.0.0.0] [planner options] [--engine-resolves-mode] [--shutdown-timeout S]
+        [--termination-log PATH] [-- extra engine args]
+
+1. Start the metrics server (/metrics /status /healthz /readyz) so probes answer at once.
+2. Check the model path, probe the device, inspect the model, plan (`make_serve_plan`: the one
+   seam to the planner); log the plan before the long model load.
+3. Start the engine (`launch`) with the plan's engine flags, the observer plugin enabled and a
+   fresh report directory; follow its phase (loading, capturing) from the observer's reports
+   and its readiness from its /health.
+4. On SIGTERM/SIGINT: forward SIGTERM, wait up to --shutdown-timeout, then kill; exit with the
+   engine's status. On failure: one line `<Reason>: <message>` to stderr and the termination
+   file (`failures`), the same reason in /status, a non-zero exit.
+
+Exit status: the engine's (128+N when it died of signal N); 2 for invalid configuration, 3 when
+the model does not fit, 1 for other failures before the engine ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Final, TextIO
+
+from npu_runtime import failures, launch
+from npu_runtime.contract import DEFAULT_TERMINATION_LOG, ServeOptions, parse_serve_args
+from npu_runtime.failures import Failure
+from npu_runtime.server import MetricsServer, engine_healthy
+from npu_runtime.status import PlanView, RuntimeStatus
+
+if TYPE_CHECKING:
+    from npu_runtime.plan import Plan
+
+EXIT_FAILED: Final = 1
+EXIT_INVALID: Final = 2
+EXIT_DOES_NOT_FIT: Final = 3
+POLL_SECONDS: Final = 0.5
+HEALTH_POLL_SECONDS: Final = 2.0
+
+# Plan.memory field -> npu_device_memory_bytes kind
+_MEMORY_KINDS: Final = {
+    "total": "total_bytes",
+    "free": "free_bytes",
+    "weights": "weights_bytes",
+    "kv_cache": "kv_cache_bytes",
+    "graphs": "graph_bytes",
+}
+
+
+class ServeError(Exception):
+    """A failure before the engine runs: the cause and the exit status."""
+
+    def __init__(self, failure: Failure, exit_code: int) -> None:
+        super().__init__(failure.line())
+        self.failure = failure
+        self.exit_code = exit_code
+
+
+def log(message: str, stream: TextIO | None = None) -> None:
+    print(f"npu-runtime: {message}", file=stream or sys.stderr, flush=True)
+
+
+# ----- the seam to the planner -----
+
+
+def check_model_path(path: str) -> None:
+    """ModelNotFound before anything slow: the path must exist and be readable."""
+    if not os.path.exists(path):
+        raise ServeError(Failure(failures.MODEL_NOT_FOUND, f"model path {path} does not exist"), EXIT_FAILED)
+    if not os.access(path, os.R_OK) or (os.path.isdir(path) and not os.access(path, os.X_OK)):
+        raise ServeError(Failure(failures.MODEL_NOT_FOUND, f"model path {path} is not readable"), EXIT_FAILED)
+
+
+def make_serve_plan(options: ServeOptions) -> Plan:
+    """Probe (or take the overrides), inspect the model, plan; planner errors become ServeErrors.
+
+    With --engine-resolves-mode the requested mode goes to the engine unchanged
+    (resolve_mode=False): the engine's own downgrades are then seen by the observer.
+    """
+    from npu_runtime.model import ModelError, inspect_model
+    from npu_runtime.plan import DoesNotFitError, PlanError, make_plan
+    from npu_runtime.probe import device_from_options
+
+    check_model_path(options.model)
+    try:
+        model = inspect_model(options.model)
+    except ModelError as exc:
+        text = str(exc)
+        reason = failures.MODEL_UNSUPPORTED if "support" in text.lower() else failures.MODEL_INVALID
+        raise ServeError(Failure(reason, text), EXIT_INVALID) from exc
+    try:
+        device = device_from_options(options.plan)
+        return make_plan(options.plan, device, model, resolve_mode=not options.engine_resolves_mode, environ=os.environ)
+    except PlanError as exc:
+        field = exc.field if exc.field.isupper() else "--" + exc.field.replace("_", "-")
+        raise ServeError(Failure(failures.INVALID_CONFIGURATION, f"{field}: {exc.message}"), EXIT_INVALID) from exc
+    except DoesNotFitError as exc:
+        raise ServeError(Failure(failures.MODEL_DOES_NOT_FIT, str(exc)), EXIT_DOES_NOT_FIT) from exc
+    except ModelError as exc:
+        raise ServeError(Failure(failures.MODEL_UNSUPPORTED, str(exc)), EXIT_INVALID) from exc
+
+
+def plan_view(plan: Plan) -> PlanView:
+    memory: dict[str, int] = {}
+    for kind, field in _MEMORY_KINDS.items():
+        value = getattr(plan.memory, field, None)
+        if isinstance(value, int):
+            memory[kind] = value
+    return PlanView(
+        requested_mode=plan.requested_mode,
+        effective_mode=plan.effective_mode,
+        plan=plan.to_dict(),
+        downgrades=[
+            {"from_mode": d.from_mode, "to_mode": d.to_mode, "reason": d.reason, "message": d.message}
+            for d in plan.downgrades
+        ],
+        capture_sizes=tuple(plan.capture_sizes),
+        memory=memory,
+    )
+
+
+def describe_plan(plan: Plan) -> str:
+    try:
+        from npu_runtime.cli import render_plan
+
+        return render_plan(plan.to_dict())
+    except Exception:
+        return (
+            f"mode {plan.requested_mode} -> {plan.effective_mode}, capture sizes {list(plan.capture_sizes)}, "
+            f"engine flags {' '.join(plan.vllm_args)}"
+        )
+
+
+# ----- ports -----
+
+
+def local_address(host: str) -> str:
+    """Where to reach a server bound to `host` from this pod."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ServeError(
+                Failure(failures.PORT_IN_USE, f"{what} port {port} on {host or '*'} is taken ({exc.strerror})"),
+                EXIT_FAILED,
+            ) from exc
+
+
+# ----- supervision -----
+
+
+class Supervisor:
+    """One run of `serve`: owns the metrics server, the engine and the run directories."""
+
+    def __init__(self, options: ServeOptions, *, environ: dict[str, str] | None = None) -> None:
+        self.options = options
+        self.environ = dict(os.environ if environ is None else environ)
+        self.dirs = launch.RunDirs(self.environ)
+        self.status = RuntimeStatus(self.dirs.observer, options.plan.graph_mode)
+        self.scanner = failures.FailureScanner()
+        self.engine: launch.EngineProcess | None = None
+        self.server: MetricsServer | None = None
+        self.stop_requested = threading.Event()
+        self.signals_received = 0
+        address = local_address(options.host)
+        self.health_url = f"http://{address}:{options.port}/health"
+
+    # signals: the handler only sets a flag; the loop does the work
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals_received += 1
+        if self.signals_received > 1 and self.engine is not None:
+            log(f"second {signal.Signals(signum).name}: killing the engine now")
+            self.engine.kill_group()
+        self.stop_requested.set()
+
+    def install_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.on_signal)
+            signal.signal(signal.SIGINT, self.on_signal)
+
+    def start_server(self) -> None:
+        try:
+            self.server = MetricsServer(
+                self.status,
+                host=self.options.host,
+                port=self.options.metrics_port,
+                engine_alive=lambda: self.engine is not None and self.engine.alive(),
+                health_url=self.health_url,
+            )
+        except OSError as exc:
+            raise ServeError(
+                Failure(
+                    failures.PORT_IN_USE,
+                    f"metrics port {self.options.metrics_port} on {self.options.host} is taken ({exc.strerror})",
+                ),
+                EXIT_FAILED,
+            ) from exc
+        self.server.start()
+
+    def run(self) -> int:
+        try:
+            self.install_signal_handlers()
+            launch.become_subreaper()
+            self.start_server()
+            plan = make_serve_plan(self.options)
+            view = plan_view(plan)
+            self.status.set_plan(view)
+            log("plan:\n" + describe_plan(plan))
+            check_port_free(self.options.host, self.options.port, "API")
+            if self.stop_requested.is_set():
+                return 0
+            return self.supervise(plan)
+        except ServeError as exc:
+            self.fail(exc.failure)
+            return exc.exit_code
+        finally:
+            self.close()
+
+    def fail(self, failure: Failure) -> None:
+        self.status.fail(failure)
+        failures.write_termination_message(failure, self.options.termination_log, default_path=DEFAULT_TERMINATION_LOG)
+
+    def supervise(self, plan: Plan) -> int:
+        argv = launch.engine_argv(self.options, plan.vllm_args)
+        env = launch.engine_env(self.environ, observer_dir=self.dirs.observer, prometheus_dir=self.dirs.prometheus)
+        log("starting the engine: " + " ".join(argv[1:]))
+        self.engine = launch.EngineProcess(argv, env, on_line=self.scanner.feed)
+        started = time.monotonic()
+        self.engine.start()
+        self.status.set_engine(self.engine.pid)
+        self.status.set_state("loading")
+        next_health = 0.0
+        ready = False
+        while True:
+            if self.stop_requested.wait(POLL_SECONDS):
+                return self.shutdown()
+            code = self.engine.poll()
+            if code is not None:
+                return self.engine_exited(code)
+            now = time.monotonic()
+            if now >= next_health:
+                next_health = now + HEALTH_POLL_SECONDS
+                if not ready and engine_healthy(self.health_url, timeout=1.0):
+                    ready = True
+                    self.status.set_state("ready")
+                    log(f"engine ready after {now - started:.1f} s")
+                elif not ready:
+                    phase = self.status.engine_view().phase
+                    self.status.set_state("capturing" if phase == "capturing" else "loading")
+
+    def shutdown(self) -> int:
+        assert self.engine is not None
+        self.status.set_state("stopping")
+        grace = self.options.shutdown_timeout
+        log(f"stopping the engine (up to {grace:g} s)")
+        code, killed = self.engine.stop(grace)
+        self.status.set_exit(code)
+        if killed:
+            log(f"the engine did not stop within {grace:g} s and was killed")
+        return exit_status(code)
+
+    def engine_exited(self, code: int) -> int:
+        assert self.engine is not None
+        self.engine.finish()
+        self.status.set_exit(code)
+        if self.stop_requested.is_set():
+            return exit_status(code)
+        capturing = self.status.engine_view().phase == "capturing"
+        failure = self.scanner.failure(code, capturing=capturing)
+        self.fail(failure)
+        return exit_status(code) or EXIT_FAILED
+
+    def close(self) -> None:
+        if self.engine is not None and self.engine.alive():
+            self.engine.stop(0)
+        if self.server is not None:
+            self.server.close()
+        self.dirs.close()
+
+
+def exit_status(code: int | None) -> int:
+    if code is None:
+        return EXIT_FAILED
+    if code < 0:
+        return 128 - code
+    return code
+
+
+def serve(options: ServeOptions) -> int:
+    return Supervisor(options).run()
+
+
+def serve_command(argv: Sequence[str]) -> int:
+    """`npu-runtime serve ARGS`: the CLI entry. A usage error exits 2 with InvalidConfiguration."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            options = parse_serve_args(argv)
+    except SystemExit as exc:
+        sys.stderr.write(captured.getvalue())
+        if exc.code in (0, None):
+            return 0
+        errors = [line for line in captured.getvalue().splitlines() if ": error: " in line]
+        message = errors[-1].split(": error: ", 1)[1] if errors else "invalid serve arguments"
+        failures.write_termination_message(
+            Failure(failures.INVALID_CONFIGURATION, message),
+            _termination_path(argv),
+            default_path=DEFAULT_TERMINATION_LOG,
+        )
+        return EXIT_INVALID
+    sys.stderr.write(captured.getvalue())
+    return serve(options)
+
+
+def _termination_path(argv: Sequence[str]) -> str:
+    args: Any = list(argv)
+    for index, arg in enumerate(args):
+        if arg == "--termination-log" and index + 1 < len(args):
+            return str(args[index + 1])
+        if isinstance(arg, str) and arg.startswith("--termination-log="):
+            return arg.split("=", 1)[1]
+    return DEFAULT_TERMINATION_LOG
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return serve_command(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

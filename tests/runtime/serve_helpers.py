@@ -1,0 +1,162 @@
+"""Run `npu-runtime serve` as a real subprocess and talk to it over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class ServeRun:
+    """One `npu-runtime serve` process with its own ports, log and termination file."""
+
+    def __init__(self, model: str | Path, args: list[str], directory: Path, env: dict[str, str] | None = None) -> None:
+        self.directory = directory
+        self.api_port = free_port()
+        self.metrics_port = free_port()
+        self.termination = directory / "termination-log"
+        self.log_path = directory / "serve.log"
+        self.argv = [
+            sys.executable,
+            "-m",
+            "npu_runtime.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.api_port),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--termination-log",
+            str(self.termination),
+            *args,
+        ]
+        environment = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HCCL_", "ASCEND_"))}
+        environment["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB: a small KV cache on the test machine
+        environment.update(env or {})
+        self.log = open(self.log_path, "w")  # noqa: SIM115 (closed in cleanup)
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
+
+    # ----- HTTP -----
+
+    def get(self, path: str, *, port: int | None = None, timeout: float = 5) -> tuple[int, str]:
+        url = f"http://127.0.0.1:{port or self.metrics_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as error:
+            return int(error.code), error.read().decode()
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.get("/status")
+        assert code == 200, body
+        document: dict[str, Any] = json.loads(body)
+        return document
+
+    def metrics(self) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+        code, body = self.get("/metrics")
+        assert code == 200, body
+        return {
+            family.name: [(s.name, s.labels, s.value) for s in family.samples]
+            for family in text_string_to_metric_families(body)
+        }
+
+    def complete(self, prompt: str, max_tokens: int = 8) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.api_port}/v1/completions",
+            data=json.dumps({"model": self.model_name(), "prompt": prompt, "max_tokens": max_tokens}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+        return answer
+
+    def model_name(self) -> str:
+        code, body = self.get("/v1/models", port=self.api_port)
+        assert code == 200, body
+        return str(json.loads(body)["data"][0]["id"])
+
+    # ----- lifecycle -----
+
+    def log_tail(self, lines: int = 60) -> str:
+        self.log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_ready(self, timeout: float) -> float:
+        """Seconds until /readyz answered 200; fails with the log tail if serve exits or times out."""
+        deadline = self.started + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"serve exited with {self.process.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(OSError):
+                if self.get("/readyz", timeout=3)[0] == 200:
+                    return time.monotonic() - self.started
+            time.sleep(0.5)
+        raise AssertionError(f"serve not ready after {timeout} s:\n{self.log_tail()}")
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"serve still running after {timeout} s:\n{self.log_tail()}") from None
+
+    def terminate(self, timeout: float) -> tuple[int, float]:
+        """SIGTERM serve (as the kubelet does); (exit status, seconds it took)."""
+        start = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        code = self.wait_exit(timeout)
+        return code, time.monotonic() - start
+
+    def cleanup(self, engine_pids: list[int] | None = None) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+        for pid in engine_pids or []:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self.log.close()
+
+    def engine_pids(self) -> list[int]:
+        """Every engine process the observer reported, and the engine's main process."""
+        document = self.status()
+        pids = {int(p["pid"]) for p in document["observer"]["processes"]}
+        if document["engine"]["pid"]:
+            pids.add(int(document["engine"]["pid"]))
+        return sorted(pids)

@@ -1,0 +1,197 @@
+"""`npu-runtime serve` end to end against a real vLLM engine (the CPU build) serving the tiny model.
+
+One engine at a time (the machines have 2 cores): the planned run is shared by the tests of its
+section and stopped by the SIGTERM test; the --engine-resolves-mode run is a second engine.
+The failure tests at the bottom stop before any engine starts and are fast.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from npu_runtime.contract import DEFAULT_SHUTDOWN_TIMEOUT
+
+from tests.runtime.serve_helpers import ServeRun, alive
+
+READY_TIMEOUT = 300.0  # a cold start on 2 busy cores, torch.compile included
+SMALL = ["--max-num-seqs", "4", "--max-model-len", "512"]
+
+
+def labels_of(samples: list[tuple[str, dict[str, str], float]]) -> list[dict[str, str]]:
+    return [labels for _, labels, _ in samples]
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def planned(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
+    run = ServeRun(tiny_model, SMALL, tmp_path_factory.mktemp("serve-planned"))
+    pids: list[int] = []
+    try:
+        run.wait_ready(READY_TIMEOUT)
+        pids = run.engine_pids()
+        yield run
+    finally:
+        run.cleanup(pids)
+
+
+@pytest.mark.engine
+def test_serve_plans_starts_the_engine_and_answers(planned: ServeRun) -> None:
+    answer = planned.complete("Hello, world!", max_tokens=8)
+    assert answer["choices"][0]["text"]
+    assert answer["usage"]["completion_tokens"] == 8
+    assert planned.get("/healthz") == (200, "ok\n")
+    assert planned.get("/readyz") == (200, "ready\n")
+
+
+@pytest.mark.engine
+def test_metrics_show_the_mode_and_the_plan_downgrade(planned: ServeRun) -> None:
+    families = planned.metrics()
+    assert labels_of(families["npu_graph_mode_info"]) == [{"requested": "FULL_DECODE_ONLY", "effective": "NONE"}]
+    [(name, labels, value)] = families["npu_graph_downgrades"]
+    assert name == "npu_graph_downgrades_total"
+    assert labels == {"from_mode": "FULL_DECODE_ONLY", "to_mode": "NONE", "reason": "CpuHasNoGraphs", "stage": "plan"}
+    assert value == 1
+    assert families["npu_graph_instrumentation_errors"] == []  # no hook failed in the real engine
+
+
+@pytest.mark.engine
+def test_status_agrees_and_shows_the_observer_in_every_engine_process(planned: ServeRun) -> None:
+    planned.complete("Once upon a time", max_tokens=4)
+    status = wait_for(lambda: (s := planned.status())["decode_steps"] > 0 and s)
+    assert status, "the worker's decode-step hook never reported"
+    assert status["schema"] == 1
+    assert status["state"] == "ready"
+    assert (status["requested_mode"], status["effective_mode"]) == ("FULL_DECODE_ONLY", "NONE")
+    assert status["effective_mode_source"] == "engine"  # a worker resolved NONE, not just the plan
+    assert [(d["reason"], d["stage"]) for d in status["downgrades"]] == [("CpuHasNoGraphs", "plan")]
+    assert status["plan"]["effective_mode"] == "NONE"
+    assert status["captures"] == []  # the CPU platform captures nothing
+    assert status["failure"] is None
+    assert status["engine"]["vllm_version"] == "0.31.0"
+    assert status["engine"]["pid"] > 0
+    processes = {p["process"]: p for p in status["observer"]["processes"]}
+    assert {"MainProcess", "EngineCore"} <= set(processes)  # the API server and the engine core
+    [worker] = [p for name, p in processes.items() if "Worker" in name]
+    assert any(hook.endswith("_determine_batch_execution_and_padding") for hook in worker["hooks"])
+    assert status["memory"]["cpu"]["kv_cache"] == 1 << 30  # from the worker's initialize_kv_cache hook
+
+
+@pytest.mark.engine
+def test_sigterm_exits_zero_within_the_grace_period_and_leaves_no_engine_process(planned: ServeRun) -> None:
+    pids = planned.engine_pids()
+    assert len(pids) >= 3
+    code, took = planned.terminate(timeout=DEFAULT_SHUTDOWN_TIMEOUT + 30)
+    assert code == 0, planned.log_tail()
+    assert took < DEFAULT_SHUTDOWN_TIMEOUT, f"took {took:.1f} s"
+    assert [pid for pid in pids if alive(pid)] == []
+    assert not planned.termination.exists()  # a requested stop is not a failure
+
+
+@pytest.mark.engine
+def test_engine_resolves_mode_and_the_observer_sees_the_downgrade(tiny_model: Path, tmp_path: Path) -> None:
+    run = ServeRun(tiny_model, [*SMALL, "--engine-resolves-mode"], tmp_path)
+    pids: list[int] = []
+    try:
+        run.wait_ready(READY_TIMEOUT)
+        pids = run.engine_pids()
+        families = run.metrics()
+        assert labels_of(families["npu_graph_mode_info"]) == [{"requested": "FULL_DECODE_ONLY", "effective": "NONE"}]
+        [(_, labels, value)] = families["npu_graph_downgrades"]
+        assert labels == {
+            "from_mode": "FULL_DECODE_ONLY",
+            "to_mode": "NONE",
+            "reason": "PlatformWithoutStaticGraphs",
+            "stage": "engine",
+        }
+        assert value == 1
+        status = run.status()
+        assert status["plan"]["effective_mode"] == "FULL_DECODE_ONLY"  # the plan left the mode to the engine
+        assert status["effective_mode"] == "NONE"
+        [downgrade] = status["downgrades"]
+        assert (downgrade["stage"], downgrade["reason"]) == ("engine", "PlatformWithoutStaticGraphs")
+        assert "cpu" in downgrade["message"]
+        code, _ = run.terminate(timeout=DEFAULT_SHUTDOWN_TIMEOUT + 30)
+        assert code == 0, run.log_tail()
+    finally:
+        run.cleanup(pids)
+
+
+# ----- failures before the engine starts (fast) -----
+
+
+def failing_run(model: str | Path, args: list[str], directory: Path) -> tuple[int, str, ServeRun]:
+    run = ServeRun(model, args, directory)
+    try:
+        code = run.wait_exit(60)
+    finally:
+        run.cleanup()
+    return code, run.termination.read_text() if run.termination.exists() else "", run
+
+
+def assert_one_line(text: str, reason: str) -> str:
+    assert text.endswith("\n")
+    assert text.count("\n") == 1
+    assert text.startswith(f"{reason}: ")
+    assert len(text.encode()) < 4096
+    return text
+
+
+def test_a_broken_config_fails_fast_with_a_one_line_cause(tiny_model: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model, broken)
+    (broken / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": ')
+    start = time.monotonic()
+    code, text, run = failing_run(broken, SMALL, tmp_path)
+    assert code != 0
+    assert time.monotonic() - start < 30
+    assert_one_line(text, "ModelInvalid")
+    assert "config.json" in text
+    assert "ModelInvalid: " in run.log_path.read_text()  # the same line on stderr
+
+
+def test_a_missing_model_is_model_not_found(tmp_path: Path) -> None:
+    code, text, _ = failing_run(tmp_path / "nowhere", SMALL, tmp_path)
+    assert code == 1
+    assert_one_line(text, "ModelNotFound")
+
+
+def test_a_taken_api_port_is_port_in_use(tiny_model: Path, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        code, text, _ = failing_run(tiny_model, [*SMALL, "--port", str(port)], tmp_path)
+    assert code == 1
+    assert_one_line(text, "PortInUse")
+    assert str(port) in text
+
+
+def test_bad_flags_are_invalid_configuration_naming_the_field(tiny_model: Path, tmp_path: Path) -> None:
+    code, text, _ = failing_run(tiny_model, ["--max-num-seqs", "0"], tmp_path)
+    assert code == 2
+    assert "--max-num-seqs" in assert_one_line(text, "InvalidConfiguration")
+    code, text, _ = failing_run(tiny_model, ["--capture-sizes", "1,2,4", "--max-capture-size", "8"], tmp_path)
+    assert code == 2
+    assert "--max-capture-size" in assert_one_line(text, "InvalidConfiguration")
+
+
+def test_a_model_that_does_not_fit_exits_3(tiny_model: Path, tmp_path: Path) -> None:
+    tiny_device = ["--device-kind", "npu", "--device-name", "Ascend910B3", "--device-memory", "1Mi"]
+    code, text, run = failing_run(tiny_model, [*SMALL, *tiny_device], tmp_path)
+    assert code == 3, run.log_path.read_text()
+    assert_one_line(text, "ModelDoesNotFit")
