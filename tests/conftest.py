@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,8 +12,14 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Llama model directory (generated once per session, seeded, no download)."""
-    pytest.importorskip("transformers")
-    from npu_sandbox.tiny_model import build_tiny_model
+    """A tiny Llama model directory (generated once per session, seeded, no download).
 
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+    Built in a child interpreter: it needs torch, and the test process itself must not import
+    torch (the probe tests check that probing leaves it unimported).
+    """
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs transformers (the sandbox extra)")
+    path = tmp_path_factory.mktemp("models") / "tiny-llama"
+    code = "import sys; from npu_sandbox.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True, timeout=300)
+    return path

@@ -109,6 +109,7 @@ class FakeGraphWrapper:
 def make_observer(device: FakeDevice | None, directory: str | None = None, sample_every: int = 1) -> Observer:
     observer = Observer(Recorder(directory), sample_every=sample_every)
     observer._device = device  # what device_module() would find on a GPU
+    observer._modes = Mode  # vLLM's CUDAGraphMode, without importing vLLM (and torch) here
     return observer
 
 

@@ -113,7 +113,7 @@ def test_engine_resolves_mode_and_the_observer_sees_the_downgrade(tiny_model: Pa
         assert labels == {
             "from_mode": "FULL_DECODE_ONLY",
             "to_mode": "NONE",
-            "reason": "PlatformWithoutStaticGraphs",
+            "reason": "CpuHasNoGraphs",
             "stage": "engine",
         }
         assert value == 1
@@ -121,7 +121,7 @@ def test_engine_resolves_mode_and_the_observer_sees_the_downgrade(tiny_model: Pa
         assert status["plan"]["effective_mode"] == "FULL_DECODE_ONLY"  # the plan left the mode to the engine
         assert status["effective_mode"] == "NONE"
         [downgrade] = status["downgrades"]
-        assert (downgrade["stage"], downgrade["reason"]) == ("engine", "PlatformWithoutStaticGraphs")
+        assert (downgrade["stage"], downgrade["reason"]) == ("engine", "CpuHasNoGraphs")
         assert "cpu" in downgrade["message"]
         code, _ = run.terminate(timeout=DEFAULT_SHUTDOWN_TIMEOUT + 30)
         assert code == 0, run.log_tail()

@@ -1,8 +1,10 @@
 """The hooks on vLLM's and vllm-ascend's classes. Every module, class and method is feature-detected.
 
-Read against vLLM 0.31.0 (the CPU build the tests run) and vllm-ascend main of 2026-08 plus its
-v0.13.0, v0.18.0 and v0.23.0 tags (see docs in the report); what a version lacks is simply not
-hooked and is listed as unavailable in the process's report.
+Read against vLLM 0.31.0 (the CPU build the tests run) and vllm-ascend main of 2026-08 (commit
+182b75ea) plus its v0.13.0, v0.18.0 and v0.23.0 tags (docs/serve.md); what a version lacks is
+simply not hooked and is listed as unavailable in the process's report. Engine-stage reason codes
+reuse the planner's (npu_runtime.modes) where the cause is the same, so a dashboard can put the
+predicted and the observed downgrade side by side.
 
 Hooks (the name is the `hook` label of npu_graph_instrumentation_errors_total):
 
@@ -79,7 +81,16 @@ class Observer:
         self.hooks: dict[str, Hook] = {}
         self._device: Any = _UNSET
         self._timer_ready = False
+        self._modes: Any = None
         self.dummy = threading.local()
+
+    def modes(self) -> Any:
+        """vLLM's CUDAGraphMode enum (imported at first use; a stand-in can be set in `_modes`)."""
+        if self._modes is None:
+            from vllm.config import CUDAGraphMode
+
+            self._modes = CUDAGraphMode
+        return self._modes
 
     def hook(self, name: str) -> Hook:
         hook = self.hooks.get(name)
@@ -215,14 +226,15 @@ def config_downgrade_reason(config: Any, requested: str, final: str) -> tuple[st
     supports = getattr(platform, "support_static_graph_mode", None)
     if callable(supports) and not supports():
         return (
-            "PlatformWithoutStaticGraphs",
+            "CpuHasNoGraphs" if device == "cpu" else "PlatformWithoutStaticGraphs",
             f"vLLM's {device} platform ({platform_name}) has no static graph support; "
             f"the engine set {change} without logging it",
         )
     if getattr(model_config, "pooler_config", None) is not None:
-        return "PoolingModel", f"pooling models do not support full graphs ({change})"
+        return "PoolingModelNoFullGraphs", f"pooling models do not support full graphs ({change})"
     if getattr(model_config, "is_encoder_decoder", False):
-        return "EncoderDecoderModel", f"encoder-decoder models are limited in graph mode ({change})"
+        reason = "EncoderDecoderPiecewiseOnly" if final == "PIECEWISE" else "EncoderDecoderFullDecodeOnly"
+        return reason, f"encoder-decoder models are limited in graph mode ({change})"
     return (
         "PlatformConfig",
         f"the engine configuration ({platform_name}.check_and_update_config or VllmConfig) set {change}",
@@ -445,10 +457,8 @@ def eager_reason(*, num_tokens: int, max_size: int | None, force_eager: bool = F
 def batch_dispatch_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
     hook = observer.hook("batch_dispatch")
     recorder = observer.recorder
-    none_mode: Any = _UNSET
 
     def after(runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any, result: Any) -> None:
-        nonlocal none_mode
         if _dummy_depth(observer):
             return
         num_tokens = int(argument(args, kwargs, 0, "num_tokens"))
@@ -462,10 +472,7 @@ def batch_dispatch_wrapper(observer: Observer, original: Callable[..., Any]) -> 
             decode = max_scheduled == query_len and num_tokens == query_len * num_reqs
         if not decode:
             return
-        if none_mode is _UNSET:
-            from vllm.config import CUDAGraphMode
-
-            none_mode = CUDAGraphMode.NONE
+        none_mode = observer.modes().NONE
         reason = None
         if _graphs_enabled(runner, none_mode) and result[0] == none_mode:
             reason = eager_reason(
@@ -558,14 +565,14 @@ def patch_graph_manager(observer: Observer, module: ModuleType) -> None:
         return
     model_manager = getattr(module, "ModelCudaGraphManager", None) or base
     try:
-        from vllm.config import CUDAGraphMode
+        none_mode = observer.modes().NONE
     except Exception:
         observer.unavailable("CudaGraphManager (vllm.config.CUDAGraphMode)")
         return
     patches: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
         "capture": lambda original: manager_capture_wrapper(observer, original, model_manager),
         "run_fullgraph": lambda original: manager_replay_wrapper(observer, original, model_manager),
-        "dispatch": lambda original: manager_dispatch_wrapper(observer, original, model_manager, CUDAGraphMode.NONE),
+        "dispatch": lambda original: manager_dispatch_wrapper(observer, original, model_manager, none_mode),
     }
     for attr, make in patches.items():
         if not _patch(observer, base, attr, make):
