@@ -229,6 +229,9 @@ class Supervisor:
         except ServeError as exc:
             self.fail(exc.failure)
             return exc.exit_code
+        except Exception as exc:  # a bug of ours or an unusable environment: still one line, still non-zero
+            self.fail(Failure(failures.ENGINE_EXITED, f"npu-runtime failed: {type(exc).__name__}: {exc}"))
+            raise
         finally:
             self.close()
 

@@ -194,6 +194,7 @@ class Recorder:
 
     def record_capture(self, key: Key, memory_bytes: int | None, seconds: float) -> None:
         """One graph captured for `key`; piecewise modes capture several per size and they add up."""
+        self.ensure_flusher()
         entry = self.captures.get(key)
         if entry is None:
             self.captures[key] = {"memory_bytes": memory_bytes, "seconds": seconds, "graphs": 1}
@@ -205,6 +206,8 @@ class Recorder:
         self._dirty = True
 
     def count_replay(self, key: Key) -> None:
+        if self._flusher is None:
+            self.ensure_flusher()
         stats = self.replay.get(key)
         if stats is None:
             stats = self.replay[key] = ReplayStats()
@@ -212,6 +215,8 @@ class Recorder:
         self._dirty = True
 
     def record_decode_step(self, eager_reason: str | None) -> None:
+        if self._flusher is None:
+            self.ensure_flusher()  # started lazily: a forked worker starts its own
         self.decode_steps += 1
         if eager_reason is not None:
             self.eager_fallbacks[eager_reason] = self.eager_fallbacks.get(eager_reason, 0) + 1
