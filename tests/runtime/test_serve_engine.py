@@ -18,7 +18,7 @@ from npu_runtime.contract import DEFAULT_SHUTDOWN_TIMEOUT
 
 from tests.runtime.serve_helpers import ServeRun, alive
 
-READY_TIMEOUT = 300.0  # a cold start on 2 busy cores, torch.compile included
+READY_TIMEOUT = 240.0  # a cold start on 2 busy cores, torch.compile included; below pytest's 300 s timeout
 SMALL = ["--max-num-seqs", "4", "--max-model-len", "512"]
 
 
