@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 TARGET = (
-    Path(__file__).resolve().parent.parent / "charts" / "npu-inference-operator" / "files" / "dashboards" / "npu-inference.json"
+    Path(__file__).resolve().parent.parent
+    / "charts"
+    / "npu-inference-operator"
+    / "files"
+    / "dashboards"
+    / "npu-inference.json"
 )
 UID = "npu-inference-graphs"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -124,7 +129,8 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
                     "Effective graph mode",
                     "The mode each pod asked for (requested) and the mode the engine really runs "
                     "(effective), from npu_graph_mode_info.",
-                    f"max by (namespace, inference_npu_dev_name, pod, requested, effective) (npu_graph_mode_info{{{SEL}}})",
+                    "max by (namespace, inference_npu_dev_name, pod, requested, effective) "
+                    f"(npu_graph_mode_info{{{SEL}}})",
                     ["Value"],
                 ),
                 9,
@@ -167,8 +173,7 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
                     "Device memory one graph capture took (largest over the pod's devices).",
                     [
                         target(
-                            "max by (inference_npu_dev_name, mode, size) "
-                            f"(npu_graph_capture_memory_bytes{{{SEL}}})",
+                            f"max by (inference_npu_dev_name, mode, size) (npu_graph_capture_memory_bytes{{{SEL}}})",
                             "{{inference_npu_dev_name}} {{mode}} size {{size}}",
                         )
                     ],
@@ -272,8 +277,7 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
                     "engine; that hook's metrics are missing until the pod restarts.",
                     [
                         target(
-                            "sum by (inference_npu_dev_name, hook) "
-                            f"(npu_graph_instrumentation_errors_total{{{SEL}}})",
+                            f"sum by (inference_npu_dev_name, hook) (npu_graph_instrumentation_errors_total{{{SEL}}})",
                             "{{inference_npu_dev_name}} {{hook}}",
                         )
                     ],
@@ -293,8 +297,7 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
                     "device=plan, the engine's own per device.",
                     [
                         target(
-                            "max by (inference_npu_dev_name, device, kind) "
-                            f"(npu_device_memory_bytes{{{SEL}}})",
+                            f"max by (inference_npu_dev_name, device, kind) (npu_device_memory_bytes{{{SEL}}})",
                             "{{inference_npu_dev_name}} device {{device}} {{kind}}",
                         )
                     ],
@@ -453,7 +456,13 @@ def layout(rows: list[tuple[str, list[tuple[Panel, int, int]]]]) -> list[Panel]:
     y = 0
     for title, row in rows:
         panels.append(
-            {"type": "row", "title": title, "collapsed": False, "panels": [], "gridPos": {"h": 1, "w": WIDTH, "x": 0, "y": y}}
+            {
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "panels": [],
+                "gridPos": {"h": 1, "w": WIDTH, "x": 0, "y": y},
+            }
         )
         y += 1
         x, line_height = 0, 0
