@@ -413,3 +413,11 @@ def test_namespaced_inference_pod_monitor_looks_in_the_watched_namespaces(tmp_pa
     objects = render({**NAMESPACED, **MONITORING_ON}, tmp_path)
     monitor = one(objects, "PodMonitor", "npu-npu-inference-operator-inference")
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["llm", "research"]}
+
+
+def test_the_chart_readme_covers_every_top_level_value() -> None:
+    import yaml
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    readme = (CHART / "README.md").read_text(encoding="utf-8")
+    assert [key for key in values if f"`{key}" not in readme] == []
