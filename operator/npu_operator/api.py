@@ -61,6 +61,7 @@ class GraphSpec:
     mode: str
     capture_sizes: tuple[int, ...] | None
     max_capture_size: int | None
+    stream_budget: int | None
     on_downgrade: str  # Allow | Degrade
 
 
@@ -159,6 +160,7 @@ def _parse(s: JSON) -> NPUInferenceSpec:
             mode=graph["mode"],
             capture_sizes=tuple(graph["captureSizes"]) if "captureSizes" in graph else None,
             max_capture_size=graph.get("maxCaptureSize"),
+            stream_budget=graph.get("streamBudget"),
             on_downgrade=graph["onDowngrade"],
         ),
         engine=EngineSpec(

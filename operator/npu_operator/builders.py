@@ -91,6 +91,7 @@ def runtime_args(spec: NPUInferenceSpec) -> list[str]:
             graph_mode=spec.graph.mode,
             capture_sizes=spec.graph.capture_sizes,
             max_capture_size=spec.graph.max_capture_size,
+            stream_budget=spec.graph.stream_budget,
             max_num_seqs=spec.engine.max_num_seqs,
             max_model_len=spec.engine.max_model_len,
             gpu_memory_utilization=spec.engine.gpu_memory_utilization,

@@ -18,6 +18,7 @@ import prometheus_client
 
 from npu_operator import crd, kube, reconcile, worker
 from npu_operator.config import OperatorConfig, python_log_level
+from npu_operator.runtime_reports import ReportCollector
 
 PREFIX = "inference.npu.dev"
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -51,6 +52,11 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # The worker is the only status writer: no finalizers needed, children go by owner references.
     memo.wakeups = worker.Wakeups()
     memo.client = kube.KubeClient(kube.connection_info(settings, logger))
+    memo.collector = ReportCollector(
+        concurrency=config.status_concurrency,
+        timeout=config.status_timeout_seconds,
+        poll_seconds=config.status_poll_seconds,
+    )
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port)
     logger.info(f"npu-operator configured: {config}")
@@ -59,6 +65,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
 @kopf.on.cleanup()
 async def close(memo: Any, **_: Any) -> None:
     await memo.client.close()
+    await memo.collector.close()
 
 
 @kopf.on.login()
@@ -79,4 +86,4 @@ def check_spec(body: kopf.Body, uid: str, memo: Any, **_: Any) -> None:
 
 @kopf.daemon(*RESOURCE, cancellation_timeout=10)
 async def keep_reconciled(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Logger, **_: Any) -> None:
-    await worker.run(body, memo.client, memo.config, memo.wakeups, stopped, logger)
+    await worker.run(body, memo.client, memo.config, memo.wakeups, memo.collector, stopped, logger)

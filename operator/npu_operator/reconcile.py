@@ -16,9 +16,10 @@ from typing import Any, Final
 
 import kopf
 
-from npu_operator import builders, kube, status
+from npu_operator import aggregate, builders, kube, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.config import OperatorConfig
+from npu_operator.runtime_reports import ReportCollector
 
 JSON = dict[str, Any]
 
@@ -53,7 +54,13 @@ def read_spec(body: Mapping[str, Any]) -> tuple[NPUInferenceSpec | None, list[Sp
     return spec, validate_spec(spec)
 
 
-async def reconcile(body: Mapping[str, Any], client: kube.KubeClient, config: OperatorConfig, now: str) -> Result:
+async def reconcile(
+    body: Mapping[str, Any],
+    client: kube.KubeClient,
+    config: OperatorConfig,
+    now: str,
+    collector: ReportCollector | None = None,
+) -> Result:
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
     generation = int(meta.get("generation", 1))
@@ -92,7 +99,22 @@ async def reconcile(body: Mapping[str, Any], client: kube.KubeClient, config: Op
     notes: tuple[str, ...] = ()
     if spec.pod_monitor.enabled and not capabilities.pod_monitor:
         notes = ("PodMonitor not created: the monitoring.coreos.com/v1 API is not installed",)
-    observed = status.Observed(deployment=live_deployment, conflicts=tuple(conflicts), notes=notes)
+    pods = await client.list(kube.PODS, namespace, builders.selector_string(name)) if live_deployment else []
+    reports = await collector.collect(uid, pods) if collector is not None else []
+    graph = aggregate.graph_status(
+        spec.graph.mode,
+        reports,
+        previous.get("graph", {}),
+        now=now,
+        same_generation=previous.get("observedGeneration") == generation,
+    )
+    observed = status.Observed(
+        deployment=live_deployment,
+        conflicts=tuple(conflicts),
+        notes=notes,
+        findings=aggregate.pod_findings(pods, reports, spec.npu.resource_name or config.npu_resource_name),
+        graph=graph,
+    )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
     return _result(previous, new, tuple(changes))
 
@@ -121,6 +143,12 @@ def _result(
     previous: Mapping[str, Any], new: JSON, changes: tuple[Change, ...], problems: tuple[SpecError, ...] = ()
 ) -> Result:
     events = status.transition_events(previous.get("conditions", ()), new.get("conditions", ()))
+    for downgrade in aggregate.new_downgrades(previous.get("graph", {}), new.get("graph", {})):
+        message = (
+            f"{downgrade['fromMode']} -> {downgrade['toMode']} ({downgrade['reason']}, at {downgrade['stage']} "
+            f"stage, {downgrade['pods']} pod(s)): {downgrade['message']}"
+        )
+        events.append(status.Event("Warning", status.GRAPH_MODE_DOWNGRADED, message))
     return Result(status.status_patch(previous, new), tuple(events), changes, problems)
 
 

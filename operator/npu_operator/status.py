@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from npu_operator.aggregate import PodFindings
 from npu_operator.api import NPUInferenceSpec, SpecError
 from npu_operator.builders import endpoint, selector_string
 
@@ -21,6 +22,7 @@ READY: Final = "Ready"
 PROGRESSING: Final = "Progressing"
 DEGRADED: Final = "Degraded"
 INVALID_SPEC: Final = "InvalidSpec"
+GRAPH_MODE_DOWNGRADED: Final = "GraphModeDowngraded"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +49,9 @@ class Observed:
     conflicts: tuple[str, ...] = ()
     # Things the user asked for that the cluster cannot give, e.g. a PodMonitor without its CRD.
     notes: tuple[str, ...] = ()
+    # What the pods and their runtimes say (see `aggregate`).
+    findings: PodFindings = dataclasses.field(default_factory=PodFindings)
+    graph: JSON = dataclasses.field(default_factory=dict)
 
 
 def compute_status(
@@ -70,7 +75,7 @@ def compute_status(
         "ready": f"{ready}/{spec.replicas}",
         "selector": selector_string(name),
         "endpoint": endpoint(name, namespace),
-        "graph": {**previous.get("graph", {}), "requestedMode": spec.graph.mode},
+        "graph": observed.graph or {**previous.get("graph", {}), "requestedMode": spec.graph.mode},
         "conditions": merge_conditions(previous.get("conditions", ()), conditions, now=now, generation=generation),
     }
     status["phase"], status["reason"] = summarize(conditions, created=observed.deployment is not None)
@@ -122,10 +127,17 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
     degraded = Condition(DEGRADED, False, "AsExpected", notes)
     progress = deployment_conditions.get("Progressing", {})
     failure = deployment_conditions.get("ReplicaFailure", {})
-    if progress.get("status") == "False" and progress.get("reason") == "ProgressDeadlineExceeded":
+    worst = observed.findings.worst
+    effective = observed.graph.get("effectiveMode")
+    if worst is not None:
+        degraded = Condition(DEGRADED, True, worst.reason, worst.message)
+    elif progress.get("status") == "False" and progress.get("reason") == "ProgressDeadlineExceeded":
         degraded = Condition(DEGRADED, True, "ProgressDeadlineExceeded", progress.get("message", ""))
     elif failure.get("status") == "True":
         degraded = Condition(DEGRADED, True, "ReplicaFailure", failure.get("message", ""))
+    elif spec.graph.on_downgrade == "Degrade" and effective and effective != spec.graph.mode:
+        message = f"the engines run {effective}, not the requested {spec.graph.mode} (spec.graph.onDowngrade: Degrade)"
+        degraded = Condition(DEGRADED, True, GRAPH_MODE_DOWNGRADED, message)
 
     if desired == 0:
         ready_condition = Condition(READY, True, "ScaledToZero", "0 replicas requested")
@@ -148,8 +160,10 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
             )
         )
         rolling = not done
+    phases = ", ".join(f"{count} {phase}" for phase, count in observed.findings.starting.items())
+    rollout = f"{updated}/{desired} replicas updated, {ready} ready" + (f"; starting: {phases}" if phases else "")
     progressing = (
-        Condition(PROGRESSING, True, "RollingOut", f"{updated}/{desired} replicas updated, {ready} ready")
+        Condition(PROGRESSING, True, "RollingOut", rollout)
         if rolling and not degraded.status
         else Condition(PROGRESSING, False, "RolloutComplete" if not rolling else degraded.reason, "")
     )
@@ -200,7 +214,8 @@ def transition_events(previous: Sequence[Mapping[str, Any]], current: Sequence[M
         changed = (old.get("status"), old.get("reason")) != (condition["status"], condition["reason"])
         if not changed or condition["status"] != "True":
             continue
-        if condition["type"] == DEGRADED:
+        if condition["type"] == DEGRADED and condition["reason"] != GRAPH_MODE_DOWNGRADED:
+            # Downgrades have an Event each, when first seen (see aggregate.new_downgrades).
             events.append(Event("Warning", condition["reason"], condition["message"]))
         elif condition["type"] == READY and old.get("status") != "True":
             events.append(Event("Normal", "Ready", condition["message"] or condition["reason"]))

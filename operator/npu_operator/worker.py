@@ -21,6 +21,7 @@ import kopf
 
 from npu_operator import kube, metrics, reconcile
 from npu_operator.config import OperatorConfig
+from npu_operator.runtime_reports import ReportCollector
 
 MAX_BACKOFF_SECONDS = 300.0
 
@@ -50,10 +51,13 @@ async def run(
     client: kube.KubeClient,
     config: OperatorConfig,
     wakeups: Wakeups,
+    collector: ReportCollector,
     stopped: kopf.DaemonStopped,
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
     uid = body["metadata"]["uid"]
+    # Children and status are checked every resync; the pods' reports need a tick per poll.
+    interval = min(config.resync_seconds, config.status_poll_seconds)
     wake = wakeups.for_uid(uid)
     # The status as this worker last wrote it: the live body may lag behind our own writes.
     known_status: dict[str, Any] = dict(body.get("status") or {})
@@ -65,7 +69,7 @@ async def run(
             outcome = "error"
             try:
                 snapshot = {**dict(body), "status": known_status}
-                result = await reconcile.reconcile(snapshot, client, config, utc_now())
+                result = await reconcile.reconcile(snapshot, client, config, utc_now(), collector)
                 if result.status_patch:
                     known_status = await _patch_status(client, body, result.status_patch)
                 for event in result.events:
@@ -86,14 +90,11 @@ async def run(
                 elapsed = time.perf_counter() - started
                 metrics.RECONCILES.labels(outcome).inc()
                 metrics.RECONCILE_DURATION.labels(outcome).observe(elapsed)
-            delay = (
-                min(config.resync_seconds * 2 ** max(failures - 1, 0), MAX_BACKOFF_SECONDS)
-                if failures
-                else (config.resync_seconds)
-            )
+            delay = min(interval * 2 ** (failures - 1), MAX_BACKOFF_SECONDS) if failures else interval
             await _sleep(stopped, wake, delay)
     finally:
         wakeups.forget(uid)
+        collector.forget(uid)
 
 
 async def _patch_status(client: kube.KubeClient, body: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:

@@ -117,6 +117,7 @@ INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
         "may not exceed graph.maxCaptureSize (32)",
     ),
     ("capture-sizes-with-mode-none", setting("spec.graph", {"mode": "NONE", "captureSizes": [1]}), "other than NONE"),
+    ("stream-budget-zero", setting("spec.graph", {"streamBudget": 0}), "less than the minimum of 1"),
     ("unknown-on-downgrade", setting("spec.graph", {"onDowngrade": "Ignore"}), "is not one of"),
     ("max-num-seqs-zero", setting("spec.engine", {"maxNumSeqs": 0}), "less than the minimum of 1"),
     (

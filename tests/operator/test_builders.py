@@ -69,6 +69,7 @@ def test_runtime_parses_the_rendered_args_back_to_the_spec(name: str) -> None:
     assert options.port == builders.HTTP_PORT and options.metrics_port == builders.METRICS_PORT
     assert options.plan.graph_mode == spec.graph.mode
     assert options.plan.capture_sizes == spec.graph.capture_sizes
+    assert options.plan.stream_budget == spec.graph.stream_budget
     assert options.plan.max_num_seqs == spec.engine.max_num_seqs
     assert options.plan.max_model_len == spec.engine.max_model_len
     assert options.plan.gpu_memory_utilization == spec.engine.gpu_memory_utilization

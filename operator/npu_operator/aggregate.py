@@ -1,0 +1,304 @@
+"""What the pods and their runtimes say, folded into one picture of an NPUInference. Pure.
+
+Two inputs: the Pod objects (scheduling, restarts, termination messages) and the runtimes'
+`/status` reports (graph mode, captures, downgrades, replay latency, failures). Two outputs:
+`status.graph` (what the engines really did) and `PodFindings` (why pods are not serving),
+which `status.assess` turns into conditions. Reports from older runtimes may lack fields; every
+read has a default. Figures are rounded so that live traffic does not cause a status write per
+poll: Prometheus has the exact numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+JSON = dict[str, Any]
+
+CONTAINER: Final = "runtime"
+
+# The runtime's failure causes (termination message `<Reason>: <message>` and /status failure.reason)
+# and the condition reason each one means for the resource.
+FAILURE_CONDITIONS: Final = {
+    "GraphCaptureOutOfMemory": "GraphCaptureFailed",
+    "StreamResourcesExhausted": "GraphCaptureFailed",
+    "ModelNotFound": "ModelLoadFailed",
+    "ModelInvalid": "ModelLoadFailed",
+    "ModelUnsupported": "ModelLoadFailed",
+    "ModelDoesNotFit": "ModelLoadFailed",
+    "DeviceOutOfMemory": "ModelLoadFailed",
+    "InvalidConfiguration": "InvalidConfiguration",
+    "PortInUse": "CrashLoop",
+    "EngineExited": "CrashLoop",
+}
+# When several pods fail differently, the most specific cause is reported first.
+DEGRADED_PRIORITY: Final = (
+    "GraphCaptureFailed",
+    "ModelLoadFailed",
+    "InvalidConfiguration",
+    "InsufficientNPU",
+    "CrashLoop",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodReport:
+    """One pod's runtime /status (None when it could not be read), with the pod's identity."""
+
+    pod: str
+    report: Mapping[str, Any] | None
+    reachable: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """Why some pods do not serve: a condition reason and a message naming the pods."""
+
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PodFindings:
+    problems: tuple[Finding, ...] = ()
+    # Startup phases of pods not ready yet, from their runtimes: {"loading": 1, "capturing": 1}.
+    starting: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def worst(self) -> Finding | None:
+        ranked = sorted(self.problems, key=lambda f: DEGRADED_PRIORITY.index(f.reason))
+        return ranked[0] if ranked else None
+
+
+# --- pods -----------------------------------------------------------------------------------------
+
+
+def termination_cause(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The runtime's one-line cause from the container's termination message: (Reason, message)."""
+    for status in pod.get("status", {}).get("containerStatuses", []):
+        if status.get("name") != CONTAINER:
+            continue
+        for state in (status.get("state", {}), status.get("lastState", {})):
+            message = (state.get("terminated") or {}).get("message", "")
+            if message:
+                line = message.strip().splitlines()[0]
+                reason, _, text = line.partition(": ")
+                if reason in FAILURE_CONDITIONS:
+                    return reason, text
+    return None
+
+
+def pod_findings(
+    pods: Sequence[Mapping[str, Any]], reports: Sequence[PodReport], npu_resource: str | None
+) -> PodFindings:
+    by_pod = {r.pod: r.report for r in reports if r.report is not None}
+    problems: dict[str, list[str]] = {}
+    starting: Counter[str] = Counter()
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        report = by_pod.get(name) or {}
+        failure = report.get("failure") or None
+        cause = (failure["reason"], failure.get("message", "")) if failure and "reason" in failure else None
+        cause = cause or termination_cause(pod)
+        if cause and cause[0] in FAILURE_CONDITIONS:
+            problems.setdefault(FAILURE_CONDITIONS[cause[0]], []).append(f"{name}: {cause[0]}: {cause[1]}")
+            continue
+        if (why := _unschedulable_for_npus(pod, npu_resource)) is not None:
+            problems.setdefault("InsufficientNPU", []).append(f"{name}: {why}")
+            continue
+        if (why := _crash_looping(pod)) is not None:
+            problems.setdefault("CrashLoop", []).append(f"{name}: {why}")
+            continue
+        if not _ready(pod) and report.get("state") in ("starting", "loading", "capturing"):
+            starting[report["state"]] += 1
+    findings = tuple(Finding(reason, "; ".join(messages)) for reason, messages in sorted(problems.items()))
+    return PodFindings(problems=findings, starting=dict(sorted(starting.items())))
+
+
+def _unschedulable_for_npus(pod: Mapping[str, Any], npu_resource: str | None) -> str | None:
+    for condition in pod.get("status", {}).get("conditions", []):
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            message = condition.get("message", "")
+            if (
+                condition.get("reason") == "Unschedulable"
+                and npu_resource
+                and f"Insufficient {npu_resource}" in message
+            ):
+                return str(message)
+    return None
+
+
+def _crash_looping(pod: Mapping[str, Any]) -> str | None:
+    for status in pod.get("status", {}).get("containerStatuses", []):
+        waiting = status.get("state", {}).get("waiting") or {}
+        if waiting.get("reason") == "CrashLoopBackOff":
+            return f"restarted {status.get('restartCount', 0)} times: {waiting.get('message', '')}".strip()
+    return None
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in pod.get("status", {}).get("conditions", [])
+    )
+
+
+# --- status.graph -----------------------------------------------------------------------------------
+
+
+def graph_status(
+    requested_mode: str,
+    reports: Sequence[PodReport],
+    previous: Mapping[str, Any],
+    *,
+    now: str,
+    same_generation: bool,
+) -> JSON:
+    """`status.graph` from the pods' reports.
+
+    Sticky where reports are missing, so a pod restart does not make things disappear and come
+    back: the effective mode and the downgrades of the previous status are kept while the spec's
+    generation is unchanged. A downgrade no pod reports any more stays listed with `pods: 0`.
+    """
+    readable = [r.report for r in reports if r.report is not None]
+    graph: JSON = {"requestedMode": requested_mode}
+    modes = Counter(str(r["effective_mode"]) for r in readable if r.get("effective_mode"))
+    if modes:
+        graph["effectiveMode"] = _most_common(modes)
+        if len(modes) > 1:
+            graph["modes"] = dict(sorted(modes.items()))
+    elif same_generation and previous.get("effectiveMode"):
+        graph["effectiveMode"] = previous["effectiveMode"]
+    if sizes := _capture_sizes(readable):
+        graph["captureSizes"] = sizes
+    if memory := _capture_memory(readable):
+        graph["captureMemory"] = memory
+    if replay := _replay(readable):
+        graph["replay"] = replay
+    if downgrades := _downgrades(readable, previous.get("downgrades", []) if same_generation else [], now):
+        graph["downgrades"] = downgrades
+    if (rate := _eager_fallback_rate(readable)) is not None:
+        graph["eagerFallbackRate"] = rate
+    graph["reportingPods"] = len(readable)
+    unreachable = sum(1 for r in reports if not r.reachable)
+    if unreachable:
+        graph["unreachablePods"] = unreachable
+    return graph
+
+
+def new_downgrades(previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[JSON]:
+    """Downgrades in `current` that `previous` did not list: one Warning Event each."""
+    seen = {_downgrade_key(d) for d in previous.get("downgrades", [])}
+    return [d for d in current.get("downgrades", []) if _downgrade_key(d) not in seen]
+
+
+def _most_common(counts: Counter[str]) -> str:
+    # Ties go to the lowest name, so that two runs on the same reports agree.
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[0][0]
+
+
+def _capture_sizes(reports: Iterable[Mapping[str, Any]]) -> list[int]:
+    """The sizes the most pods captured (or planned to, before capture has been observed)."""
+    lists: Counter[tuple[int, ...]] = Counter()
+    for report in reports:
+        captured = sorted({int(c["size"]) for c in report.get("captures") or [] if "size" in c})
+        planned = [int(s) for s in (report.get("plan") or {}).get("capture_sizes") or []]
+        if captured or planned:
+            lists[tuple(captured or planned)] += 1
+    if not lists:
+        return []
+    # Ties go to the longer list: a pod still capturing has captured fewer sizes so far.
+    return list(sorted(lists.items(), key=lambda item: (-item[1], -len(item[0]), item[0]))[0][0])
+
+
+def _capture_memory(reports: Iterable[Mapping[str, Any]]) -> JSON:
+    per_pod = [sum(int(c.get("memory_bytes") or 0) for c in report.get("captures") or []) for report in reports]
+    per_pod = [total for total in per_pod if total > 0]
+    if not per_pod:
+        return {}
+    return {"maxPodBytes": _round_bytes(max(per_pod)), "totalBytes": _round_bytes(sum(per_pod))}
+
+
+def _replay(reports: Iterable[Mapping[str, Any]]) -> list[JSON]:
+    """Per (mode, size): the worst p50 and p99 over pods, in seconds, 2 significant digits."""
+    worst: dict[tuple[str, int], tuple[float, float]] = {}
+    for report in reports:
+        for entry in report.get("replay") or []:
+            if not entry.get("count"):
+                continue
+            key = (str(entry.get("mode", "")), int(entry["size"]))
+            p50, p99 = float(entry.get("p50_seconds") or 0.0), float(entry.get("p99_seconds") or 0.0)
+            old = worst.get(key, (0.0, 0.0))
+            worst[key] = (max(old[0], p50), max(old[1], p99))
+    return [
+        {"mode": mode, "size": size, "p50Seconds": _significant(p50), "p99Seconds": _significant(p99)}
+        for (mode, size), (p50, p99) in sorted(worst.items(), key=lambda item: (item[0][1], item[0][0]))
+    ]
+
+
+def _downgrades(reports: Iterable[Mapping[str, Any]], previous: Sequence[Mapping[str, Any]], now: str) -> list[JSON]:
+    pods: Counter[tuple[str, str, str, str]] = Counter()
+    messages: dict[tuple[str, str, str, str], str] = {}
+    for report in reports:
+        for entry in {_report_key(d): d for d in report.get("downgrades") or []}.values():
+            key = _report_key(entry)
+            pods[key] += 1
+            messages.setdefault(key, str(entry.get("message", "")))
+    merged: dict[tuple[str, str, str, str], JSON] = {}
+    for old in previous:
+        key = _downgrade_key(old)
+        merged[key] = {**old, "pods": pods.get(key, 0)}
+    for key, count in pods.items():
+        if key not in merged:
+            from_mode, to_mode, reason, stage = key
+            merged[key] = {
+                "fromMode": from_mode,
+                "toMode": to_mode,
+                "reason": reason,
+                "stage": stage,
+                "message": messages[key],
+                "pods": count,
+                "firstSeen": now,
+            }
+    return [merged[key] for key in sorted(merged)]
+
+
+def _report_key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    return (
+        str(entry.get("from_mode", "")),
+        str(entry.get("to_mode", "")),
+        str(entry.get("reason", "")),
+        str(entry.get("stage", "engine")),
+    )
+
+
+def _downgrade_key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    return (
+        str(entry.get("fromMode", "")),
+        str(entry.get("toMode", "")),
+        str(entry.get("reason", "")),
+        str(entry.get("stage", "")),
+    )
+
+
+def _eager_fallback_rate(reports: Iterable[Mapping[str, Any]]) -> float | None:
+    steps = fallbacks = 0
+    for report in reports:
+        steps += int(report.get("decode_steps") or 0)
+        fallbacks += sum(int(v) for v in (report.get("eager_fallbacks") or {}).values())
+    if steps <= 0:
+        return None
+    return round(min(fallbacks / steps, 1.0), 3)
+
+
+def _significant(value: float, digits: int = 2) -> float:
+    if value <= 0:
+        return 0.0
+    return round(value, digits - 1 - math.floor(math.log10(value)))
+
+
+def _round_bytes(value: int) -> int:
+    """To the MiB: capture memory moves by a few KiB between reports of the same graphs."""
+    return round(value / 2**20) * 2**20

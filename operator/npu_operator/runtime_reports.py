@@ -1,0 +1,111 @@
+"""Reading the runtimes' `/status` from the pods: bounded, short, and gentle with broken pods.
+
+One collector serves the whole operator: a semaphore bounds the reads in flight across every
+NPUInference, each read has a short timeout, a pod is read at most once per poll interval, and a
+pod that does not answer is retried with exponential backoff while its last good report is kept.
+Pod IPs and ports come from the Pod objects (the container port named `metrics`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+import aiohttp
+
+from npu_operator.aggregate import CONTAINER, PodReport
+from npu_operator.builders import METRICS_PORT
+
+MAX_BACKOFF_SECONDS: Final = 300.0
+
+
+@dataclasses.dataclass
+class _Entry:
+    address: str
+    report: Mapping[str, Any] | None = None
+    reachable: bool = True
+    failures: int = 0
+    next_read: float = 0.0
+
+
+def runtime_address(pod: Mapping[str, Any]) -> str | None:
+    """`ip:port` of the pod's runtime status server, or None when the pod has no IP (yet/any more)."""
+    status, meta = pod.get("status", {}), pod.get("metadata", {})
+    ip = status.get("podIP")
+    if not ip or meta.get("deletionTimestamp") or status.get("phase") not in ("Running", "Pending"):
+        return None
+    port = METRICS_PORT
+    for container in pod.get("spec", {}).get("containers", []):
+        if container.get("name") == CONTAINER:
+            for entry in container.get("ports", []):
+                if entry.get("name") == "metrics":
+                    port = int(entry.get("containerPort", METRICS_PORT))
+    return f"{ip}:{port}"
+
+
+class ReportCollector:
+    def __init__(
+        self,
+        *,
+        concurrency: int,
+        timeout: float,
+        poll_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._poll = poll_seconds
+        self._clock = clock
+        self._entries: dict[str, dict[str, _Entry]] = {}  # owner uid -> pod uid -> entry
+        self._session: aiohttp.ClientSession | None = None
+        self.reads = 0  # for tests and the operator's own accounting
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def forget(self, owner: str) -> None:
+        self._entries.pop(owner, None)
+
+    async def collect(self, owner: str, pods: Sequence[Mapping[str, Any]]) -> list[PodReport]:
+        """One report per pod that has an address: fresh when due, else the last one read."""
+        entries = self._entries.setdefault(owner, {})
+        current: dict[str, tuple[str, str]] = {}
+        for pod in pods:
+            address = runtime_address(pod)
+            if address is not None:
+                current[pod["metadata"]["uid"]] = (pod["metadata"]["name"], address)
+        for uid in set(entries) - set(current):
+            del entries[uid]  # the pod is gone
+        for uid, (_, address) in current.items():
+            if uid not in entries or entries[uid].address != address:
+                entries[uid] = _Entry(address)
+        now = self._clock()
+        due = [entry for entry in (entries[uid] for uid in current) if entry.next_read <= now]
+        await asyncio.gather(*(self._read(entry) for entry in due))
+        return [
+            PodReport(pod=name, report=entries[uid].report, reachable=entries[uid].reachable)
+            for uid, (name, _) in sorted(current.items(), key=lambda item: item[1][0])
+        ]
+
+    async def _read(self, entry: _Entry) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        async with self._semaphore:
+            self.reads += 1
+            try:
+                async with self._session.get(f"http://{entry.address}/status") as response:
+                    response.raise_for_status()
+                    report = await response.json(content_type=None)
+                if not isinstance(report, dict):
+                    raise ValueError("/status did not answer a JSON object")
+            except (TimeoutError, aiohttp.ClientError, ValueError, OSError):
+                entry.failures += 1
+                entry.reachable = False
+                entry.next_read = self._clock() + min(self._poll * 2 ** (entry.failures - 1), MAX_BACKOFF_SECONDS)
+                return
+        entry.report, entry.reachable, entry.failures = report, True, 0
+        entry.next_read = self._clock() + self._poll

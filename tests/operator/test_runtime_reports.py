@@ -1,0 +1,152 @@
+"""The report collector against a real HTTP server: concurrency bound, poll interval, backoff, gone pods."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp.web
+import pytest
+from npu_operator.runtime_reports import ReportCollector, runtime_address
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Runtimes:
+    """One HTTP server standing in for many pods' runtimes: /status answers per port."""
+
+    def __init__(self) -> None:
+        self.behaviour: dict[int, str] = {}
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.hits: dict[int, int] = {}
+        self.sites: dict[int, aiohttp.web.TCPSite] = {}
+
+    async def status(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
+        self.hits[port] = self.hits.get(port, 0) + 1
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.05)
+            mode = self.behaviour.get(port, "ok")
+            if mode == "error":
+                return aiohttp.web.Response(status=500)
+            if mode == "hang":
+                await asyncio.sleep(5)
+            if mode == "garbage":
+                return aiohttp.web.Response(text="[1, 2]")
+            return aiohttp.web.json_response({"schema": 1, "effective_mode": "NONE", "port": port})
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture
+async def runtimes() -> AsyncIterator[tuple[Runtimes, list[int]]]:
+    fake = Runtimes()
+    app = aiohttp.web.Application()
+    app.router.add_get("/status", fake.status)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    ports = []
+    for _ in range(6):
+        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        fake.sites[port] = site
+        ports.append(port)
+    yield fake, ports
+    await runner.cleanup()
+
+
+def pod(name: str, port: int, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}"},
+        "spec": {"containers": [{"name": "runtime", "ports": [{"name": "metrics", "containerPort": port}]}]},
+        "status": {"podIP": "127.0.0.1", "phase": "Running", **status},
+    }
+
+
+def test_address_comes_from_the_pod() -> None:
+    assert runtime_address(pod("a", 9999)) == "127.0.0.1:9999"
+    assert runtime_address({"metadata": {}, "status": {"phase": "Running"}}) is None
+    assert runtime_address({**pod("a", 1), "metadata": {"deletionTimestamp": "x"}}) is None
+    assert runtime_address({"metadata": {}, "spec": {}, "status": {"podIP": "10.0.0.1", "phase": "Running"}}) == (
+        "10.0.0.1:9090"
+    )
+
+
+async def test_reads_are_bounded_operator_wide(runtimes: tuple[Runtimes, list[int]]) -> None:
+    fake, ports = runtimes
+    collector = ReportCollector(concurrency=2, timeout=2, poll_seconds=10)
+    try:
+        await asyncio.gather(
+            collector.collect("owner-1", [pod(f"a{i}", port) for i, port in enumerate(ports[:3])]),
+            collector.collect("owner-2", [pod(f"b{i}", port) for i, port in enumerate(ports[3:])]),
+        )
+    finally:
+        await collector.close()
+    assert collector.reads == 6
+    assert fake.most_in_flight == 2
+
+
+async def test_a_pod_is_read_once_per_poll_interval(runtimes: tuple[Runtimes, list[int]]) -> None:
+    fake, ports = runtimes
+    clock = Clock()
+    collector = ReportCollector(concurrency=4, timeout=2, poll_seconds=10, clock=clock)
+    try:
+        pods = [pod("a", ports[0])]
+        first = await collector.collect("o", pods)
+        clock.now = 5
+        second = await collector.collect("o", pods)
+        clock.now = 11
+        await collector.collect("o", pods)
+    finally:
+        await collector.close()
+    assert first == second
+    assert first[0].report is not None and first[0].report["port"] == ports[0]
+    assert fake.hits[ports[0]] == 2
+
+
+async def test_a_failing_pod_backs_off_and_keeps_its_last_report(runtimes: tuple[Runtimes, list[int]]) -> None:
+    fake, ports = runtimes
+    clock = Clock()
+    collector = ReportCollector(concurrency=4, timeout=0.5, poll_seconds=10, clock=clock)
+    pods = [pod("a", ports[0])]
+    try:
+        await collector.collect("o", pods)
+        fake.behaviour[ports[0]] = "error"
+        for now in (10, 15, 20, 25, 30, 39, 41):  # backoff after failures: 10 s, then 20 s
+            clock.now = now
+            (latest,) = await collector.collect("o", pods)
+        assert fake.hits[ports[0]] == 4  # at 0, 10 (fails), 20 (fails), 41 (fails)
+        assert latest.reachable is False
+        assert latest.report is not None and latest.report["effective_mode"] == "NONE"
+        fake.behaviour[ports[0]] = "hang"
+        clock.now = 200
+        (hung,) = await collector.collect("o", pods)
+        assert hung.reachable is False
+        fake.behaviour[ports[0]] = "garbage"
+        clock.now = 1000
+        (garbage,) = await collector.collect("o", pods)
+        assert garbage.reachable is False
+    finally:
+        await collector.close()
+
+
+async def test_pods_that_are_gone_are_forgotten(runtimes: tuple[Runtimes, list[int]]) -> None:
+    _, ports = runtimes
+    collector = ReportCollector(concurrency=4, timeout=2, poll_seconds=10)
+    try:
+        assert len(await collector.collect("o", [pod("a", ports[0]), pod("b", ports[1])])) == 2
+        assert [r.pod for r in await collector.collect("o", [pod("b", ports[1])])] == ["b"]
+        assert await collector.collect("o", [pod("c", ports[2], phase="Succeeded")]) == []
+    finally:
+        await collector.close()
