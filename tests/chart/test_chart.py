@@ -7,13 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from npu_operator import builders, kube
-from npu_operator.config import load_config
+from npu_operator.api import parse_spec
+from npu_operator.config import OperatorConfig, load_config
 
+from tests.chart import monitoring
 from tests.chart.helm import (
     CHART,
     JSON,
     NAMESPACE,
+    ROOT,
     by_kind,
     helm,
     one,
@@ -390,14 +394,36 @@ def test_notes_follow_the_values(tmp_path: Path) -> None:
 # --- the PodMonitors agree with the pods the operator builds -------------------------------------
 
 
+def operator_children() -> list[JSON]:
+    """What the operator applies for the 7B example, PodMonitor included."""
+    manifest = yaml.safe_load((ROOT / "examples" / "qwen2.5-7b-910b.yaml").read_text(encoding="utf-8"))
+    spec = parse_spec(manifest["spec"])
+    return builders.build_children("qwen", "llm", spec, OperatorConfig(), builders.Capabilities(pod_monitor=True))
+
+
 def test_inference_pod_monitor_selects_the_operators_pods_on_their_ports(tmp_path: Path) -> None:
     objects = render(MONITORING_ON, tmp_path)
     monitor = one(objects, "PodMonitor", "npu-npu-inference-operator-inference")
-    pod_labels = builders.labels("qwen")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    children = operator_children()
+    pod = one(children, "Deployment")["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
-    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"http", "metrics"}
-    assert monitor["spec"]["podTargetLabels"] == [builders.NAME_LABEL]
+    ports = {port["name"] for port in pod["spec"]["containers"][0]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"http", "metrics"} == ports
+
+
+def test_both_inference_pod_monitors_give_series_the_same_labels(tmp_path: Path) -> None:
+    """The chart's PodMonitor and the operator's per-resource one: same endpoints, same labels."""
+    chart_monitor = one(render(MONITORING_ON, tmp_path), "PodMonitor", "npu-npu-inference-operator-inference")
+    operator_monitor = one(operator_children(), "PodMonitor")
+    monitoring.validate(operator_monitor)
+    assert chart_monitor["spec"]["podTargetLabels"] == operator_monitor["spec"]["podTargetLabels"]
+    assert operator_monitor["spec"]["podTargetLabels"] == [builders.NAME_LABEL]
+
+    def endpoints(monitor: JSON) -> list[tuple[str, str]]:
+        return sorted((e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"])
+
+    assert endpoints(chart_monitor) == endpoints(operator_monitor)
 
 
 def test_operator_pod_monitor_selects_the_operator_pod(tmp_path: Path) -> None:
@@ -416,8 +442,6 @@ def test_namespaced_inference_pod_monitor_looks_in_the_watched_namespaces(tmp_pa
 
 
 def test_the_chart_readme_covers_every_top_level_value() -> None:
-    import yaml
-
     values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
     readme = (CHART / "README.md").read_text(encoding="utf-8")
     assert [key for key in values if f"`{key}" not in readme] == []
