@@ -36,9 +36,12 @@ class Capabilities:
     pod_monitor: bool = False
 
 
+NAME_LABEL: Final = "inference.npu.dev/name"
+
+
 def selector_labels(name: str) -> dict[str, str]:
     """The labels that select one NPUInference's pods (immutable in a Deployment: never change)."""
-    return {"app.kubernetes.io/name": "npu-inference", "inference.npu.dev/name": name}
+    return {"app.kubernetes.io/name": "npu-inference", NAME_LABEL: name}
 
 
 def selector_string(name: str) -> str:
@@ -270,6 +273,9 @@ def build_pod_monitor(name: str, namespace: str, spec: NPUInferenceSpec) -> JSON
         },
         "spec": {
             "selector": {"matchLabels": _sorted(selector_labels(name))},
+            # Every series gets the resource's name as `inference_npu_dev_name` (prometheus-operator
+            # makes the label name valid): what the chart's dashboard and alerts group by.
+            "podTargetLabels": [NAME_LABEL],
             "podMetricsEndpoints": [
                 # npu_graph_* and npu_device_* from the runtime; vllm:* from the engine itself.
                 {"port": "metrics", "path": "/metrics", "interval": interval},

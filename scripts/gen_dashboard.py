@@ -1,0 +1,547 @@
+"""Write the chart's Grafana dashboard, files/dashboards/npu-inference.json, from the panels below.
+
+Run after changing a panel: `.venv/bin/python scripts/gen_dashboard.py`. A test fails when the
+committed JSON is out of date, and another parses every query and checks each metric name
+against the runtime's and the operator's metric definitions (tests/chart/test_metric_names.py).
+
+How labels reach Prometheus: the PodMonitors (the operator's per-resource one and the chart's
+default one) copy the pod label `inference.npu.dev/name` onto every series as
+`inference_npu_dev_name` (podTargetLabels); `namespace` and `pod` are prometheus-operator's
+standard target labels. The dashboard's variables filter on those two.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TARGET = (
+    Path(__file__).resolve().parent.parent
+    / "charts"
+    / "npu-inference-operator"
+    / "files"
+    / "dashboards"
+    / "npu-inference.json"
+)
+UID = "npu-inference-graphs"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# The series of inference pods the variables select.
+SEL = 'namespace=~"$namespace", inference_npu_dev_name=~"$npuinference"'
+WIDTH = 24
+
+Panel = dict[str, Any]
+
+
+def target(expr: str, legend: str = "", *, ref: str = "A", instant: bool = False) -> dict[str, Any]:
+    result: dict[str, Any] = {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": ref}
+    if instant:
+        result.update(instant=True, range=False, format="table")
+    return result
+
+
+def timeseries(title: str, description: str, targets: list[dict[str, Any]], unit: str) -> Panel:
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": targets,
+        "fieldConfig": {
+            "defaults": {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}},
+            "overrides": [],
+        },
+        "options": {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+    }
+
+
+def bargauge(title: str, description: str, targets: list[dict[str, Any]], unit: str) -> Panel:
+    """Values that are set once per pod start (capture results): the latest value, one bar per series."""
+    return {
+        "type": "bargauge",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": targets,
+        "fieldConfig": {"defaults": {"unit": unit, "min": 0}, "overrides": []},
+        "options": {
+            "orientation": "horizontal",
+            "displayMode": "gradient",
+            "showUnfilled": True,
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        },
+    }
+
+
+def table(title: str, description: str, expr: str, hidden: list[str]) -> Panel:
+    return {
+        "type": "table",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": [target(expr, instant=True)],
+        "fieldConfig": {"defaults": {}, "overrides": []},
+        "options": {"showHeader": True, "cellHeight": "sm"},
+        "transformations": [
+            {"id": "organize", "options": {"excludeByName": dict.fromkeys(["Time", *hidden], True)}},
+        ],
+    }
+
+
+def stat(title: str, description: str, targets: list[dict[str, Any]], unit: str = "none") -> Panel:
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": targets,
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "options": {
+            "colorMode": "value",
+            "graphMode": "none",
+            "textMode": "value_and_name",
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        },
+    }
+
+
+def quantiles(metric: str, by: str, legend: str, *quantile_values: float) -> list[dict[str, Any]]:
+    return [
+        target(
+            f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}{{{SEL}}}[$__rate_interval])))",
+            f"p{round(q * 100)} {legend}",
+            ref=chr(ord("A") + index),
+        )
+        for index, q in enumerate(quantile_values)
+    ]
+
+
+# (row title, [(panel, width, height)]) in reading order; positions are computed by layout().
+ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
+    (
+        "Graph mode",
+        [
+            (
+                table(
+                    "Effective graph mode",
+                    "The mode each pod asked for (requested) and the mode the engine really runs "
+                    "(effective), from npu_graph_mode_info.",
+                    "max by (namespace, inference_npu_dev_name, pod, requested, effective) "
+                    f"(npu_graph_mode_info{{{SEL}}})",
+                    ["Value"],
+                ),
+                9,
+                8,
+            ),
+            (
+                table(
+                    "Graph-mode downgrades",
+                    "Every downgrade with its reason; stage=plan: the runtime's planner chose it, "
+                    "stage=engine: vLLM or vllm-ascend changed the mode after the plan.",
+                    "max by (namespace, inference_npu_dev_name, pod, stage, from_mode, to_mode, reason) "
+                    f"(npu_graph_downgrades_total{{{SEL}}}) > 0",
+                    [],
+                ),
+                10,
+                8,
+            ),
+            (
+                stat(
+                    "Captured batch sizes",
+                    "How many batch sizes were captured as graphs, per mode.",
+                    [
+                        target(
+                            f"max by (inference_npu_dev_name, mode) (npu_graph_capture_sizes{{{SEL}}})",
+                            "{{inference_npu_dev_name}} {{mode}}",
+                        )
+                    ],
+                ),
+                5,
+                8,
+            ),
+        ],
+    ),
+    (
+        "Graph capture",
+        [
+            (
+                bargauge(
+                    "Capture memory per batch size",
+                    "Device memory one graph capture took (largest over the pod's devices).",
+                    [
+                        target(
+                            f"max by (inference_npu_dev_name, mode, size) (npu_graph_capture_memory_bytes{{{SEL}}})",
+                            "{{inference_npu_dev_name}} {{mode}} size {{size}}",
+                        )
+                    ],
+                    "bytes",
+                ),
+                12,
+                10,
+            ),
+            (
+                bargauge(
+                    "Capture time per batch size",
+                    "Wall time one graph capture took.",
+                    [
+                        target(
+                            f"max by (inference_npu_dev_name, mode, size) (npu_graph_capture_seconds{{{SEL}}})",
+                            "{{inference_npu_dev_name}} {{mode}} size {{size}}",
+                        )
+                    ],
+                    "s",
+                ),
+                12,
+                10,
+            ),
+        ],
+    ),
+    (
+        "Graph replay and eager fallbacks",
+        [
+            (
+                timeseries(
+                    "Replay latency p50 per batch size",
+                    "Median device time of one graph replay.",
+                    quantiles(
+                        "npu_graph_replay_latency_seconds_bucket",
+                        "inference_npu_dev_name, mode, size",
+                        "{{inference_npu_dev_name}} {{mode}} size {{size}}",
+                        0.5,
+                    ),
+                    "s",
+                ),
+                12,
+                9,
+            ),
+            (
+                timeseries(
+                    "Replay latency p99 per batch size",
+                    "99th percentile device time of one graph replay.",
+                    quantiles(
+                        "npu_graph_replay_latency_seconds_bucket",
+                        "inference_npu_dev_name, mode, size",
+                        "{{inference_npu_dev_name}} {{mode}} size {{size}}",
+                        0.99,
+                    ),
+                    "s",
+                ),
+                12,
+                9,
+            ),
+            (
+                timeseries(
+                    "Eager fallbacks per second",
+                    "Decode steps that ran eagerly although graphs were on, by reason (e.g. a batch "
+                    "size with no captured graph). Each is about 7x slower than a replay.",
+                    [
+                        target(
+                            "sum by (inference_npu_dev_name, reason) "
+                            f"(rate(npu_graph_eager_fallbacks_total{{{SEL}}}[$__rate_interval]))",
+                            "{{inference_npu_dev_name}} {{reason}}",
+                        )
+                    ],
+                    "ops",
+                ),
+                9,
+                8,
+            ),
+            (
+                timeseries(
+                    "Eager share of decode steps",
+                    "Eager fallbacks over eager fallbacks plus timed graph replays (reads high when "
+                    "the observer times only one replay in N).",
+                    [
+                        target(
+                            "sum by (inference_npu_dev_name) "
+                            f"(rate(npu_graph_eager_fallbacks_total{{{SEL}}}[$__rate_interval])) / ("
+                            "sum by (inference_npu_dev_name) "
+                            f"(rate(npu_graph_eager_fallbacks_total{{{SEL}}}[$__rate_interval])) + "
+                            "sum by (inference_npu_dev_name) "
+                            f"(rate(npu_graph_replay_latency_seconds_count{{{SEL}}}[$__rate_interval])))",
+                            "{{inference_npu_dev_name}}",
+                        )
+                    ],
+                    "percentunit",
+                ),
+                9,
+                8,
+            ),
+            (
+                stat(
+                    "Observer hooks disabled",
+                    "Errors after which the graph observer disabled a hook instead of breaking the "
+                    "engine; that hook's metrics are missing until the pod restarts.",
+                    [
+                        target(
+                            f"sum by (inference_npu_dev_name, hook) (npu_graph_instrumentation_errors_total{{{SEL}}})",
+                            "{{inference_npu_dev_name}} {{hook}}",
+                        )
+                    ],
+                ),
+                6,
+                8,
+            ),
+        ],
+    ),
+    (
+        "Device memory",
+        [
+            (
+                bargauge(
+                    "Device memory plan (device=plan) and what the engine saw",
+                    "Total, free, weights, KV cache and graphs: the planner's figures under "
+                    "device=plan, the engine's own per device.",
+                    [
+                        target(
+                            f"max by (inference_npu_dev_name, device, kind) (npu_device_memory_bytes{{{SEL}}})",
+                            "{{inference_npu_dev_name}} device {{device}} {{kind}}",
+                        )
+                    ],
+                    "bytes",
+                ),
+                12,
+                10,
+            ),
+            (
+                timeseries(
+                    "Device memory over time",
+                    "The same figures over time, per pod.",
+                    [
+                        target(
+                            f"max by (pod, device, kind) (npu_device_memory_bytes{{{SEL}}})",
+                            "{{pod}} {{device}} {{kind}}",
+                        )
+                    ],
+                    "bytes",
+                ),
+                12,
+                10,
+            ),
+        ],
+    ),
+    (
+        "vLLM",
+        [
+            (
+                timeseries(
+                    "Time to first token",
+                    "vLLM's own histogram (port 8000), p50 and p99.",
+                    quantiles(
+                        "vllm:time_to_first_token_seconds_bucket",
+                        "inference_npu_dev_name",
+                        "{{inference_npu_dev_name}}",
+                        0.5,
+                        0.99,
+                    ),
+                    "s",
+                ),
+                8,
+                9,
+            ),
+            (
+                timeseries(
+                    "Inter-token latency",
+                    "vLLM's own histogram, p50 and p99: the decode steps graphs speed up.",
+                    quantiles(
+                        "vllm:inter_token_latency_seconds_bucket",
+                        "inference_npu_dev_name",
+                        "{{inference_npu_dev_name}}",
+                        0.5,
+                        0.99,
+                    ),
+                    "s",
+                ),
+                8,
+                9,
+            ),
+            (
+                timeseries(
+                    "Requests running and waiting",
+                    "vLLM's scheduler: requests in the batch and requests queued.",
+                    [
+                        target(
+                            f"sum by (inference_npu_dev_name) (vllm:num_requests_running{{{SEL}}})",
+                            "running {{inference_npu_dev_name}}",
+                        ),
+                        target(
+                            f"sum by (inference_npu_dev_name) (vllm:num_requests_waiting{{{SEL}}})",
+                            "waiting {{inference_npu_dev_name}}",
+                            ref="B",
+                        ),
+                    ],
+                    "short",
+                ),
+                8,
+                9,
+            ),
+            (
+                timeseries(
+                    "KV cache usage",
+                    "vLLM's KV cache usage per pod (1 = full).",
+                    [
+                        target(
+                            f"max by (pod) (vllm:kv_cache_usage_perc{{{SEL}}})",
+                            "{{pod}}",
+                        )
+                    ],
+                    "percentunit",
+                ),
+                12,
+                8,
+            ),
+            (
+                timeseries(
+                    "Generated tokens per second",
+                    "vLLM's generation throughput.",
+                    [
+                        target(
+                            "sum by (inference_npu_dev_name) "
+                            f"(rate(vllm:generation_tokens_total{{{SEL}}}[$__rate_interval]))",
+                            "{{inference_npu_dev_name}}",
+                        )
+                    ],
+                    "short",
+                ),
+                12,
+                8,
+            ),
+        ],
+    ),
+    (
+        "Operator",
+        [
+            (
+                timeseries(
+                    "Reconciles per second",
+                    "The operator's reconciles of NPUInference resources, by result.",
+                    [
+                        target(
+                            "sum by (result) (rate(npu_operator_reconciles_total[$__rate_interval]))",
+                            "{{result}}",
+                        )
+                    ],
+                    "ops",
+                ),
+                12,
+                8,
+            ),
+            (
+                timeseries(
+                    "Reconcile duration p99",
+                    "How long one reconcile takes, by result.",
+                    [
+                        target(
+                            "histogram_quantile(0.99, sum by (result, le) "
+                            "(rate(npu_operator_reconcile_duration_seconds_bucket[$__rate_interval])))",
+                            "{{result}}",
+                        )
+                    ],
+                    "s",
+                ),
+                12,
+                8,
+            ),
+        ],
+    ),
+]
+
+
+def layout(rows: list[tuple[str, list[tuple[Panel, int, int]]]]) -> list[Panel]:
+    """Rows of panels, left to right, wrapping at the grid's width; ids in reading order."""
+    panels: list[Panel] = []
+    y = 0
+    for title, row in rows:
+        panels.append(
+            {
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "panels": [],
+                "gridPos": {"h": 1, "w": WIDTH, "x": 0, "y": y},
+            }
+        )
+        y += 1
+        x, line_height = 0, 0
+        for panel, width, height in row:
+            if x + width > WIDTH:
+                x, y, line_height = 0, y + line_height, 0
+            panels.append({**panel, "gridPos": {"h": height, "w": width, "x": x, "y": y}})
+            x += width
+            line_height = max(line_height, height)
+        y += line_height
+    for index, panel in enumerate(panels, start=1):
+        panel["id"] = index
+    return panels
+
+
+def variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": {"query": query, "refId": f"{name}-variable"},
+        "definition": query,
+        "refresh": 2,
+        "multi": True,
+        "includeAll": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+    }
+
+
+def dashboard() -> dict[str, Any]:
+    return {
+        "uid": UID,
+        "title": "NPU inference: graph mode, capture, replay, vLLM",
+        "description": (
+            "NPUInference resources on Ascend NPUs: the graph mode requested and run, downgrades, graph "
+            "capture memory and time, replay latency, eager fallbacks, the device memory plan, vLLM's "
+            "latency and queue, and the operator. Labels: namespace and inference_npu_dev_name (the pod "
+            "label inference.npu.dev/name, copied by the PodMonitors' podTargetLabels)."
+        ),
+        "tags": ["npu", "ascend", "vllm", "npu-inference-operator"],
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "schemaVersion": 39,
+        "time": {"from": "now-6h", "to": "now"},
+        "timezone": "",
+        "links": [],
+        "annotations": {"list": []},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Data source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                },
+                variable("namespace", "Namespace", "label_values(npu_graph_mode_info, namespace)"),
+                variable(
+                    "npuinference",
+                    "NPUInference",
+                    'label_values(npu_graph_mode_info{namespace=~"$namespace"}, inference_npu_dev_name)',
+                ),
+            ]
+        },
+        "panels": layout(ROWS),
+        "version": 1,
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    TARGET.parent.mkdir(parents=True, exist_ok=True)
+    TARGET.write_text(render(), encoding="utf-8")
+    print(TARGET)

@@ -1,0 +1,447 @@
+"""The chart as helm renders it: lint, every value set valid, the operator's settings, RBAC, peering."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from npu_operator import builders, kube
+from npu_operator.api import parse_spec
+from npu_operator.config import OperatorConfig, load_config
+
+from tests.chart import monitoring
+from tests.chart.helm import (
+    CHART,
+    JSON,
+    NAMESPACE,
+    ROOT,
+    by_kind,
+    helm,
+    one,
+    render,
+    template,
+    validate,
+    value_args,
+)
+
+MONITORING_ON = {
+    "monitoring": {
+        "operatorPodMonitor": {"enabled": True},
+        "inferencePodMonitor": {"enabled": True},
+        "grafanaDashboard": {"enabled": True},
+        "prometheusRule": {"enabled": True},
+    }
+}
+NAMESPACED = {"watch": {"scope": "namespaced", "namespaces": ["llm", "research"]}}
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "monitoring-on": MONITORING_ON,
+    "namespaced": NAMESPACED,
+    "namespaced-release-namespace": {"watch": {"scope": "namespaced"}, "rbac": {"namespacedDiscovery": False}},
+    "crds-off": {"crds": {"install": False}, "peering": {"installCRDs": False}},
+    "standalone": {"operator": {"standalone": True}},
+    "everything": {
+        **NAMESPACED,
+        **MONITORING_ON,
+        "replicaCount": 2,
+        "crds": {"install": True, "keep": False},
+        "operator": {"extraEnv": [{"name": "PYTHONASYNCIODEBUG", "value": "0"}], "logLevel": "DEBUG"},
+        "imagePullSecrets": [{"name": "registry"}],
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "podAnnotations": {"example.com/team": "llm"},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def defaults() -> list[JSON]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def peering_crds(defaults: list[JSON]) -> list[JSON]:
+    """The chart's peering CRDs, to validate peering objects rendered without them (installCRDs off)."""
+    return [crd for crd in by_kind(defaults, "CustomResourceDefinition") if crd["spec"]["group"] == "kopf.dev"]
+
+
+def container(objects: list[JSON]) -> JSON:
+    containers: list[JSON] = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_of(objects: list[JSON]) -> dict[str, str]:
+    return {var["name"]: var["value"] for var in container(objects)["env"]}
+
+
+# --- lint and validation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_helm_lint_is_clean(name: str, tmp_path: Path) -> None:
+    result = helm("lint", "--strict", str(CHART), *value_args(VALUE_SETS[name], tmp_path))
+    assert "0 chart(s) failed" in result.stdout
+    assert "[ERROR]" not in result.stdout and "[WARNING]" not in result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_every_rendered_object_passes_validation(name: str, tmp_path: Path, peering_crds: list[JSON]) -> None:
+    objects = render(VALUE_SETS[name], tmp_path)
+    assert objects
+    for obj in objects:
+        validate(obj, [*objects, *peering_crds])
+
+
+def test_default_values_render_the_operator_and_nothing_that_needs_prometheus(defaults: list[JSON]) -> None:
+    kinds = sorted(obj["kind"] for obj in defaults)
+    assert kinds == [
+        "ClusterKopfPeering",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "CustomResourceDefinition",
+        "CustomResourceDefinition",
+        "Deployment",
+        "ServiceAccount",
+    ]
+    assert not [obj for obj in defaults if obj["apiVersion"].startswith("monitoring.coreos.com")]
+
+
+# --- the operator Deployment ---------------------------------------------------------------------
+
+
+def test_one_operator_replaced_not_rolled(defaults: list[JSON]) -> None:
+    deployment = one(defaults, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+
+
+def test_liveness_probe_is_kopfs_health_endpoint(defaults: list[JSON]) -> None:
+    runtime = container(defaults)
+    probe = runtime["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    ports = {port["name"]: port["containerPort"] for port in runtime["ports"]}
+    assert ports[probe["port"]] == int(env_of(defaults)["NPU_OPERATOR_HEALTH_PORT"]) == 8081
+    assert ports["metrics"] == int(env_of(defaults)["NPU_OPERATOR_METRICS_PORT"]) == 8080
+
+
+def test_operator_runs_hardened(defaults: list[JSON]) -> None:
+    pod = one(defaults, "Deployment")["spec"]["template"]["spec"]
+    runtime = container(defaults)
+    security = runtime["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert runtime["resources"]["requests"]["cpu"] and runtime["resources"]["requests"]["memory"]
+    assert runtime["args"] == ["run"], "the image's entrypoint is npu-operator; the chart only picks the command"
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_the_operator_accepts_the_settings_the_chart_gives_it(name: str, tmp_path: Path) -> None:
+    objects = render(VALUE_SETS[name], tmp_path)
+    config = load_config({k: v for k, v in env_of(objects).items() if k.startswith("NPU_OPERATOR_")})
+    assert config.runtime_image == "ghcr.io/npu-inference/npu-runtime:0.1.0"
+    assert config.npu_resource_name == "huawei.com/Ascend910"
+    scope = VALUE_SETS[name].get("watch", {})
+    if scope.get("scope") == "namespaced":
+        assert config.namespaces == tuple(scope.get("namespaces") or [NAMESPACE])
+    else:
+        assert config.namespaces == ()
+
+
+def test_operator_settings_come_from_values(tmp_path: Path) -> None:
+    values = {
+        "operator": {
+            "runtimeImage": {"repository": "registry.example.com/npu-runtime", "tag": "1.2.3-a3"},
+            "npuResourceName": "huawei.com/Ascend910C",
+            "resyncSeconds": 60,
+            "peeringName": "llm-operators",
+        },
+        "image": {"repository": "registry.example.com/npu-operator", "tag": "1.2.3"},
+    }
+    objects = render(values, tmp_path)
+    config = load_config(env_of(objects))
+    assert config.runtime_image == "registry.example.com/npu-runtime:1.2.3-a3"
+    assert config.npu_resource_name == "huawei.com/Ascend910C"
+    assert config.resync_seconds == 60
+    assert config.peering_name == "llm-operators"
+    assert container(objects)["image"] == "registry.example.com/npu-operator:1.2.3"
+    assert one(objects, "ClusterKopfPeering")["metadata"]["name"] == "llm-operators"
+
+
+# --- RBAC ----------------------------------------------------------------------------------------
+
+# (api group, resource) -> verbs: what the operator's code and kopf use (see templates/rbac.yaml).
+NAMESPACED_RULES = {
+    ("inference.npu.dev", "npuinferences"): {"get", "list", "watch", "patch"},
+    ("inference.npu.dev", "npuinferences/status"): {"get", "patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("monitoring.coreos.com", "podmonitors"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "events"): {"create"},
+}
+
+
+def grants(role: JSON) -> dict[tuple[str, str], set[str]]:
+    result: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                result.setdefault((group, resource), set()).update(rule["verbs"])
+    return result
+
+
+def test_cluster_scope_grants_exactly_what_is_used(defaults: list[JSON]) -> None:
+    role = one(defaults, "ClusterRole")
+    assert grants(role) == {
+        **NAMESPACED_RULES,
+        ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    }
+    binding = one(defaults, "ClusterRoleBinding")
+    account = one(defaults, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    assert one(defaults, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    assert not by_kind(defaults, "Role") and not by_kind(defaults, "RoleBinding")
+
+
+def test_every_kind_the_operator_touches_has_a_rule() -> None:
+    """A new child kind in the operator's client without a rule here fails this test."""
+    touched = {(r.group, r.plural) for r in (*kube.BY_KIND.values(), kube.NPU_INFERENCES)}
+    assert touched <= set(NAMESPACED_RULES)
+
+
+def test_namespaced_scope_grants_roles_in_each_namespace_only(tmp_path: Path) -> None:
+    objects = render(NAMESPACED, tmp_path)
+    roles = by_kind(objects, "Role")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["llm", "research"]
+    for role in roles:
+        assert grants(role) == {**NAMESPACED_RULES, ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"}}
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted((b["metadata"]["namespace"], b["subjects"][0]["namespace"]) for b in bindings) == [
+        ("llm", NAMESPACE),
+        ("research", NAMESPACE),
+    ]
+    # The only cluster-wide grant: kopf's read-only watch of CRDs and namespace names.
+    assert grants(one(objects, "ClusterRole")) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
+    }
+    assert env_of(objects)["NPU_OPERATOR_NAMESPACES"] == "llm,research"
+
+
+def test_namespaced_scope_without_discovery_has_no_cluster_grant(tmp_path: Path) -> None:
+    objects = render(VALUE_SETS["namespaced-release-namespace"], tmp_path)
+    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
+    assert [role["metadata"]["namespace"] for role in by_kind(objects, "Role")] == [NAMESPACE]
+
+
+@pytest.mark.parametrize("name", ["defaults", "namespaced"])
+def test_every_rbac_rule_says_who_needs_it(name: str, tmp_path: Path) -> None:
+    text = template(VALUE_SETS[name], tmp_path, "--show-only", "templates/rbac.yaml")
+    lines = text.splitlines()
+    rules = [index for index, line in enumerate(lines) if re.match(r"^\s*- apiGroups:", line)]
+    assert rules
+    for index in rules:
+        back = index - 1
+        while not lines[back].strip().startswith("#"):
+            assert not lines[back].strip().startswith("rules:"), f"uncommented rule: {lines[index]}"
+            back -= 1
+        comment: list[str] = []
+        while lines[back].strip().startswith("#"):
+            comment.insert(0, lines[back].strip())
+            back -= 1
+        assert re.search(r"\b(framework|application)\b", " ".join(comment)), comment
+
+
+def test_no_rbac_when_disabled(tmp_path: Path) -> None:
+    objects = render({"rbac": {"create": False}}, tmp_path)
+    assert not [obj for obj in objects if obj["apiVersion"].startswith("rbac.authorization.k8s.io")]
+
+
+# --- peering -------------------------------------------------------------------------------------
+
+
+def test_cluster_peering_object_is_a_hook_named_as_the_operator_expects(defaults: list[JSON]) -> None:
+    peering = one(defaults, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == env_of(defaults)["NPU_OPERATOR_PEERING_NAME"]
+    assert peering["apiVersion"] == "kopf.dev/v1"
+    assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert env_of(defaults)["NPU_OPERATOR_STANDALONE"] == "false"
+
+
+def test_namespaced_peering_objects_in_each_watched_namespace(tmp_path: Path) -> None:
+    objects = render(NAMESPACED, tmp_path)
+    assert not by_kind(objects, "ClusterKopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in by_kind(objects, "KopfPeering")) == ["llm", "research"]
+
+
+def test_standalone_has_no_peering_object(tmp_path: Path) -> None:
+    objects = render(VALUE_SETS["standalone"], tmp_path)
+    assert not by_kind(objects, "ClusterKopfPeering") and not by_kind(objects, "KopfPeering")
+    assert env_of(objects)["NPU_OPERATOR_STANDALONE"] == "true"
+
+
+# --- values the chart refuses ------------------------------------------------------------------
+
+BAD_VALUES = [
+    ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+    ({"replicaCount": "two"}, "/replicaCount"),
+    ({"replicaCount": 0}, "/replicaCount"),
+    ({"watch": {"scope": "everywhere", "namespaces": []}}, "/watch/scope"),
+    ({"watch": {"scope": "namespaced", "namespaces": ["Not_A_Namespace"]}}, "/watch/namespaces/0"),
+    ({"operator": {"logLevel": "TRACE"}}, "/operator/logLevel"),
+    ({"operator": {"npuResourceName": "Ascend910"}}, "/operator/npuResourceName"),
+    ({"operator": {"healthPort": 70000}}, "/operator/healthPort"),
+    ({"crds": {"install": "yes"}}, "/crds/install"),
+    ({"monitoring": {"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}}}, "/monitoring/grafanaDashboard/labels"),
+    ({"monitoring": {"prometheusRule": {"alerts": {"eagerFallbacks": {"ratio": 5}}}}}, "/eagerFallbacks/ratio"),
+    ({"monitoring": {"prometheusRule": {"alerts": {"podNotReady": {"for": "forever"}}}}}, "/podNotReady/for"),
+    ({"monitoring": {"prometheusRule": {"alerts": {"podNotReady": {"page": True}}}}}, "'page' not allowed"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_VALUES, ids=[m for _, m in BAD_VALUES])
+def test_the_schema_rejects_bad_values_naming_them(values: dict[str, Any], message: str, tmp_path: Path) -> None:
+    for command in ("template", "lint"):
+        args = [command, *(["npu"] if command == "template" else []), str(CHART), *value_args(values, tmp_path)]
+        result = helm(*args, check=False)
+        assert result.returncode != 0, f"helm {command} accepted {values}"
+        output = result.stdout + result.stderr
+        assert "schema" in output and message in output, output
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"watch": {"scope": "cluster", "namespaces": ["llm"]}},
+            'watch.namespaces is set but watch.scope is "cluster"',
+        ),
+        ({"operator": {"standalone": True}, "replicaCount": 2}, "replicaCount > 1 needs kopf peering"),
+        ({"operator": {"healthPort": 9000, "metricsPort": 9000}}, "must differ"),
+        ({"serviceAccount": {"create": False, "name": ""}}, "serviceAccount.name is required"),
+    ],
+)
+def test_values_that_do_not_fit_together_fail_with_a_message(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    result = helm("template", "npu", str(CHART), *value_args(values, tmp_path), check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+# Values that hold Kubernetes objects or free-form maps: their inner keys are Kubernetes' own.
+PASS_THROUGH = {"podSecurityContext", "securityContext", "resources", "labels", "annotations"}
+
+
+def test_every_value_is_documented() -> None:
+    """Each key in values.yaml has a comment right above it, except inside Kubernetes objects."""
+    lines = (CHART / "values.yaml").read_text(encoding="utf-8").splitlines()
+    parents: list[tuple[int, str]] = []  # (indent, key) of the enclosing keys
+    for index, line in enumerate(lines):
+        match = re.match(r"^(\s*)([A-Za-z_][\w.-]*):", line)
+        if not match:
+            continue
+        indent, key = len(match[1]), match[2]
+        parents = [(i, k) for i, k in parents if i < indent]
+        if not any(k in PASS_THROUGH for _, k in parents):
+            previous = lines[index - 1].strip() if index else ""
+            assert previous.startswith("#"), f"values.yaml line {index + 1} has no comment: {line.strip()}"
+        parents.append((indent, key))
+
+
+# --- NOTES.txt -----------------------------------------------------------------------------------
+
+
+def notes(values: dict[str, Any] | None, tmp_path: Path) -> str:
+    result = helm(
+        "install", "npu", str(CHART), "--dry-run=client", "--namespace", NAMESPACE, *value_args(values, tmp_path)
+    )
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_say_to_delete_npuinferences_before_uninstalling(tmp_path: Path) -> None:
+    text = notes(None, tmp_path)
+    assert "delete every NPUInference first" in text
+    assert "inference.npu.dev/finalizer" in text
+    assert "kubectl get npuinf" in text
+    assert "every namespace" in text
+
+
+def test_notes_follow_the_values(tmp_path: Path) -> None:
+    text = notes({**NAMESPACED, **MONITORING_ON}, tmp_path)
+    assert "llm, research" in text
+    assert "kube-state-metrics" in text
+    assert "kopfpeering npu-operator -n NAMESPACE" in text
+
+
+# --- the PodMonitors agree with the pods the operator builds -------------------------------------
+
+
+def operator_children() -> list[JSON]:
+    """What the operator applies for the 7B example, PodMonitor included."""
+    manifest = yaml.safe_load((ROOT / "examples" / "qwen2.5-7b-910b.yaml").read_text(encoding="utf-8"))
+    spec = parse_spec(manifest["spec"])
+    return builders.build_children("qwen", "llm", spec, OperatorConfig(), builders.Capabilities(pod_monitor=True))
+
+
+def test_inference_pod_monitor_selects_the_operators_pods_on_their_ports(tmp_path: Path) -> None:
+    objects = render(MONITORING_ON, tmp_path)
+    monitor = one(objects, "PodMonitor", "npu-npu-inference-operator-inference")
+    children = operator_children()
+    pod = one(children, "Deployment")["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    ports = {port["name"] for port in pod["spec"]["containers"][0]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"http", "metrics"} == ports
+
+
+def test_both_inference_pod_monitors_give_series_the_same_labels(tmp_path: Path) -> None:
+    """The chart's PodMonitor and the operator's per-resource one: same endpoints, same labels."""
+    chart_monitor = one(render(MONITORING_ON, tmp_path), "PodMonitor", "npu-npu-inference-operator-inference")
+    operator_monitor = one(operator_children(), "PodMonitor")
+    monitoring.validate(operator_monitor)
+    assert chart_monitor["spec"]["podTargetLabels"] == operator_monitor["spec"]["podTargetLabels"]
+    assert operator_monitor["spec"]["podTargetLabels"] == [builders.NAME_LABEL]
+
+    def endpoints(monitor: JSON) -> list[tuple[str, str]]:
+        return sorted((e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"])
+
+    assert endpoints(chart_monitor) == endpoints(operator_monitor)
+
+
+def test_operator_pod_monitor_selects_the_operator_pod(tmp_path: Path) -> None:
+    objects = render(MONITORING_ON, tmp_path)
+    monitor = one(objects, "PodMonitor", "npu-npu-inference-operator")
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    assert "metrics" in {port["name"] for port in container(objects)["ports"]}
+
+
+def test_namespaced_inference_pod_monitor_looks_in_the_watched_namespaces(tmp_path: Path) -> None:
+    objects = render({**NAMESPACED, **MONITORING_ON}, tmp_path)
+    monitor = one(objects, "PodMonitor", "npu-npu-inference-operator-inference")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["llm", "research"]}
+
+
+def test_the_chart_readme_covers_every_top_level_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    readme = (CHART / "README.md").read_text(encoding="utf-8")
+    assert [key for key in values if f"`{key}" not in readme] == []

@@ -1,0 +1,115 @@
+"""The Grafana dashboard: generated, shipped in a ConfigMap for the sidecar, laid out, filtered."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chart import metrics_contract
+from tests.chart.helm import CHART, ROOT, one, render
+
+DASHBOARD = CHART / "files" / "dashboards" / "npu-inference.json"
+
+
+def generator() -> Any:
+    spec = importlib.util.spec_from_file_location("gen_dashboard", ROOT / "scripts" / "gen_dashboard.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def board() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return loaded
+
+
+def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    return [panel for panel in board["panels"] if panel["type"] != "row"]
+
+
+def test_the_committed_dashboard_is_the_generated_one() -> None:
+    assert DASHBOARD.read_text(encoding="utf-8") == generator().render(), (
+        "run scripts/gen_dashboard.py and commit the JSON"
+    )
+
+
+def test_the_configmap_carries_the_dashboard_for_the_sidecar(tmp_path: Path, board: dict[str, Any]) -> None:
+    values = {"monitoring": {"grafanaDashboard": {"enabled": True, "namespace": "monitoring"}}}
+    configmap = one(render(values, tmp_path), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert json.loads(configmap["data"]["npu-inference.json"]) == board
+
+
+def test_the_issues_panels_are_there(board: dict[str, Any]) -> None:
+    titles = {panel["title"] for panel in panels(board)}
+    assert {
+        "Effective graph mode",
+        "Graph-mode downgrades",
+        "Capture memory per batch size",
+        "Capture time per batch size",
+        "Replay latency p50 per batch size",
+        "Replay latency p99 per batch size",
+        "Eager fallbacks per second",
+        "Device memory plan (device=plan) and what the engine saw",
+        "Time to first token",
+        "Inter-token latency",
+        "Requests running and waiting",
+    } <= titles
+
+
+def test_panels_tile_the_grid_without_overlapping(board: dict[str, Any]) -> None:
+    taken: set[tuple[int, int]] = set()
+    for panel in board["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+        cells = {
+            (x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not cells & taken, f"{panel['title']} overlaps another panel"
+        taken |= cells
+    assert len({panel["id"] for panel in board["panels"]}) == len(board["panels"])
+
+
+def test_every_query_uses_the_chosen_data_source(board: dict[str, Any]) -> None:
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for panel in panels(board):
+        assert panel["datasource"]["uid"] == "${datasource}"
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}"
+
+
+def test_inference_queries_follow_the_namespace_and_npuinference_variables(board: dict[str, Any]) -> None:
+    """Every selector of an inference pod's series is filtered by both variables."""
+    for panel in panels(board):
+        for target in panel["targets"]:
+            for name in metrics_contract.used(target["expr"]):
+                if name.startswith("npu_operator_"):
+                    continue
+                for selector in _selectors(target["expr"], name):
+                    assert 'namespace=~"$namespace"' in selector, (panel["title"], selector)
+                    assert 'inference_npu_dev_name=~"$npuinference"' in selector, (panel["title"], selector)
+
+
+def _selectors(expr: str, name: str) -> list[str]:
+    found = []
+    start = expr.find(name + "{")
+    while start != -1:
+        end = expr.index("}", start)
+        found.append(expr[start : end + 1])
+        start = expr.find(name + "{", end)
+    assert found, f"{name} used without a label selector in {expr}"
+    return found
+
+
+def test_the_npuinference_variable_reads_the_podmonitors_label(board: dict[str, Any]) -> None:
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["npuinference"]["definition"].endswith(", inference_npu_dev_name)")
+    assert variables["namespace"]["definition"].endswith(", namespace)")
