@@ -103,6 +103,8 @@ def runtime_args(spec: NPUInferenceSpec) -> list[str]:
             speculative_model=speculative.model if speculative else None,
             dtype=spec.engine.dtype,
         ),
+        # The runtime drains for this long after SIGTERM, then kills the engine: inside the grace period.
+        shutdown_timeout=TERMINATION_GRACE_SECONDS - 10,
         extra_engine_args=spec.engine.extra_args,
     )
     return ["npu-runtime", "serve", *serve_argv(options)]

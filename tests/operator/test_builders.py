@@ -76,6 +76,7 @@ def test_runtime_parses_the_rendered_args_back_to_the_spec(name: str) -> None:
     assert options.plan.tensor_parallel == spec.parallelism.tensor
     assert options.plan.dtype == spec.engine.dtype
     assert options.extra_engine_args == spec.engine.extra_args
+    assert options.shutdown_timeout < builders.TERMINATION_GRACE_SECONDS
 
 
 def test_npus_are_requested_as_an_extended_resource_in_requests_and_limits() -> None:
