@@ -144,10 +144,10 @@ def _result(
 ) -> Result:
     events = status.transition_events(previous.get("conditions", ()), new.get("conditions", ()))
     for downgrade in aggregate.new_downgrades(previous.get("graph", {}), new.get("graph", {})):
-        message = (
-            f"{downgrade['fromMode']} -> {downgrade['toMode']} ({downgrade['reason']}, at {downgrade['stage']} "
-            f"stage, {downgrade['pods']} pod(s)): {downgrade['message']}"
-        )
+        modes = f"{downgrade['fromMode']} -> {downgrade['toMode']}"
+        why = downgrade["message"].removeprefix(f"{modes}: ")
+        pods = f"{downgrade['pods']} pod" + ("s" if downgrade["pods"] != 1 else "")
+        message = f"{modes} ({downgrade['reason']}, {downgrade['stage']} stage, {pods}): {why}"
         events.append(status.Event("Warning", status.GRAPH_MODE_DOWNGRADED, message))
     return Result(status.status_patch(previous, new), tuple(events), changes, problems)
 

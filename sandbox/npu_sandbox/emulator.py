@@ -27,6 +27,8 @@ import kmock
 from kmock._internal import dicts, enums, rendering
 from npu_operator import crd
 
+from npu_sandbox import printer
+
 # Resources served by default: what the operator and its tests touch.
 RESOURCES: dict[str, Any] = {
     f"{crd.GROUP}/{crd.VERSION}/{crd.PLURAL}": {
@@ -41,6 +43,7 @@ RESOURCES: dict[str, Any] = {
     "apps/v1/deployments": {
         "kind": "Deployment",
         "singular": "deployment",
+        "shortnames": {"deploy"},
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status", "scale"},
@@ -48,6 +51,7 @@ RESOURCES: dict[str, Any] = {
     "v1/services": {
         "kind": "Service",
         "singular": "service",
+        "shortnames": {"svc"},
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status"},
@@ -55,6 +59,7 @@ RESOURCES: dict[str, Any] = {
     "v1/pods": {
         "kind": "Pod",
         "singular": "pod",
+        "shortnames": {"po"},
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status"},
@@ -62,6 +67,7 @@ RESOURCES: dict[str, Any] = {
     "v1/events": {
         "kind": "Event",
         "singular": "event",
+        "shortnames": {"ev"},
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
     },
@@ -75,6 +81,7 @@ RESOURCES: dict[str, Any] = {
     "policy/v1/poddisruptionbudgets": {
         "kind": "PodDisruptionBudget",
         "singular": "poddisruptionbudget",
+        "shortnames": {"pdb"},
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status"},
@@ -252,6 +259,28 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 details={"causes": [{"message": error} for error in errors]},
             )
 
+    async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
+        """Discovery as an API server answers it: `v1` for the core group; subresources without short names."""
+        payload: Any = await super()._serve_version(request)
+        payload["groupVersion"] = payload["groupVersion"].lstrip("/")  # the core group is "v1", not "/v1"
+        for entry in payload.get("resources", []):
+            if "/" in entry["name"]:
+                entry["shortNames"], entry["categories"] = [], []
+        result: rendering.Payload = payload
+        return result
+
+    def _wants_table(self, request: rendering.Request) -> bool:
+        """kubectl get asks for a server-side Table; only NPUInference has printer columns here."""
+        return self._is_npu_inference(request) and "as=Table" in request.headers.get("Accept", "")
+
+    def _as_table(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        return printer.table(crd.version_spec().get("additionalPrinterColumns", []), items)
+
+    async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:
+        payload: Any = await super()._serve_fetch(request)
+        result: rendering.Payload = self._as_table([payload]) if self._wants_table(request) else payload
+        return result
+
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         payload: Any = await super()._serve_list(request)
         selector = request.params.get("labelSelector")
@@ -264,6 +293,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 ]
             except ValueError as exc:
                 raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(exc)) from None
+        resource = request.resource
+        if resource is not None and resource in self.resources and self.resources[resource].kind:
+            payload["kind"] = f"{self.resources[resource].kind}List"
+            payload["apiVersion"] = f"{resource.group}/{resource.version}" if resource.group else resource.version
+        if self._wants_table(request):
+            payload = self._as_table(payload["items"])
         result: rendering.Payload = payload
         return result
 

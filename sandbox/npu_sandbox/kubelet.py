@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import datetime
 import os
 import secrets
@@ -28,6 +29,7 @@ from npu_operator.aggregate import CONTAINER
 from npu_sandbox.cluster import LocalCluster
 
 PORT_FLAGS = {"http": "--port", "metrics": "--metrics-port"}
+PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -35,6 +37,13 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the sandbox dies, however it dies (Linux prctl)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _now() -> str:
@@ -102,7 +111,13 @@ class LocalPod:
         await self._set_status(phase="Pending", ready=False, state={"waiting": {"reason": "ContainerCreating"}})
         with self.log_path.open("wb") as log:
             self.process = await asyncio.create_subprocess_exec(
-                executable, *args[1:], env=env, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True
+                executable,
+                *args[1:],
+                env=env,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         await self._set_status(phase="Running", ready=False, state={"running": {"startedAt": _now()}})
         self._watch = asyncio.create_task(self._probe_until_exit(), name=f"kubelet {self.name}")

@@ -1,0 +1,290 @@
+"""`npu-sandbox`: the whole chain on this machine, no cluster and no NPU, in a few minutes.
+
+1. an in-memory Kubernetes API over HTTP and the real operator against it;
+2. examples/sandbox-cpu.yaml applied through the API, as kubectl apply would;
+3. a local kubelet that runs the Deployment's pod args (the real `npu-runtime serve`, which plans
+   and starts a real vLLM engine on CPU) and reports the pod back to the API;
+4. progress until the NPUInference is Ready; then what a user would look at: `kubectl get npuinf`,
+   status.graph, the Events, one OpenAI completion, the npu_graph_* metrics;
+5. every process stopped on exit, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import yaml
+from npu_operator import crd
+from npu_operator.config import OperatorConfig
+
+from npu_sandbox import printer
+from npu_sandbox.cluster import LocalCluster
+from npu_sandbox.kubelet import LocalKubelet, LocalPod, free_port
+
+ROOT: Final = Path(__file__).resolve().parents[2]
+DEFAULT_MANIFEST: Final = ROOT / "examples" / "sandbox-cpu.yaml"
+DEFAULT_WORKDIR: Final = Path("/tmp/npu-sandbox")
+KUBECTL: Final = ROOT / ".cache" / "k8s-tools" / "bin" / "kubectl"
+
+
+class SandboxFailed(Exception):
+    """The chain broke somewhere; the message says where, with the evidence."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="npu-sandbox", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, help="serve this model directory instead of the generated tiny one")
+    parser.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST, help="the NPUInference to apply")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="models, logs, kubeconfig")
+    parser.add_argument("--keep-running", action="store_true", help="stay up for exploration until Ctrl-C")
+    parser.add_argument("--summary", type=Path, help="write the final JSON summary to this file")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for Ready")
+    args = parser.parse_args(argv)
+    try:
+        workdir = args.workdir.resolve()
+        (workdir / "pods").mkdir(parents=True, exist_ok=True)
+        (workdir / "cluster").mkdir(exist_ok=True)
+        manifest = sandbox_manifest(args.manifest, prepare_model(args.model, workdir))
+        summary = asyncio.run(run(args, manifest, workdir))
+    except SandboxFailed as exc:
+        print(f"\nnpu-sandbox: FAILED: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nnpu-sandbox: interrupted; everything is stopped", file=sys.stderr)
+        return 130
+    if args.summary:
+        args.summary.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return 0
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def heading(text: str) -> None:
+    say(f"\n=== {text}")
+
+
+async def run(args: argparse.Namespace, manifest: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    with contextlib.suppress(NotImplementedError):  # SIGTERM stops like Ctrl-C: cleanly
+        loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
+
+    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+    config = OperatorConfig(
+        resync_seconds=2.0,
+        status_poll_seconds=2.0,
+        metrics_port=free_port() if args.keep_running else 0,
+        health_port=0,
+    )
+
+    # The operator's and the API's logs go to a file: the terminal shows the story, the file the detail.
+    log_file = workdir / "operator.log"
+    handler = logging.FileHandler(log_file, mode="w", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+    async with LocalCluster(workdir=workdir / "cluster") as cluster:
+        heading("Kubernetes API (in memory, over HTTP) and the operator")
+        say(f"API server  {cluster.url}")
+        say(f"kubeconfig  {cluster.kubeconfig}")
+        await cluster.start_operator(config)
+        say(f"npu-operator running (kopf, peering on, against the API above; log {log_file})")
+
+        heading(f"kubectl apply -f {args.manifest}")
+        await cluster.apply_npu_inference(manifest)
+        say(f"npuinference.inference.npu.dev/{name} created")
+
+        kubelet = LocalKubelet(cluster, namespace, name, workdir=workdir / "pods")
+        following = asyncio.Event()
+        follower: asyncio.Task[None] | None = None
+        try:
+            await cluster.wait_for(lambda: cluster.get("apps/v1", "deployments", namespace, name), within=60)
+            heading("kubelet: running the Deployment's pod on this machine")
+            (pod,) = await kubelet.start_pods()
+            follower = asyncio.create_task(kubelet.follow(following))
+            say(f"pod {pod.name}: npu-runtime serve ... (log {pod.log_path})")
+            say(f"pod ports: http {pod.ports['http']}, metrics {pod.ports['metrics']} (127.0.0.1)")
+
+            heading("waiting for Ready")
+            obj = await wait_ready(cluster, namespace, name, pod, args.timeout, started)
+            summary = await report(cluster, namespace, name, pod, obj, time.monotonic() - started)
+            if args.keep_running:
+                heading("kept running: explore, then Ctrl-C")
+                say(f"export KUBECONFIG={cluster.kubeconfig}")
+                say(f"{KUBECTL} get npuinf,deploy,svc,pods")
+                say(f"OpenAI API        {pod.api_url}/v1  (model {manifest['spec']['model']['name']})")
+                say(f"runtime metrics   {pod.metrics_url}/metrics   status {pod.metrics_url}/status")
+                say(f"operator metrics  http://127.0.0.1:{config.metrics_port}/metrics")
+                await asyncio.Event().wait()
+            return summary
+        finally:
+            following.set()
+            if follower is not None:
+                await follower
+            heading("cleaning up")
+            codes = await kubelet.stop()
+            await cluster.stop_operator()
+            say(f"pods stopped (exit codes {codes}), operator stopped, API closed")
+
+
+def prepare_model(model: Path | None, workdir: Path) -> Path:
+    if model is not None:
+        if not (model / "config.json").is_file():
+            raise SandboxFailed(f"--model {model}: no config.json there")
+        return model.resolve()
+    tiny = workdir / "models" / "tiny-llama"
+    if not (tiny / "config.json").is_file():
+        say(f"generating the tiny model into {tiny} (seeded, no download)")
+        code = "import sys; from npu_sandbox.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
+        if subprocess.run([sys.executable, "-c", code, str(tiny)], check=False).returncode != 0:
+            raise SandboxFailed("could not generate the tiny model (is the sandbox extra installed?)")
+    return tiny
+
+
+def sandbox_manifest(path: Path, model: Path) -> dict[str, Any]:
+    """The example, pointed at the model directory on this machine (a hostPath volume)."""
+    if not path.is_file():
+        raise SandboxFailed(f"{path}: not found (run from a clone of the repository, or pass --manifest)")
+    manifest: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    manifest["metadata"].setdefault("namespace", "default")
+    spec_model = manifest["spec"]["model"]
+    spec_model.update(path=str(model), mountPath=str(model.parent), source={"hostPath": {"path": str(model.parent)}})
+    if model.name != "tiny-llama":
+        spec_model["name"] = model.name
+    return manifest
+
+
+async def wait_ready(
+    cluster: LocalCluster, namespace: str, name: str, pod: LocalPod, within: float, started: float
+) -> dict[str, Any]:
+    """Print each change of phase, condition reason and engine state until Ready (or a failure)."""
+    deadline = time.monotonic() + within
+    last: tuple[Any, ...] = ()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+        while True:
+            obj = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name) or {}
+            status = obj.get("status", {})
+            engine = await runtime_state(session, pod)
+            now = (status.get("phase"), status.get("reason"), engine, status.get("graph", {}).get("effectiveMode"))
+            if now != last:
+                say(
+                    f"[{time.monotonic() - started:6.1f}s] phase={now[0]} reason={now[1] or '-'} "
+                    f"engine={now[2] or '-'} effectiveMode={now[3] or '-'}"
+                )
+                last = now
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+            if ready and status.get("graph", {}).get("effectiveMode"):
+                return obj
+            if pod.exited.is_set():
+                raise SandboxFailed(
+                    f"the runtime exited (phase {status.get('phase')}, reason {status.get('reason')}).\n"
+                    f"Last lines of {pod.log_path}:\n{pod.log_tail(25)}"
+                )
+            if time.monotonic() > deadline:
+                raise SandboxFailed(f"not Ready after {within:.0f}s; last lines of {pod.log_path}:\n{pod.log_tail(25)}")
+            await asyncio.sleep(1.0)
+
+
+async def runtime_state(session: aiohttp.ClientSession, pod: LocalPod) -> str | None:
+    try:
+        async with session.get(f"{pod.metrics_url}/status") as response:
+            document = await response.json(content_type=None)
+            return str(document.get("state"))
+    except (aiohttp.ClientError, TimeoutError, ValueError, OSError):
+        return None
+
+
+async def report(
+    cluster: LocalCluster, namespace: str, name: str, pod: LocalPod, obj: dict[str, Any], elapsed: float
+) -> dict[str, Any]:
+    """Show what a user would look at, and return it as the summary."""
+    heading(f"Ready after {elapsed:.0f}s")
+    heading("kubectl get npuinf")
+    say(await kubectl_get(cluster, namespace))
+
+    heading(f"kubectl get npuinf {name} -o yaml | yq .status.graph")
+    graph = obj["status"]["graph"]
+    say(yaml.safe_dump(graph, sort_keys=False).rstrip())
+
+    heading("Events")
+    events = [
+        e
+        for e in await cluster.list_objects("v1", "events", namespace)
+        if e.get("involvedObject", {}).get("name") == name
+    ]
+    rows = [("TYPE", "REASON", "MESSAGE")] + [(e["type"], e["reason"], e.get("message", "")) for e in events]
+    width = [max(len(r[i]) for r in rows) for i in range(2)]
+    say("\n".join(f"{r[0]:<{width[0]}}   {r[1]:<{width[1]}}   {r[2]}" for r in rows))
+
+    model_name = obj["spec"]["model"]["name"]
+    heading(f"POST {pod.api_url}/v1/completions")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        request = {"model": model_name, "prompt": "Graph capture on Ascend", "max_tokens": 16, "temperature": 0}
+        say(json.dumps(request))
+        async with session.post(f"{pod.api_url}/v1/completions", json=request) as response:
+            answer = await response.json(content_type=None)
+        completion = answer.get("choices", [{}])[0].get("text", "") if response.status == 200 else None
+        say(f"-> {response.status}: {completion!r}" if completion is not None else f"-> {response.status}: {answer}")
+
+        heading(f"GET {pod.metrics_url}/metrics | grep ^npu_graph_")
+        async with session.get(f"{pod.metrics_url}/metrics") as response:
+            metrics_text = await response.text()
+        metric_lines = [line for line in metrics_text.splitlines() if line.startswith("npu_graph_")]
+        say("\n".join(metric_lines))
+        async with session.get(f"{pod.metrics_url}/status") as response:
+            runtime_status = await response.json(content_type=None)
+
+    status = obj["status"]
+    return {
+        "ready": any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])),
+        "phase": status.get("phase"),
+        "seconds_to_ready": round(elapsed, 1),
+        "requested_mode": graph.get("requestedMode"),
+        "effective_mode": graph.get("effectiveMode"),
+        "downgrades": graph.get("downgrades", []),
+        "events": [{"type": e["type"], "reason": e["reason"], "message": e.get("message", "")} for e in events],
+        "completion": completion,
+        "metrics": metric_lines,
+        "pids": {"runtime": pod.process.pid if pod.process else None, "engine": runtime_status["engine"]["pid"]},
+        "logs": str(pod.log_path),
+    }
+
+
+async def kubectl_get(cluster: LocalCluster, namespace: str) -> str:
+    """The real kubectl when scripts/bootstrap fetched it; else the same Table, printed here."""
+    kubectl = shutil.which("kubectl", path=f"{KUBECTL.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if kubectl is not None:
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [kubectl, "--kubeconfig", str(cluster.kubeconfig), "-n", namespace, "get", "npuinf"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if result.returncode == 0:
+            return result.stdout.rstrip()
+    objects = await cluster.list_objects(crd.API_VERSION, crd.PLURAL, namespace)
+    return printer.text(printer.table(crd.version_spec()["additionalPrinterColumns"], objects))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
