@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,13 +27,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from npu_sandbox.kubelet import free_port
+
 SMALL = ["--max-num-seqs", "4", "--max-model-len", "512"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def answers(url: str) -> bool:
