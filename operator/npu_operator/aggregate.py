@@ -76,6 +76,14 @@ class PodFindings:
 # --- pods -----------------------------------------------------------------------------------------
 
 
+def runtime_failure(report: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The cause in a runtime's /status, when it is one this operator knows: (Reason, message)."""
+    failure = report.get("failure")
+    if isinstance(failure, Mapping) and failure.get("reason") in FAILURE_CONDITIONS:
+        return str(failure["reason"]), str(failure.get("message", ""))
+    return None
+
+
 def termination_cause(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """The runtime's one-line cause from the container's termination message: (Reason, message)."""
     for status in pod.get("status", {}).get("containerStatuses", []):
@@ -100,10 +108,8 @@ def pod_findings(
     for pod in pods:
         name = pod["metadata"]["name"]
         report = by_pod.get(name) or {}
-        failure = report.get("failure") or None
-        cause = (failure["reason"], failure.get("message", "")) if failure and "reason" in failure else None
-        cause = cause or termination_cause(pod)
-        if cause and cause[0] in FAILURE_CONDITIONS:
+        cause = runtime_failure(report) or termination_cause(pod)
+        if cause is not None:
             problems.setdefault(FAILURE_CONDITIONS[cause[0]], []).append(f"{name}: {cause[0]}: {cause[1]}")
             continue
         if (why := _unschedulable_for_npus(pod, npu_resource)) is not None:

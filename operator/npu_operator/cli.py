@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
@@ -46,10 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_operator(config: OperatorConfig, *, verbose: bool = False) -> int:
     import npu_operator.handlers  # noqa: F401  (registers the handlers)
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else python_log_level(config),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if verbose:  # the startup handler sets the level from the config: one place decides it
+        config = dataclasses.replace(config, log_level="DEBUG")
+    logging.basicConfig(level=python_log_level(config), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
     asyncio.run(
         kopf.operator(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import ssl
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -33,8 +34,17 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
+    @property
+    def group_version_path(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    @classmethod
+    def of(cls, api_version: str, plural: str, kind: str = "") -> Resource:
+        group, _, version = api_version.rpartition("/")
+        return cls(group, version, plural, kind)
+
     def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        base = self.group_version_path
         if namespace is not None:
             base += f"/namespaces/{namespace}"
         base += f"/{self.plural}"
@@ -83,7 +93,9 @@ def connection_info(settings: kopf.OperatorSettings, logger: Any = None) -> kopf
 class KubeClient:
     """REST calls against one API server. Create it inside the event loop; close it when done."""
 
-    def __init__(self, info: kopf.ConnectionInfo, *, timeout: float = 30.0) -> None:
+    def __init__(self, info: kopf.ConnectionInfo, *, timeout: float = 30.0, discovery_seconds: float = 300.0) -> None:
+        self._discovery_seconds = discovery_seconds
+        self._discovered: dict[Resource, tuple[bool, float]] = {}
         ssl_context: ssl.SSLContext | bool = info.as_ssl_context() if info.server.startswith("https") else False
         self._server = info.server.rstrip("/")
         self._session = aiohttp.ClientSession(
@@ -155,12 +167,21 @@ class KubeClient:
                 raise
 
     async def serves(self, resource: Resource) -> bool:
-        """Whether the API server offers this resource (e.g. PodMonitors of monitoring.coreos.com/v1)."""
-        path = f"/apis/{resource.group}/{resource.version}" if resource.group else f"/api/{resource.version}"
+        """Whether the API server offers this resource (e.g. PodMonitors of monitoring.coreos.com/v1).
+
+        Asked once per `discovery_seconds` for the whole operator, not once per reconcile: a CRD
+        installed later is noticed within that time.
+        """
+        now = time.monotonic()
+        cached = self._discovered.get(resource)
+        if cached is not None and now - cached[1] < self._discovery_seconds:
+            return cached[0]
         try:
-            listing = await self._request("GET", path)
+            listing = await self._request("GET", resource.group_version_path)
         except ApiError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return any(item.get("name") == resource.plural for item in (listing or {}).get("resources", []))
+            if exc.status != 404:
+                raise
+            listing = None
+        served = any(item.get("name") == resource.plural for item in (listing or {}).get("resources", []))
+        self._discovered[resource] = (served, now)
+        return served

@@ -70,9 +70,9 @@ async def reconcile(
         new = status.invalid_status(generation, problems, previous, now)
         return _result(previous, new, (), tuple(problems))
 
-    capabilities = builders.Capabilities(
-        pod_monitor=spec.pod_monitor.enabled and await client.serves(kube.POD_MONITORS)
-    )
+    # Asked whether or not the spec wants a PodMonitor: one it no longer wants must be deleted.
+    pod_monitors_served = await client.serves(kube.POD_MONITORS)
+    capabilities = builders.Capabilities(pod_monitor=spec.pod_monitor.enabled and pod_monitors_served)
     desired = adopted_children(body, spec, config, capabilities)
     desired_by_kind = {child["kind"]: child for child in desired}
 
@@ -80,7 +80,7 @@ async def reconcile(
     conflicts: list[str] = []
     live_deployment: JSON | None = None
     for resource in MANAGED:
-        if resource is kube.POD_MONITORS and not capabilities.pod_monitor:
+        if resource is kube.POD_MONITORS and not pod_monitors_served:
             continue
         live = await client.get(resource, namespace, name)
         if live is not None and not _owned_by(live, uid):
@@ -168,19 +168,14 @@ def plan_child(resource: kube.Resource, name: str, desired: JSON | None, live: J
 
 
 async def _execute(change: Change, client: kube.KubeClient, namespace: str) -> JSON | None:
-    try:
-        if change.action == "create":
-            assert change.body is not None
-            return await client.create(change.resource, namespace, change.body)
-        if change.action == "patch":
-            assert change.body is not None
-            return await client.patch(change.resource, namespace, change.name, change.body)
-        await client.delete(change.resource, namespace, change.name)
-        return None
-    except kube.ApiError as exc:
-        if exc.transient:
-            raise kopf.TemporaryError(f"{change.action} {change.resource.kind}: {exc}", delay=5) from exc
-        raise
+    if change.action == "create":
+        assert change.body is not None
+        return await client.create(change.resource, namespace, change.body)
+    if change.action == "patch":
+        assert change.body is not None
+        return await client.patch(change.resource, namespace, change.name, change.body)
+    await client.delete(change.resource, namespace, change.name)
+    return None
 
 
 def merge_patch(last: Mapping[str, Any], desired: Mapping[str, Any]) -> JSON:

@@ -56,7 +56,8 @@ async def run(
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
     uid = body["metadata"]["uid"]
-    # Children and status are checked every resync; the pods' reports need a tick per poll.
+    # One tick reads the children, the pods and their reports (reads only, unless something changed),
+    # so it comes as often as the more frequent of the two settings asks.
     interval = min(config.resync_seconds, config.status_poll_seconds)
     wake = wakeups.for_uid(uid)
     # The status as this worker last wrote it: the live body may lag behind our own writes.
@@ -84,7 +85,7 @@ async def run(
                 failures = 0
             except Exception as exc:  # the worker must outlive any one failure
                 failures += 1
-                transient = isinstance(exc, kopf.TemporaryError | kube.ApiError | OSError | asyncio.TimeoutError)
+                transient = exc.transient if isinstance(exc, kube.ApiError) else isinstance(exc, OSError | TimeoutError)
                 (logger.warning if transient else logger.exception)(f"reconcile failed ({failures} in a row): {exc}")
             finally:
                 elapsed = time.perf_counter() - started

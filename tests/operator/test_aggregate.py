@@ -211,3 +211,16 @@ def test_the_most_specific_problem_comes_first_and_starting_phases_are_counted()
     assert [f.reason for f in findings.problems] == ["CrashLoop", "GraphCaptureFailed"]
     assert findings.worst is not None and findings.worst.reason == "GraphCaptureFailed"
     assert findings.starting == {"loading": 1}
+
+
+def test_an_unknown_runtime_failure_does_not_hide_a_known_termination_message() -> None:
+    crashed = pod(
+        "a",
+        containerStatuses=[
+            {"name": "runtime", "lastState": {"terminated": {"message": "ModelNotFound: /models/x: no such directory"}}}
+        ],
+    )
+    newer = report(state="failed", failure={"reason": "SomethingNewer", "message": "a reason this operator predates"})
+    findings = pod_findings([crashed], [PodReport("a", newer)], None)
+    assert findings.worst is not None
+    assert findings.worst.reason == "ModelLoadFailed"

@@ -302,6 +302,14 @@ async def test_pod_monitor_is_created_when_the_api_is_served() -> None:
 
             found = await cluster.wait_for(monitor)
             assert found["metadata"]["labels"]["release"] == "prom"
+            await cluster.patch(
+                crd.API_VERSION, crd.PLURAL, NS, "tiny-llama", {"spec": {"metrics": {"podMonitor": {"enabled": False}}}}
+            )
+
+            async def monitor_gone() -> bool:
+                return await monitor() is None
+
+            await cluster.wait_for(monitor_gone, what="the PodMonitor no longer asked for to be deleted")
             assert [e["port"] for e in found["spec"]["podMetricsEndpoints"]] == ["metrics", "http"]
         finally:
             await cluster.stop_operator()
