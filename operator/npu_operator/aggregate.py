@@ -16,9 +16,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-JSON = dict[str, Any]
+from npu_operator.api import condition, is_true
+from npu_operator.builders import CONTAINER_NAME
 
-CONTAINER: Final = "runtime"
+JSON = dict[str, Any]
 
 # The runtime's failure causes (termination message `<Reason>: <message>` and /status failure.reason)
 # and the condition reason each one means for the resource.
@@ -87,7 +88,7 @@ def runtime_failure(report: Mapping[str, Any]) -> tuple[str, str] | None:
 def termination_cause(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """The runtime's one-line cause from the container's termination message: (Reason, message)."""
     for status in pod.get("status", {}).get("containerStatuses", []):
-        if status.get("name") != CONTAINER:
+        if status.get("name") != CONTAINER_NAME:
             continue
         for state in (status.get("state", {}), status.get("lastState", {})):
             message = (state.get("terminated") or {}).get("message", "")
@@ -118,22 +119,17 @@ def pod_findings(
         if (why := _crash_looping(pod)) is not None:
             problems.setdefault("CrashLoop", []).append(f"{name}: {why}")
             continue
-        if not _ready(pod) and report.get("state") in ("starting", "loading", "capturing"):
+        if not is_true(pod, "Ready") and report.get("state") in ("starting", "loading", "capturing"):
             starting[report["state"]] += 1
     findings = tuple(Finding(reason, "; ".join(messages)) for reason, messages in sorted(problems.items()))
     return PodFindings(problems=findings, starting=dict(sorted(starting.items())))
 
 
 def _unschedulable_for_npus(pod: Mapping[str, Any], npu_resource: str | None) -> str | None:
-    for condition in pod.get("status", {}).get("conditions", []):
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            message = condition.get("message", "")
-            if (
-                condition.get("reason") == "Unschedulable"
-                and npu_resource
-                and f"Insufficient {npu_resource}" in message
-            ):
-                return str(message)
+    scheduled = condition(pod, "PodScheduled")
+    message = str(scheduled.get("message", ""))
+    if scheduled.get("reason") == "Unschedulable" and npu_resource and f"Insufficient {npu_resource}" in message:
+        return message
     return None
 
 
@@ -143,12 +139,6 @@ def _crash_looping(pod: Mapping[str, Any]) -> str | None:
         if waiting.get("reason") == "CrashLoopBackOff":
             return f"restarted {status.get('restartCount', 0)} times: {waiting.get('message', '')}".strip()
     return None
-
-
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in pod.get("status", {}).get("conditions", [])
-    )
 
 
 # --- status.graph -----------------------------------------------------------------------------------

@@ -278,3 +278,15 @@ def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
 
 def _absolute_clean(path: str) -> bool:
     return path.startswith("/") and ".." not in path.split("/")
+
+
+def condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    """The condition of this type in `obj`'s status (any Kubernetes object), or an empty mapping."""
+    found: Mapping[str, Any] = next(
+        (c for c in obj.get("status", {}).get("conditions", []) if c.get("type") == kind), {}
+    )
+    return found
+
+
+def is_true(obj: Mapping[str, Any], kind: str) -> bool:
+    return condition(obj, kind).get("status") == "True"

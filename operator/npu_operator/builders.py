@@ -11,15 +11,23 @@ import dataclasses
 import math
 from typing import Any, Final
 
-from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, PlanOptions, ServeOptions, serve_argv
+from npu_runtime.contract import (
+    ASCEND_RECOMMENDED_ENV,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_PORT,
+    PlanOptions,
+    ServeOptions,
+    serve_argv,
+)
 
+from npu_operator import crd
 from npu_operator.api import NPUInferenceSpec
 from npu_operator.config import OperatorConfig
 
 JSON = dict[str, Any]
 
-HTTP_PORT: Final = 8000
-METRICS_PORT: Final = 9090
+HTTP_PORT: Final = DEFAULT_PORT
+METRICS_PORT: Final = DEFAULT_METRICS_PORT
 CONTAINER_NAME: Final = "runtime"
 MODEL_VOLUME: Final = "model"
 SHM_VOLUME: Final = "dshm"
@@ -36,7 +44,7 @@ class Capabilities:
     pod_monitor: bool = False
 
 
-NAME_LABEL: Final = "inference.npu.dev/name"
+NAME_LABEL: Final = f"{crd.GROUP}/name"
 
 
 def selector_labels(name: str) -> dict[str, str]:

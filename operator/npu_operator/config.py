@@ -174,3 +174,11 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 def python_log_level(config: OperatorConfig) -> int:
     return int(logging.getLevelName(config.log_level))
+
+
+MAX_BACKOFF_SECONDS: Final = 300.0
+
+
+def backoff_seconds(interval: float, failures: int) -> float:
+    """The wait after `failures` failures in a row: the interval, doubled per failure, at most 5 min."""
+    return float(min(interval * 2 ** max(failures - 1, 0), MAX_BACKOFF_SECONDS))

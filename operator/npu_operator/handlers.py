@@ -20,7 +20,7 @@ from npu_operator import crd, kube, reconcile, worker
 from npu_operator.config import OperatorConfig, python_log_level
 from npu_operator.runtime_reports import ReportCollector
 
-PREFIX = "inference.npu.dev"
+PREFIX = crd.GROUP
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
 

@@ -16,14 +16,14 @@ from typing import Any, Final
 
 import kopf
 
-from npu_operator import aggregate, builders, kube, status
+from npu_operator import aggregate, builders, crd, kube, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.config import OperatorConfig
 from npu_operator.runtime_reports import ReportCollector
 
 JSON = dict[str, Any]
 
-LAST_APPLIED: Final = "inference.npu.dev/last-applied"
+LAST_APPLIED: Final = f"{crd.GROUP}/last-applied"
 MANAGED: Final = (kube.DEPLOYMENTS, kube.SERVICES, kube.POD_DISRUPTION_BUDGETS, kube.POD_MONITORS)
 
 
@@ -179,7 +179,7 @@ async def _execute(change: Change, client: kube.KubeClient, namespace: str) -> J
 
 
 def merge_patch(last: Mapping[str, Any], desired: Mapping[str, Any]) -> JSON:
-    """`desired` plus a null for every key that `last` had and `desired` dropped (maps only)."""
+    """A merge patch that turns `last` into `desired`: `desired` plus a null for every key it dropped."""
     patch: JSON = dict(desired)
     for key, old in last.items():
         if key not in desired:

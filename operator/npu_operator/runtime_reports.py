@@ -12,14 +12,13 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import aiohttp
 
-from npu_operator.aggregate import CONTAINER, PodReport
-from npu_operator.builders import METRICS_PORT
-
-MAX_BACKOFF_SECONDS: Final = 300.0
+from npu_operator.aggregate import PodReport
+from npu_operator.builders import CONTAINER_NAME, METRICS_PORT
+from npu_operator.config import backoff_seconds
 
 
 @dataclasses.dataclass
@@ -39,7 +38,7 @@ def runtime_address(pod: Mapping[str, Any]) -> str | None:
         return None
     port = METRICS_PORT
     for container in pod.get("spec", {}).get("containers", []):
-        if container.get("name") == CONTAINER:
+        if container.get("name") == CONTAINER_NAME:
             for entry in container.get("ports", []):
                 if entry.get("name") == "metrics":
                     port = int(entry.get("containerPort", METRICS_PORT))
@@ -105,7 +104,7 @@ class ReportCollector:
             except (TimeoutError, aiohttp.ClientError, ValueError, OSError):
                 entry.failures += 1
                 entry.reachable = False
-                entry.next_read = self._clock() + min(self._poll * 2 ** (entry.failures - 1), MAX_BACKOFF_SECONDS)
+                entry.next_read = self._clock() + backoff_seconds(self._poll, entry.failures)
                 return
         entry.report, entry.reachable, entry.failures = report, True, 0
         entry.next_read = self._clock() + self._poll

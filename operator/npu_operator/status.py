@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from npu_operator import api
 from npu_operator.aggregate import PodFindings
 from npu_operator.api import NPUInferenceSpec, SpecError
 from npu_operator.builders import endpoint, selector_string
@@ -122,11 +123,10 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
     total = int(status.get("replicas", 0))
     current = int(status.get("observedGeneration", 0)) >= int(deployment.get("metadata", {}).get("generation", 0))
     notes = "; ".join(observed.notes)
-    deployment_conditions = {c.get("type"): c for c in status.get("conditions", [])}
 
     degraded = Condition(DEGRADED, False, "AsExpected", notes)
-    progress = deployment_conditions.get("Progressing", {})
-    failure = deployment_conditions.get("ReplicaFailure", {})
+    progress = api.condition(deployment, "Progressing")
+    failure = api.condition(deployment, "ReplicaFailure")
     worst = observed.findings.worst
     effective = observed.graph.get("effectiveMode")
     if worst is not None:

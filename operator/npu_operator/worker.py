@@ -20,10 +20,8 @@ from typing import Any
 import kopf
 
 from npu_operator import kube, metrics, reconcile
-from npu_operator.config import OperatorConfig
+from npu_operator.config import OperatorConfig, backoff_seconds
 from npu_operator.runtime_reports import ReportCollector
-
-MAX_BACKOFF_SECONDS = 300.0
 
 
 @dataclasses.dataclass
@@ -91,7 +89,7 @@ async def run(
                 elapsed = time.perf_counter() - started
                 metrics.RECONCILES.labels(outcome).inc()
                 metrics.RECONCILE_DURATION.labels(outcome).observe(elapsed)
-            delay = min(interval * 2 ** (failures - 1), MAX_BACKOFF_SECONDS) if failures else interval
+            delay = backoff_seconds(interval, failures) if failures else interval
             await _sleep(stopped, wake, delay)
     finally:
         wakeups.forget(uid)

@@ -28,6 +28,7 @@ from typing import Any, Final
 import aiohttp
 import yaml
 from npu_operator import crd
+from npu_operator.api import is_true
 from npu_operator.config import OperatorConfig
 
 from npu_sandbox import printer
@@ -191,8 +192,7 @@ async def wait_ready(
                     f"engine={now[2] or '-'} effectiveMode={now[3] or '-'}"
                 )
                 last = now
-            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
-            if ready and status.get("graph", {}).get("effectiveMode"):
+            if is_true(obj, "Ready") and status.get("graph", {}).get("effectiveMode"):
                 return obj
             if pod.exited.is_set():
                 raise SandboxFailed(
@@ -255,7 +255,7 @@ async def report(
 
     status = obj["status"]
     return {
-        "ready": any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])),
+        "ready": is_true(obj, "Ready"),
         "phase": status.get("phase"),
         "seconds_to_ready": round(elapsed, 1),
         "requested_mode": graph.get("requestedMode"),

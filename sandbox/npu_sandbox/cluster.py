@@ -21,6 +21,7 @@ import kmock
 import yaml
 from npu_operator import crd
 from npu_operator.config import OperatorConfig
+from npu_operator.kube import Resource
 
 from npu_sandbox.emulator import KubeEmulator
 
@@ -28,11 +29,7 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def resource_path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
-    base = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
-    if namespace is not None:
-        base += f"/namespaces/{namespace}"
-    base += f"/{plural}"
-    return base + (f"/{name}" if name is not None else "")
+    return Resource.of(api_version, plural).path(namespace, name)
 
 
 class ApiRejected(Exception):
@@ -192,7 +189,7 @@ class LocalCluster:
         *,
         subresource: str | None = None,
     ) -> dict[str, Any]:
-        path = resource_path(api_version, plural, namespace, name) + (f"/{subresource}" if subresource else "")
+        path = Resource.of(api_version, plural).path(namespace, name, subresource)
         result: dict[str, Any] = await self._call("PATCH", path, patch, "application/merge-patch+json")
         return result
 

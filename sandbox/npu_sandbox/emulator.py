@@ -11,7 +11,6 @@ API server's 422 answer. It is for tests and the sandbox only; no product code i
 from __future__ import annotations
 
 import copy
-import datetime
 import itertools
 import re
 import secrets
@@ -26,6 +25,8 @@ import jsonpointer
 import kmock
 from kmock._internal import dicts, enums, rendering
 from npu_operator import crd
+from npu_operator.reconcile import merge_patch
+from npu_operator.worker import utc_now
 
 from npu_sandbox import printer
 
@@ -207,7 +208,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             uid=str(uuid.uuid4()),
             resourceVersion=str(next(self._versions)),
             generation=1,
-            creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            creationTimestamp=utc_now(),
         )
 
     def _admit_update(self, request: rendering.Request) -> None:
@@ -221,7 +222,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 data = jsonpatch.apply_patch(old, data)
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
                 raise kmock.KubernetesError(status=422, reason="Invalid", message=f"the patch failed: {exc}") from None
-            data = replace_patch(old, data)
+            data = merge_patch(old, data)
             object.__setattr__(request, "data", data)  # kmock then applies it as a merge patch
         if self._has_status(request.resource):
             # The status subresource changes only status; the main resource changes all but status.
@@ -242,7 +243,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         generation = int(old_meta.get("generation", 1))
         meta["generation"] = generation + 1 if _body(old) != _body(new) else generation
         data.clear()
-        data.update(replace_patch(old, new))
+        data.update(merge_patch(old, new))
 
     def _is_npu_inference(self, request: rendering.Request) -> bool:
         resource = request.resource
@@ -325,15 +326,3 @@ class KubeEmulator(kmock.KubernetesEmulator):
 def _body(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What generation counts: everything but metadata and status."""
     return {key: value for key, value in obj.items() if key not in ("metadata", "status")}
-
-
-def replace_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """A merge patch that turns `old` into exactly `new` (null for every key `new` dropped)."""
-    patch: dict[str, Any] = {}
-    for key, value in new.items():
-        if isinstance(value, Mapping) and isinstance(old.get(key), Mapping):
-            patch[key] = replace_patch(old[key], value)
-        else:
-            patch[key] = value
-    patch.update({key: None for key in old if key not in new})
-    return patch

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import datetime
+import dataclasses
 import os
 import secrets
 import shutil
@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from npu_operator.aggregate import CONTAINER
+from npu_operator.builders import CONTAINER_NAME
+from npu_operator.worker import utc_now
+from npu_runtime.contract import parse_serve_args, serve_argv
 
 from npu_sandbox.cluster import LocalCluster
 
-PORT_FLAGS = {"http": "--port", "metrics": "--metrics-port"}
 PR_SET_PDEATHSIG = 1
 
 
@@ -46,20 +47,6 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _replace_flag(args: list[str], flag: str, value: str) -> list[str]:
-    args = list(args)
-    if flag in args:
-        args[args.index(flag) + 1] = value
-    else:
-        cut = args.index("--") if "--" in args else len(args)
-        args[cut:cut] = [flag, value]
-    return args
-
-
 class LocalPod:
     """One pod of the Deployment, running as a local process."""
 
@@ -69,6 +56,7 @@ class LocalPod:
         self.name = name
         self.workdir = workdir
         self.ports: dict[str, int] = {}
+        self.started_at = ""
         self.process: asyncio.subprocess.Process | None = None
         self.log_path = workdir / f"{name}.log"
         self.termination_log = workdir / f"{name}.termination-log"
@@ -86,14 +74,19 @@ class LocalPod:
 
     async def start(self, template: dict[str, Any], labels: dict[str, str], environ: dict[str, str]) -> None:
         spec = template["spec"]
-        container = next(c for c in spec["containers"] if c["name"] == CONTAINER)
+        container = next(c for c in spec["containers"] if c["name"] == CONTAINER_NAME)
         args = list(container["args"])
+        self.ports = {"http": free_port(), "metrics": free_port()}
         for port in container.get("ports", []):
-            if port["name"] in PORT_FLAGS:
-                self.ports[port["name"]] = free_port()
-                port["containerPort"] = self.ports[port["name"]]
-                args = _replace_flag(args, PORT_FLAGS[port["name"]], str(self.ports[port["name"]]))
-        args = _replace_flag(args, "--termination-log", str(self.termination_log))
+            port["containerPort"] = self.ports.get(port["name"], port["containerPort"])
+        # The serve contract's own parser and writer: the pod's args with this machine's ports.
+        options = dataclasses.replace(
+            parse_serve_args(args[2:]),
+            port=self.ports["http"],
+            metrics_port=self.ports["metrics"],
+            termination_log=str(self.termination_log),
+        )
+        args = [*args[:2], *serve_argv(options)]
         executable = shutil.which(args[0], path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
         if executable is None:
             raise FileNotFoundError(f"{args[0]} is not installed next to {sys.executable}")
@@ -119,7 +112,8 @@ class LocalPod:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        await self._set_status(phase="Running", ready=False, state={"running": {"startedAt": _now()}})
+        self.started_at = utc_now()
+        await self._set_status(phase="Running", ready=False, state={"running": {"startedAt": self.started_at}})
         self._watch = asyncio.create_task(self._probe_until_exit(), name=f"kubelet {self.name}")
 
     async def _set_status(
@@ -133,7 +127,7 @@ class LocalPod:
     ) -> None:
         flag = "True" if ready else "False"
         container_status = {
-            "name": CONTAINER,
+            "name": CONTAINER_NAME,
             "ready": ready,
             "restartCount": restarts,
             "state": state,
@@ -172,7 +166,9 @@ class LocalPod:
                     now_ready = False
                 if now_ready != ready:
                     ready = now_ready
-                    await self._set_status(phase="Running", ready=ready, state={"running": {"startedAt": _now()}})
+                    await self._set_status(
+                        phase="Running", ready=ready, state={"running": {"startedAt": self.started_at}}
+                    )
                     if ready:
                         self.ready.set()
                 with contextlib.suppress(TimeoutError):

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from npu_operator import crd
+from npu_operator.api import condition
 from npu_operator.config import OperatorConfig
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.kubelet import LocalKubelet
@@ -41,10 +42,6 @@ async def resource(cluster: LocalCluster) -> dict[str, Any]:
     obj = await cluster.get(crd.API_VERSION, crd.PLURAL, NS, NAME)
     assert obj is not None
     return obj
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), {})
 
 
 async def events(cluster: LocalCluster, reason: str) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from npu_operator import crd
+from npu_operator.api import condition
 from npu_sandbox.cluster import ApiRejected, LocalCluster
 
 from tests.operator.conftest import TEST_CONFIG, example
@@ -30,10 +31,6 @@ async def resource(cluster: LocalCluster, name: str) -> dict[str, Any]:
     obj = await cluster.get(crd.API_VERSION, crd.PLURAL, NS, name)
     assert obj is not None
     return obj
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), {})
 
 
 async def wait_condition(cluster: LocalCluster, name: str, kind: str, status: str, reason: str | None = None) -> Any:
