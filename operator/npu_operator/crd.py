@@ -41,40 +41,49 @@ def openapi_schema() -> dict[str, Any]:
     return schema
 
 
-def apply_defaults(obj: Mapping[str, Any], schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _nodes(value: Any, schema: Mapping[str, Any], path: str = "") -> Iterator[tuple[Any, Mapping[str, Any], str]]:
+    """Every value with its schema and path, parents first; a parent changed while it is being
+    visited (defaults filled in) is walked as changed."""
+    yield value, schema, path
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                yield from _nodes(value[key], sub, f"{path}.{key}" if path else key)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, Mapping):
+            for key, item in value.items():
+                yield from _nodes(item, extra, f"{path}.{key}" if path else key)
+    elif isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            yield from _nodes(item, schema["items"], f"{path}[{index}]")
+
+
+def apply_defaults(obj: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of `obj` with the schema's defaults filled in, top-down, as the API server does."""
     result = copy.deepcopy(dict(obj))
-    _default_into(result, schema if schema is not None else openapi_schema())
+    for value, schema, _ in _nodes(result, openapi_schema()):
+        if isinstance(value, dict):
+            for key, sub in schema.get("properties", {}).items():
+                if key not in value and "default" in sub:
+                    value[key] = copy.deepcopy(sub["default"])
     return result
 
 
-def _default_into(value: Any, schema: Mapping[str, Any]) -> None:
-    if isinstance(value, dict):
-        for key, sub in schema.get("properties", {}).items():
-            if key not in value and "default" in sub:
-                value[key] = copy.deepcopy(sub["default"])
-            if key in value:
-                _default_into(value[key], sub)
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, Mapping):
-            for item in value.values():
-                _default_into(item, extra)
-    elif isinstance(value, list) and "items" in schema:
-        for item in value:
-            _default_into(item, schema["items"])
+def admit(obj: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """What the API server would store for `obj` (defaults applied), and everything it would reject.
 
-
-def validate(obj: Mapping[str, Any]) -> list[str]:
-    """Everything the API server would reject in `obj` (defaults applied first), as `path: message`.
-
-    The schema is checked first; CEL rules only run on an object that passes it, since the API
-    server's rules may assume the schema holds.
+    Errors read `path: message`. The schema is checked first; CEL rules only run on an object
+    that passes it, since the API server's rules may assume the schema holds.
     """
     defaulted = apply_defaults(obj)
     errors = list(_schema_errors(defaulted))
     if not errors:
-        errors.extend(_cel_errors(defaulted, openapi_schema()))
-    return errors
+        errors.extend(_cel_errors(defaulted))
+    return defaulted, errors
+
+
+def validate(obj: Mapping[str, Any]) -> list[str]:
+    return admit(obj)[1]
 
 
 def _schema_errors(obj: Mapping[str, Any]) -> Iterator[str]:
@@ -84,7 +93,7 @@ def _schema_errors(obj: Mapping[str, Any]) -> Iterator[str]:
     validator = jsonschema.Draft4Validator(_as_json_schema(openapi_schema()))
     for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
         yield f"{_path(error.absolute_path)}: {error.message}"
-    yield from _list_type_errors(obj, openapi_schema(), "")
+    yield from _list_type_errors(obj)
 
 
 def _as_json_schema(schema: Any) -> Any:
@@ -96,30 +105,21 @@ def _as_json_schema(schema: Any) -> Any:
     return schema
 
 
-def _list_type_errors(value: Any, schema: Mapping[str, Any], path: str) -> Iterator[str]:
+def _list_type_errors(obj: Mapping[str, Any]) -> Iterator[str]:
     """`x-kubernetes-list-type: set` and `map` mean unique items and unique keys."""
-    if isinstance(value, dict):
-        for key, sub in schema.get("properties", {}).items():
-            if key in value:
-                yield from _list_type_errors(value[key], sub, f"{path}.{key}" if path else key)
-    elif isinstance(value, list):
+    for value, schema, path in _nodes(obj, openapi_schema()):
         list_type = schema.get("x-kubernetes-list-type")
-        if list_type == "set":
-            seen: list[Any] = []
-            for index, item in enumerate(value):
-                if item in seen:
-                    yield f"{path}[{index}]: duplicate value {item!r} in a set"
-                seen.append(item)
-        elif list_type == "map":
-            keys = schema.get("x-kubernetes-list-map-keys", [])
-            seen_keys: list[tuple[Any, ...]] = []
-            for index, item in enumerate(value):
-                key_values = tuple(item.get(k) for k in keys) if isinstance(item, dict) else (item,)
-                if key_values in seen_keys:
-                    yield f"{path}[{index}]: duplicate entry with {dict(zip(keys, key_values, strict=True))}"
-                seen_keys.append(key_values)
+        if not isinstance(value, list) or list_type not in ("set", "map"):
+            continue
+        keys = schema.get("x-kubernetes-list-map-keys", [])
+        seen: list[Any] = []
         for index, item in enumerate(value):
-            yield from _list_type_errors(item, schema.get("items", {}), f"{path}[{index}]")
+            identity = item if list_type == "set" else tuple(item.get(k) for k in keys)
+            if identity in seen and list_type == "set":
+                yield f"{path}[{index}]: duplicate value {item!r} in a set"
+            elif identity in seen:
+                yield f"{path}[{index}]: duplicate entry with {dict(zip(keys, identity, strict=True))}"
+            seen.append(identity)
 
 
 def _path(parts: Any) -> str:
@@ -140,22 +140,16 @@ def cel_available() -> bool:
     return True
 
 
-def _cel_errors(value: Any, schema: Mapping[str, Any], path: str = "") -> Iterator[str]:
-    """Evaluate every `x-kubernetes-validations` rule where its value is present, bottom-up."""
+def _cel_errors(obj: Mapping[str, Any]) -> Iterator[str]:
+    """Evaluate every `x-kubernetes-validations` rule where its value is present."""
     if not cel_available():
         return
-    if isinstance(value, dict):
-        for key, sub in schema.get("properties", {}).items():
-            if key in value:
-                yield from _cel_errors(value[key], sub, f"{path}.{key}" if path else key)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _cel_errors(item, schema.get("items", {}), f"{path}[{index}]")
-    for rule in schema.get("x-kubernetes-validations", []):
-        if _evaluate(rule["rule"], value) is not True:
-            where = path + rule.get("fieldPath", "") if path else rule.get("fieldPath", "").lstrip(".")
-            message = _evaluate(rule["messageExpression"], value) if "messageExpression" in rule else None
-            yield f"{where or '<root>'}: {message or rule.get('message') or 'failed rule: ' + rule['rule']}"
+    for value, schema, path in _nodes(obj, openapi_schema()):
+        for rule in schema.get("x-kubernetes-validations", []):
+            if _evaluate(rule["rule"], value) is not True:
+                where = path + rule.get("fieldPath", "") if path else rule.get("fieldPath", "").lstrip(".")
+                message = _evaluate(rule["messageExpression"], value) if "messageExpression" in rule else None
+                yield f"{where or '<root>'}: {message or rule.get('message') or 'failed rule: ' + rule['rule']}"
 
 
 def _evaluate(expression: str, value: Any) -> Any:

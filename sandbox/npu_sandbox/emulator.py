@@ -197,8 +197,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if request.namespace and not meta.get("namespace"):
             meta["namespace"] = request.namespace
         if self._is_npu_inference(request):
-            self._validate(data)
-            defaulted = crd.apply_defaults(data)
+            defaulted = self._admitted(data)
             data.clear()
             data.update(defaulted)
         if self._has_status(request.resource) and request.subresource is None:
@@ -234,8 +233,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             patch = data
         new: dict[str, Any] = copy.deepcopy(dict(dicts.patch_dict(old, patch)))
         if self._is_npu_inference(request) and request.subresource is None:
-            self._validate(new)
-            new = crd.apply_defaults(new)
+            new = self._admitted(new)
         meta = new.setdefault("metadata", {})
         old_meta = old.get("metadata", {})
         meta.update(uid=old_meta.get("uid"), creationTimestamp=old_meta.get("creationTimestamp"))
@@ -249,8 +247,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         resource = request.resource
         return bool(resource is not None and resource.group == crd.GROUP and resource.plural == crd.PLURAL)
 
-    def _validate(self, obj: Mapping[str, Any]) -> None:
-        errors = crd.validate(obj)
+    def _admitted(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The object as the API server stores it (defaults applied), or its 422 answer."""
+        defaulted, errors = crd.admit(obj)
         if errors:
             name = obj.get("metadata", {}).get("name")
             raise kmock.KubernetesError(
@@ -259,6 +258,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 message=f'{crd.KIND}.{crd.GROUP} "{name}" is invalid: ' + "; ".join(errors),
                 details={"causes": [{"message": error} for error in errors]},
             )
+        return defaulted
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
         """Discovery as an API server answers it: `v1` for the core group; subresources without short names."""
