@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
+from npu_runtime import failures
+
 from npu_operator.api import condition, is_true
 from npu_operator.builders import CONTAINER_NAME
 
@@ -24,16 +26,16 @@ JSON = dict[str, Any]
 # The runtime's failure causes (termination message `<Reason>: <message>` and /status failure.reason)
 # and the condition reason each one means for the resource.
 FAILURE_CONDITIONS: Final = {
-    "GraphCaptureOutOfMemory": "GraphCaptureFailed",
-    "StreamResourcesExhausted": "GraphCaptureFailed",
-    "ModelNotFound": "ModelLoadFailed",
-    "ModelInvalid": "ModelLoadFailed",
-    "ModelUnsupported": "ModelLoadFailed",
-    "ModelDoesNotFit": "ModelLoadFailed",
-    "DeviceOutOfMemory": "ModelLoadFailed",
-    "InvalidConfiguration": "InvalidConfiguration",
-    "PortInUse": "CrashLoop",
-    "EngineExited": "CrashLoop",
+    failures.GRAPH_CAPTURE_OOM: "GraphCaptureFailed",
+    failures.STREAM_RESOURCES: "GraphCaptureFailed",
+    failures.MODEL_NOT_FOUND: "ModelLoadFailed",
+    failures.MODEL_INVALID: "ModelLoadFailed",
+    failures.MODEL_UNSUPPORTED: "ModelLoadFailed",
+    failures.MODEL_DOES_NOT_FIT: "ModelLoadFailed",
+    failures.DEVICE_OOM: "ModelLoadFailed",
+    failures.INVALID_CONFIGURATION: "InvalidConfiguration",
+    failures.PORT_IN_USE: "CrashLoop",
+    failures.ENGINE_EXITED: "CrashLoop",
 }
 # When several pods fail differently, the most specific cause is reported first.
 DEGRADED_PRIORITY: Final = (
@@ -70,8 +72,7 @@ class PodFindings:
 
     @property
     def worst(self) -> Finding | None:
-        ranked = sorted(self.problems, key=lambda f: DEGRADED_PRIORITY.index(f.reason))
-        return ranked[0] if ranked else None
+        return min(self.problems, key=lambda f: DEGRADED_PRIORITY.index(f.reason), default=None)
 
 
 # --- pods -----------------------------------------------------------------------------------------
@@ -192,7 +193,7 @@ def new_downgrades(previous: Mapping[str, Any], current: Mapping[str, Any]) -> l
 
 def _most_common(counts: Counter[str]) -> str:
     # Ties go to the lowest name, so that two runs on the same reports agree.
-    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[0][0]
+    return min(counts.items(), key=lambda item: (-item[1], item[0]))[0]
 
 
 def _capture_sizes(reports: Iterable[Mapping[str, Any]]) -> list[int]:
@@ -206,7 +207,7 @@ def _capture_sizes(reports: Iterable[Mapping[str, Any]]) -> list[int]:
     if not lists:
         return []
     # Ties go to the longer list: a pod still capturing has captured fewer sizes so far.
-    return list(sorted(lists.items(), key=lambda item: (-item[1], -len(item[0]), item[0]))[0][0])
+    return list(min(lists.items(), key=lambda item: (-item[1], -len(item[0]), item[0]))[0])
 
 
 def _capture_memory(reports: Iterable[Mapping[str, Any]]) -> JSON:
@@ -238,8 +239,7 @@ def _downgrades(reports: Iterable[Mapping[str, Any]], previous: Sequence[Mapping
     pods: Counter[tuple[str, str, str, str]] = Counter()
     messages: dict[tuple[str, str, str, str], str] = {}
     for report in reports:
-        for entry in {_report_key(d): d for d in report.get("downgrades") or []}.values():
-            key = _report_key(entry)
+        for key, entry in {_report_key(d): d for d in report.get("downgrades") or []}.items():
             pods[key] += 1
             messages.setdefault(key, str(entry.get("message", "")))
     merged: dict[tuple[str, str, str, str], JSON] = {}

@@ -65,14 +65,13 @@ def compute_status(
     now: str,
 ) -> JSON:
     """The whole new status of a valid resource."""
-    deployment_status = (observed.deployment or {}).get("status", {})
-    ready = int(deployment_status.get("readyReplicas", 0))
+    total, updated, ready = replica_counts(observed.deployment)
     conditions = assess(spec, observed)
     status: JSON = {
         "observedGeneration": generation,
-        "replicas": int(deployment_status.get("replicas", 0)),
+        "replicas": total,
         "readyReplicas": ready,
-        "updatedReplicas": int(deployment_status.get("updatedReplicas", 0)),
+        "updatedReplicas": updated,
         "ready": f"{ready}/{spec.replicas}",
         "selector": selector_string(name),
         "endpoint": endpoint(name, namespace),
@@ -81,6 +80,12 @@ def compute_status(
     }
     status["phase"], status["reason"] = summarize(conditions, created=observed.deployment is not None)
     return status
+
+
+def replica_counts(deployment: Mapping[str, Any] | None) -> tuple[int, int, int]:
+    """The Deployment's (replicas, updatedReplicas, readyReplicas): zeros before it has a status."""
+    status = (deployment or {}).get("status", {})
+    return int(status.get("replicas", 0)), int(status.get("updatedReplicas", 0)), int(status.get("readyReplicas", 0))
 
 
 def invalid_status(generation: int, problems: Sequence[SpecError], previous: Mapping[str, Any], now: str) -> JSON:
@@ -117,11 +122,9 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
             Condition(DEGRADED, False, "AsExpected", ""),
         ]
     desired = spec.replicas
-    status = deployment.get("status", {})
-    ready = int(status.get("readyReplicas", 0))
-    updated = int(status.get("updatedReplicas", 0))
-    total = int(status.get("replicas", 0))
-    current = int(status.get("observedGeneration", 0)) >= int(deployment.get("metadata", {}).get("generation", 0))
+    total, updated, ready = replica_counts(deployment)
+    observed_generation = int(deployment.get("status", {}).get("observedGeneration", 0))
+    current = observed_generation >= int(deployment.get("metadata", {}).get("generation", 0))
     notes = "; ".join(observed.notes)
 
     degraded = Condition(DEGRADED, False, "AsExpected", notes)

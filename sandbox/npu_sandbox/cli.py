@@ -231,9 +231,11 @@ async def report(
         for e in await cluster.list_objects("v1", "events", namespace)
         if e.get("involvedObject", {}).get("name") == name
     ]
-    rows = [("TYPE", "REASON", "MESSAGE")] + [(e["type"], e["reason"], e.get("message", "")) for e in events]
-    width = [max(len(r[i]) for r in rows) for i in range(2)]
-    say("\n".join(f"{r[0]:<{width[0]}}   {r[1]:<{width[1]}}   {r[2]}" for r in rows))
+    say(
+        printer.columns(
+            [("TYPE", "REASON", "MESSAGE")] + [(e["type"], e["reason"], e.get("message", "")) for e in events]
+        )
+    )
 
     model_name = obj["spec"]["model"]["name"]
     heading(f"POST {pod.api_url}/v1/completions")

@@ -41,8 +41,8 @@ def age(timestamp: str | None, now: datetime.datetime | None = None) -> str:
     return f"{hours}h" if days == 0 else (f"{days}d{hours % 24}h" if days < 8 else f"{days}d")
 
 
-def table(columns: Sequence[Mapping[str, Any]], objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The Table an API server returns for `objects`, from a CRD version's printer columns."""
+def table(printer_columns: Sequence[Mapping[str, Any]], objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The Table an API server returns for `objects`, from a CRD version's printer printer_columns."""
     definitions = [
         {"name": "Name", "type": "string", "format": "name", "description": "Name of the resource", "priority": 0}
     ] + [
@@ -53,12 +53,12 @@ def table(columns: Sequence[Mapping[str, Any]], objects: Sequence[Mapping[str, A
             "description": column.get("description", ""),
             "priority": column.get("priority", 0),
         }
-        for column in columns
+        for column in printer_columns
     ]
     rows = []
     for obj in objects:
         cells: list[Any] = [obj.get("metadata", {}).get("name")]
-        for column in columns:
+        for column in printer_columns:
             value = json_path(obj, column["jsonPath"])
             if column["type"] == "date":
                 value = age(value)
@@ -87,8 +87,12 @@ def text(rendered: Mapping[str, Any], *, wide: bool = False) -> str:
     shown = [i for i, c in enumerate(rendered["columnDefinitions"]) if wide or c.get("priority", 0) == 0]
     header = [str(rendered["columnDefinitions"][i]["name"]).upper() for i in shown]
     body = [["" if row["cells"][i] is None else str(row["cells"][i]) for i in shown] for row in rendered["rows"]]
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(shown))]
+    return columns([header, *body])
+
+
+def columns(lines: Sequence[Sequence[str]]) -> str:
+    """Lines of cells, each column as wide as its widest cell, three spaces apart (kubectl's layout)."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join(
-        "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in [header, *body]
+        "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines
     )
