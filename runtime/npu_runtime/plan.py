@@ -790,7 +790,12 @@ def _vllm_args(
     if options.data_parallel > 1:
         args += ["--data-parallel-size", str(options.data_parallel)]
     if options.speculative_tokens:
-        spec = {"method": options.speculative_method, "num_speculative_tokens": options.speculative_tokens}
+        spec: dict[str, Any] = {
+            "method": options.speculative_method,
+            "num_speculative_tokens": options.speculative_tokens,
+        }
+        if options.speculative_model:
+            spec["model"] = options.speculative_model  # vllm/config/speculative.py SpeculativeConfig.model
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     if mode == modes.NONE:
         args.append("--enforce-eager")

@@ -58,6 +58,22 @@ class TestCaptureSizes:
             "num_speculative_tokens": 1,
         }
 
+    def test_the_draft_model_reaches_the_speculative_config(self, models: dict[str, ModelInfo]) -> None:
+        p = plan(
+            models["llama-3.1-8b"],
+            max_num_seqs=12,
+            max_model_len=4096,
+            speculative_method="eagle",
+            speculative_tokens=2,
+            speculative_model="/models/eagle-llama-3.1-8b",
+        )
+        args = list(p.vllm_args)
+        assert json.loads(args[args.index("--speculative-config") + 1]) == {
+            "method": "eagle",
+            "num_speculative_tokens": 2,
+            "model": "/models/eagle-llama-3.1-8b",
+        }
+
     def test_explicit_sizes_are_kept(self, models: dict[str, ModelInfo]) -> None:
         p = plan(models["qwen2.5-7b"], max_num_seqs=64, capture_sizes=(1, 16, 64))
         assert p.capture_sizes == (1, 16, 64)
