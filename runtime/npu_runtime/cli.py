@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from npu_runtime.contract import add_plan_arguments, plan_options_from_args
+from npu_runtime.contract import add_plan_arguments, option_name, plan_options_from_args
 
 EXIT_OK: Final = 0
 EXIT_INVALID: Final = 2
@@ -97,7 +97,7 @@ def plan_command(argv: list[str]) -> int:
     except ModelError as exc:
         return _fail(EXIT_INVALID, f"model: {exc}")
     except PlanError as exc:
-        return _fail(EXIT_INVALID, f"{_flag(exc.field)}: {exc.message}")
+        return _fail(EXIT_INVALID, f"{option_name(exc.field)}: {exc.message}")
     except DoesNotFitError as exc:
         return _fail(EXIT_DOES_NOT_FIT, f"does not fit: {exc}")
     if args.json:
@@ -110,11 +110,6 @@ def plan_command(argv: list[str]) -> int:
 def _fail(code: int, message: str) -> int:
     print(f"npu-runtime plan: error: {message}", file=sys.stderr)
     return code
-
-
-def _flag(field: str) -> str:
-    """The option that carries `field` ("capture_sizes" -> "--capture-sizes"); env names stay as they are."""
-    return field if field.isupper() else "--" + field.replace("_", "-")
 
 
 def _gib(n: int) -> str:

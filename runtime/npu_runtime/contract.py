@@ -257,8 +257,13 @@ def parse_serve_args(argv: Sequence[str]) -> ServeOptions:
     )
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def option_name(field: str) -> str:
+    """The option that carries `field` ("capture_sizes" -> "--capture-sizes").
+
+    Upper-case names are environment variables (a PlanError may name one, e.g.
+    ASCEND_LAUNCH_BLOCKING) and stay as they are.
+    """
+    return field if field.isupper() else "--" + field.replace("_", "-")
 
 
 def serve_argv(options: ServeOptions) -> list[str]:
@@ -284,11 +289,11 @@ def serve_argv(options: ServeOptions) -> list[str]:
         if value is None or value is False:
             continue
         if value is True:
-            argv.append(_flag(field.name))
+            argv.append(option_name(field.name))
         elif isinstance(value, tuple):
-            argv += [_flag(field.name), ",".join(str(v) for v in value)]
+            argv += [option_name(field.name), ",".join(str(v) for v in value)]
         else:
-            argv += [_flag(field.name), str(value)]
+            argv += [option_name(field.name), str(value)]
     if options.extra_engine_args:
         argv += ["--", *options.extra_engine_args]
     return argv

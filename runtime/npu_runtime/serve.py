@@ -33,7 +33,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from npu_runtime import failures, launch
-from npu_runtime.contract import DEFAULT_TERMINATION_LOG, ServeOptions, parse_serve_args
+from npu_runtime.contract import DEFAULT_TERMINATION_LOG, ServeOptions, option_name, parse_serve_args
 from npu_runtime.failures import Failure
 from npu_runtime.server import MetricsServer, engine_healthy
 from npu_runtime.status import PlanView, RuntimeStatus
@@ -102,8 +102,8 @@ def make_serve_plan(options: ServeOptions) -> Plan:
         device = device_from_options(options.plan)
         return make_plan(options.plan, device, model, resolve_mode=not options.engine_resolves_mode, environ=os.environ)
     except PlanError as exc:
-        field = exc.field if exc.field.isupper() else "--" + exc.field.replace("_", "-")
-        raise ServeError(Failure(failures.INVALID_CONFIGURATION, f"{field}: {exc.message}"), EXIT_INVALID) from exc
+        message = f"{option_name(exc.field)}: {exc.message}"
+        raise ServeError(Failure(failures.INVALID_CONFIGURATION, message), EXIT_INVALID) from exc
     except DoesNotFitError as exc:
         raise ServeError(Failure(failures.MODEL_DOES_NOT_FIT, str(exc)), EXIT_DOES_NOT_FIT) from exc
     except ModelError as exc:
