@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from npu_runtime.contract import add_plan_arguments, option_name, plan_options_from_args
+from npu_runtime.contract import add_plan_arguments, format_gib, option_name, plan_options_from_args
 
 EXIT_OK: Final = 0
 EXIT_INVALID: Final = 2
@@ -70,8 +70,8 @@ def probe_command(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(dataclasses.asdict(device)))
     else:
-        free = "unknown" if device.free_bytes is None else _gib(device.free_bytes)
-        print(f"{device.count} x {device.name} ({device.kind}), {_gib(device.total_bytes)} each, {free} free")
+        free = "unknown" if device.free_bytes is None else format_gib(device.free_bytes)
+        print(f"{device.count} x {device.name} ({device.kind}), {format_gib(device.total_bytes)} each, {free} free")
         print(f"found by: {device.source}")
     return EXIT_OK
 
@@ -112,10 +112,6 @@ def _fail(code: int, message: str) -> int:
     return code
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
-
-
 def render_plan(plan: dict[str, Any]) -> str:
     """The readable form of a plan: mode, sizes, memory breakdown, streams, downgrades, warnings."""
     memory, streams, device, model = plan["memory"], plan["streams"], plan["device"], plan["model"]
@@ -139,7 +135,7 @@ def render_plan(plan: dict[str, Any]) -> str:
         ("budget", "budget_bytes"),
         ("total", "total_bytes"),
     ):
-        lines.append(f"  {label:<11}{_gib(memory[key]):>12}")
+        lines.append(f"  {label:<11}{format_gib(memory[key]):>12}")
     lines.append(
         f"  weights from {memory['weights_source']}; kv cache {memory['kv_cache_tokens']} tokens; "
         f"--gpu-memory-utilization {memory['engine_gpu_memory_utilization']:g} (graphs reserved by "

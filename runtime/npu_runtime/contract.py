@@ -40,22 +40,26 @@ ASCEND_RECOMMENDED_ENV: Final = {
     "HCCL_OP_EXPANSION_MODE": "AIV",
 }
 
+KIB: Final = 1 << 10
+MIB: Final = 1 << 20
+GIB: Final = 1 << 30
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B?|[KMGTP]B|B)?\s*$", re.IGNORECASE)
 _UNITS: Final = {
     "": 1,
     "b": 1,
     "k": 1000,
     "kb": 1000,
-    "ki": 1 << 10,
-    "kib": 1 << 10,
+    "ki": KIB,
+    "kib": KIB,
     "m": 1000**2,
     "mb": 1000**2,
-    "mi": 1 << 20,
-    "mib": 1 << 20,
+    "mi": MIB,
+    "mib": MIB,
     "g": 1000**3,
     "gb": 1000**3,
-    "gi": 1 << 30,
-    "gib": 1 << 30,
+    "gi": GIB,
+    "gib": GIB,
     "t": 1000**4,
     "tb": 1000**4,
     "ti": 1 << 40,
@@ -74,6 +78,11 @@ def parse_size(text: str) -> int:
         raise ValueError(f"not a size: {text!r} (use bytes or a unit such as 64Gi, 32GiB, 500M)")
     number, unit = match.groups()
     return int(float(number) * _UNITS[(unit or "").lower()])
+
+
+def format_gib(n: int) -> str:
+    """Bytes as plans and messages show them: `68719476736` -> `64.00 GiB`."""
+    return f"{n / GIB:.2f} GiB"
 
 
 def parse_capture_sizes(text: str) -> tuple[int, ...]:

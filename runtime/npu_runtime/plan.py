@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from npu_runtime import modes, sizes
-from npu_runtime.contract import DEVICE_KINDS, GRAPH_MODES, PlanOptions
+from npu_runtime.contract import DEVICE_KINDS, GIB, GRAPH_MODES, KIB, MIB, PlanOptions, format_gib
 from npu_runtime.model import DTYPE_BYTES, ModelInfo, inspect_model
 from npu_runtime.modes import Downgrade
 from npu_runtime.probe import DeviceError, DeviceInfo, device_family, device_from_options
@@ -47,10 +47,6 @@ __all__ = [
     "make_plan",
     "plan_for",
 ]
-
-KIB: Final = 1 << 10
-MIB: Final = 1 << 20
-GIB: Final = 1 << 30
 
 # vllm-ascend's historical ACL graph budget: "we can only capture 1800 graphs at most ... bounded by
 # the number of streams, which is 2048, we save 248 streams as a buffer" (vllm_ascend/utils.py
@@ -73,7 +69,6 @@ _NPU_REDUNDANCY: Final = 150 * MIB  # vllm_ascend/worker/worker.py: "A 150 MiB b
 _GRAPH_POOL_OVERHEAD: Final = 64 * MIB  # graph pool bookkeeping and attention metadata buffers
 _PER_GRAPH_MIN: Final = 1 * MIB  # vLLM: "Use at least 1 MiB per graph for driver overhead"
 _PER_PIECE: Final = 256 * KIB  # one piecewise sub-graph
-ENGINE_MIN_BATCHED_TOKENS: Final = 2048
 
 
 class PlanError(ValueError):
@@ -423,12 +418,12 @@ def _candidate_sizes(options: PlanOptions, mode: str, q: int, warnings: list[str
 def _batched_tokens(options: PlanOptions, ceiling: int) -> int:
     """max_num_batched_tokens the plan pins (and budgets the activation for).
 
-    vLLM's smallest default for the OpenAI server is 2048 (EngineArgs.get_batch_defaults: below 70 GiB
-    and on CPU); it must be at least max_num_seqs (SchedulerConfig) and at least the largest capture
-    size, or vLLM drops that size (_set_cudagraph_sizes keeps sizes <= max_num_batched_tokens). The
-    value does not depend on device memory, so more memory never changes the activation budget.
+    At least vLLM's smallest default for the OpenAI server (sizes.ENGINE_MIN_BATCHED_TOKENS); it must
+    be at least max_num_seqs (SchedulerConfig) and at least the largest capture size, or vLLM drops
+    that size (_set_cudagraph_sizes keeps sizes <= max_num_batched_tokens). The value does not
+    depend on device memory, so more memory never changes the activation budget.
     """
-    return max(ENGINE_MIN_BATCHED_TOKENS, ceiling, options.max_num_seqs * (1 + options.speculative_tokens))
+    return max(sizes.ENGINE_MIN_BATCHED_TOKENS, ceiling, options.max_num_seqs * (1 + options.speculative_tokens))
 
 
 # -- fitting ------------------------------------------------------------------------------------------
@@ -468,8 +463,8 @@ def _fit(
     weights = _weights_per_device(model, dtype, tp, pp, warnings)
     if weights > total:
         raise DoesNotFitError(
-            f"the weights alone do not fit: {_gib(weights)} per device ({_gib(model.weight_bytes)} over "
-            f"{tp * pp} devices, {model.weight_source}) > {_gib(total)} device memory; "
+            f"the weights alone do not fit: {format_gib(weights)} per device ({format_gib(model.weight_bytes)} over "
+            f"{tp * pp} devices, {model.weight_source}) > {format_gib(total)} device memory; "
             f"{_tp_hint(model, weights * tp * pp, budget)}"
         )
     activation = _activation_bytes(model, batched_tokens, tp, dtype_bytes) + _sampler_bytes(options, model)
@@ -480,7 +475,7 @@ def _fit(
         if options.max_model_len is None:
             warnings.append(
                 f"on 310P set --max-model-len explicitly (vllm-ascend's 310P guide): the attention mask "
-                f"for the derived {max_model_len} tokens takes {_gib(max_model_len * max_model_len * 2)}"
+                f"for the derived {max_model_len} tokens takes {format_gib(max_model_len * max_model_len * 2)}"
             )
     margin = _margin(options, device)
     kv_per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
@@ -491,9 +486,9 @@ def _fit(
         room = budget - fixed
         longest = max(room // kv_per_token, 0) if kv_per_token else 0
         raise DoesNotFitError(
-            f"no room for the KV cache of one {max_model_len}-token sequence: budget {_gib(budget)} "
-            f"({options.gpu_memory_utilization} of {_gib(total)}) - weights {_gib(weights)} - activation "
-            f"{_gib(activation)} - margin {_gib(margin)} = {_gib(room)} < {_gib(min_kv)}; "
+            f"no room for the KV cache of one {max_model_len}-token sequence: budget {format_gib(budget)} "
+            f"({options.gpu_memory_utilization} of {format_gib(total)}) - weights {format_gib(weights)} - activation "
+            f"{format_gib(activation)} - margin {format_gib(margin)} = {format_gib(room)} < {format_gib(min_kv)}; "
             f"lower --max-model-len (about {longest} tokens fit), add tensor parallel ranks or memory"
         )
 
@@ -522,8 +517,8 @@ def _fit(
         detail = (
             f"one capture size needs {streams.fixed + streams.per_size} streams, budget {streams.budget}"
             if why == "streams"
-            else f"the largest graph ({_gib(first)}) does not fit beside the weights, activation and one "
-            f"sequence of KV cache in {_gib(budget)}"
+            else f"the largest graph ({format_gib(first)}) does not fit beside the weights, activation and one "
+            f"sequence of KV cache in {format_gib(budget)}"
         )
         downgrades.append(Downgrade(mode, target, reason, f"{mode} -> {target}: {detail}"))
         mode = target
@@ -556,7 +551,7 @@ def _fit(
         if kv_cache < min_kv:
             raise DoesNotFitError(
                 f"VLLM_CPU_KVCACHE_SPACE={cpu_space} GiB cannot hold one {max_model_len}-token sequence "
-                f"({_gib(min_kv)}); raise it or lower --max-model-len"
+                f"({format_gib(min_kv)}); raise it or lower --max-model-len"
             )
     tokens = kv_cache // kv_per_token if kv_per_token else 0
     if kv_cache < full_kv:
@@ -577,8 +572,8 @@ def _fit(
         if device.free_bytes < wanted:
             # vllm/v1/worker/utils.py request_memory: free memory below total x utilisation is an error.
             raise DoesNotFitError(
-                f"free device memory {_gib(device.free_bytes)} is below the {_gib(wanted)} vLLM will request "
-                f"({engine_util} of {_gib(total)}); lower --gpu-memory-utilization to "
+                f"free device memory {format_gib(device.free_bytes)} is below the {format_gib(wanted)} "
+                f"vLLM will request ({engine_util} of {format_gib(total)}); lower --gpu-memory-utilization to "
                 f"{math.floor(device.free_bytes / total * 100) / 100} or free the device"
             )
     if device.kind == "cpu" and not cpu_space:
@@ -650,7 +645,7 @@ def _weights_per_device(model: ModelInfo, dtype: str, tp: int, pp: int, warnings
     wanted = DTYPE_BYTES.get(dtype)
     if model.quantization is None and stored and wanted and stored != wanted:
         weights = weights * wanted // stored
-        warnings.append(f"weights stored as {model.dtype} are loaded as {dtype}: {_gib(weights)} in all")
+        warnings.append(f"weights stored as {model.dtype} are loaded as {dtype}: {format_gib(weights)} in all")
     return math.ceil(weights / (tp * pp))
 
 
@@ -800,7 +795,3 @@ def _vllm_args(
     if mode == modes.NONE:
         args.append("--enforce-eager")
     return tuple(args)
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"

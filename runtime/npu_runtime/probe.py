@@ -24,9 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from npu_runtime.contract import PlanOptions
+from npu_runtime.contract import MIB, PlanOptions
 
-_MIB: Final = 1 << 20
 _NPU_SMI_TIMEOUT_S: Final = 10.0
 _TORCH_PROBE_TIMEOUT_S: Final = 180.0  # importing torch_npu and initialising CANN can take a while
 # Run in a child interpreter; prints one JSON object (or null). {module} is "npu" or "cuda".
@@ -191,8 +190,8 @@ def parse_npu_smi(text: str) -> DeviceInfo | None:
         kind="npu",
         name=name,
         count=len(memory),
-        total_bytes=min(total for _, total in memory) * _MIB,
-        free_bytes=min(total - used for used, total in memory) * _MIB,
+        total_bytes=min(total for _, total in memory) * MIB,
+        free_bytes=min(total - used for used, total in memory) * MIB,
         source="npu-smi",
     )
 
