@@ -71,6 +71,15 @@ _UNITS: Final = {
 }
 
 
+class PlanError(ValueError):
+    """Invalid input: exit 2, naming `field` as `option_name(field)` shows it (an option or an env variable)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
 def parse_size(text: str) -> int:
     """Bytes from `64Gi`, `32GiB`, `500M`, `1.5Ti` or a plain number of bytes."""
     match = _SIZE.match(text)

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from npu_runtime import modes, sizes
-from npu_runtime.contract import DEVICE_KINDS, GIB, GRAPH_MODES, KIB, MIB, PlanOptions, format_gib
+from npu_runtime.contract import DEVICE_KINDS, GIB, GRAPH_MODES, KIB, MIB, PlanError, PlanOptions, format_gib
 from npu_runtime.model import DTYPE_BYTES, ModelInfo, inspect_model
 from npu_runtime.modes import Downgrade
-from npu_runtime.probe import DeviceError, DeviceInfo, device_family, device_from_options
+from npu_runtime.probe import DeviceInfo, device_family, device_from_options
 
 __all__ = [
     "DEFAULT_STREAM_BUDGET",
@@ -69,15 +69,6 @@ _NPU_REDUNDANCY: Final = 150 * MIB  # vllm_ascend/worker/worker.py: "A 150 MiB b
 _GRAPH_POOL_OVERHEAD: Final = 64 * MIB  # graph pool bookkeeping and attention metadata buffers
 _PER_GRAPH_MIN: Final = 1 * MIB  # vLLM: "Use at least 1 MiB per graph for driver overhead"
 _PER_PIECE: Final = 256 * KIB  # one piecewise sub-graph
-
-
-class PlanError(ValueError):
-    """Invalid input: the CLI exits 2 and names `field` (an option, e.g. "capture_sizes")."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 class DoesNotFitError(Exception):
@@ -184,13 +175,23 @@ class Plan:
         }
 
 
-def plan_for(options: PlanOptions, model_path: str) -> Plan:
-    """Probe the device (or take the overrides), inspect the model, plan. Reads the environment."""
-    try:
-        device = device_from_options(options)
-    except DeviceError as exc:
-        raise PlanError(exc.field, exc.message) from None
-    return make_plan(options, device, inspect_model(model_path), environ=os.environ)
+def plan_for(
+    options: PlanOptions,
+    model_path: str,
+    *,
+    resolve_mode: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> Plan:
+    """Inspect the model, probe the device (or take the overrides), plan (see `make_plan`).
+
+    The model first: reading its config is fast, a probe may take long. `environ` None means
+    os.environ. Raises ModelError, PlanError (the probe's DeviceError is one) or DoesNotFitError.
+    """
+    model = inspect_model(model_path)
+    device = device_from_options(options)
+    return make_plan(
+        options, device, model, resolve_mode=resolve_mode, environ=os.environ if environ is None else environ
+    )
 
 
 def make_plan(

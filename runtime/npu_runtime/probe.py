@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from npu_runtime.contract import MIB, PlanOptions
+from npu_runtime.contract import MIB, PlanError, PlanOptions
 
 _NPU_SMI_TIMEOUT_S: Final = 10.0
 _TORCH_PROBE_TIMEOUT_S: Final = 180.0  # importing torch_npu and initialising CANN can take a while
@@ -75,13 +75,8 @@ def probe_device() -> DeviceInfo:
     return _probe_cpu()
 
 
-class DeviceError(ValueError):
+class DeviceError(PlanError):
     """The overrides cannot describe a device: `field` names the option to add."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 def device_from_options(options: PlanOptions) -> DeviceInfo:

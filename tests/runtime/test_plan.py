@@ -5,16 +5,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_runtime import sizes
-from npu_runtime.contract import PlanOptions
+from npu_runtime import cli, failures, sizes
+from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, PlanOptions, ServeOptions
 from npu_runtime.model import ModelInfo
-from npu_runtime.plan import DoesNotFitError, Plan, PlanError, make_plan
-from npu_runtime.probe import DeviceInfo
+from npu_runtime.plan import DoesNotFitError, Plan, PlanError, make_plan, plan_for
+from npu_runtime.probe import DeviceInfo, probe_device
+from npu_runtime.serve import ServeError, make_serve_plan
 
-from .conftest import DEVICES, GIB, POD_ENV
+from .conftest import DEVICES, FIXTURES, GIB, POD_ENV
 
 NPU = DEVICES["910B3-64GiB"]
 GPU = DEVICES["GPU-141GiB"]
@@ -313,3 +315,67 @@ def test_json_contract(models: dict[str, ModelInfo]) -> None:
         assert forbidden not in data["vllm_args"]
     cpu = plan(models["qwen2.5-7b"], device=CPU, max_model_len=4096).to_dict()
     assert set(cpu["downgrades"][0]) == {"from_mode", "to_mode", "reason", "message"}
+
+
+class TestServePlan:
+    """serve's seam to the planner (`make_serve_plan`): the same plan_for, its errors as one-line causes."""
+
+    NPU_OVERRIDES: dict[str, Any] = {"device_kind": "npu", "device_name": "Ascend910B3", "device_memory": 64 * GIB}
+
+    @staticmethod
+    def serve_plan(model: Path, environ: dict[str, str] | None = None, **options: Any) -> Plan:
+        return make_serve_plan(ServeOptions(model=str(model), plan=PlanOptions(**options)), environ=environ or {})
+
+    @staticmethod
+    def serve_error(model: Path, **options: Any) -> ServeError:
+        with pytest.raises(ServeError) as caught:
+            TestServePlan.serve_plan(model, **options)
+        return caught.value
+
+    def test_a_device_kind_this_machine_lacks_is_invalid_configuration(self) -> None:
+        other = next(kind for kind in ("npu", "cuda", "cpu") if kind != probe_device().kind)
+        error = self.serve_error(FIXTURES / "qwen2.5-7b", device_kind=other)  # no --device-memory
+        assert (error.failure.reason, error.exit_code) == (failures.INVALID_CONFIGURATION, cli.EXIT_INVALID)
+        assert error.failure.message.startswith("--device-memory: ")
+
+    def test_a_model_error_is_model_invalid_whatever_the_path_says(self, tmp_path: Path) -> None:
+        named = tmp_path / "customer-support-llm"  # "support" in the path is not an unsupported model
+        named.mkdir()
+        (named / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+        error = self.serve_error(named, **self.NPU_OVERRIDES)
+        assert (error.failure.reason, error.exit_code) == (failures.MODEL_INVALID, cli.EXIT_INVALID)
+        assert "num_hidden_layers" in error.failure.message
+        (named / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": ')
+        broken = self.serve_error(named, **self.NPU_OVERRIDES)
+        assert (broken.failure.reason, broken.exit_code) == (failures.MODEL_INVALID, cli.EXIT_INVALID)
+        assert "config.json" in broken.failure.message
+
+    def test_invalid_options_and_no_fit_keep_their_exit_codes(self) -> None:
+        invalid = self.serve_error(FIXTURES / "qwen2.5-7b", max_model_len=10**6, **self.NPU_OVERRIDES)
+        assert (invalid.failure.reason, invalid.exit_code) == (failures.INVALID_CONFIGURATION, cli.EXIT_INVALID)
+        assert invalid.failure.message.startswith("--max-model-len: ")
+        small = {**self.NPU_OVERRIDES, "device_memory": 32 * GIB}
+        no_fit = self.serve_error(FIXTURES / "qwen2.5-72b-instruct", **small)
+        assert (no_fit.failure.reason, no_fit.exit_code) == (failures.MODEL_DOES_NOT_FIT, cli.EXIT_DOES_NOT_FIT)
+
+    def test_the_plan_sees_the_engine_environment(self) -> None:
+        # launch.engine_env sets HCCL_OP_EXPANSION_MODE=AIV where the pod leaves it unset; a set value wins.
+        options: dict[str, Any] = {"graph_mode": "PIECEWISE", "tensor_parallel": 8, "max_model_len": 8192}
+        model = FIXTURES / "llama-3.1-70b"
+        unset = self.serve_plan(model, {}, **options, **self.NPU_OVERRIDES)
+        assert unset.streams.hccl_op_expansion_mode == "AIV"
+        assert unset == plan_for(
+            PlanOptions(**options, **self.NPU_OVERRIDES), str(model), environ=ASCEND_RECOMMENDED_ENV
+        )
+        chosen = self.serve_plan(model, {"HCCL_OP_EXPANSION_MODE": "HOST"}, **options, **self.NPU_OVERRIDES)
+        assert chosen.streams.hccl_op_expansion_mode == "default"
+        assert len(chosen.capture_sizes) < len(unset.capture_sizes)
+
+    def test_engine_resolves_mode_reaches_the_plan(self) -> None:
+        options = ServeOptions(
+            model=str(FIXTURES / "qwen2.5-7b"),
+            plan=PlanOptions(device_kind="cpu", device_memory=64 * GIB, max_model_len=4096),
+            engine_resolves_mode=True,
+        )
+        p = make_serve_plan(options, environ={})
+        assert (p.mode_resolved_by, p.effective_mode, p.downgrades) == ("engine", "FULL_DECODE_ONLY", ())

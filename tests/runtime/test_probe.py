@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from npu_runtime.contract import PlanOptions
+from npu_runtime.contract import PlanError, PlanOptions
 from npu_runtime.probe import (
     DeviceError,
     DeviceInfo,
@@ -145,3 +145,4 @@ def test_a_kind_this_machine_lacks_needs_its_memory() -> None:
     with pytest.raises(DeviceError) as caught:
         device_from_options(PlanOptions(device_kind=other))
     assert caught.value.field == "device_memory"
+    assert isinstance(caught.value, PlanError)  # one error type for invalid input: plan and serve exit 2
