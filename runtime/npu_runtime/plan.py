@@ -480,7 +480,7 @@ def _fit(
             )
     margin = _margin(options, device)
     kv_per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
-    min_kv = _kv_sequence_bytes(model, max_model_len, tp, pp, dtype_bytes)
+    min_kv = _kv_sequence_bytes(model, kv_per_token, max_model_len)
     full_kv = min_kv * options.max_num_seqs
     fixed = weights + activation + margin
     if fixed + min_kv > budget:
@@ -493,13 +493,10 @@ def _fit(
             f"lower --max-model-len (about {longest} tokens fit), add tensor parallel ranks or memory"
         )
 
-    def graph_cost(current: str) -> tuple[int, int]:
-        return _graph_cost(model, current, max(candidates), tp, dtype_bytes)
-
     # Fit: a downgrade (streams first, then memory) may change the mode and so the cost; repeat.
     while True:
-        streams = _stream_plan(options, device, model, env, mode, len(candidates))
-        first, per_size = graph_cost(mode) if mode != modes.NONE else (0, 0)
+        streams = _stream_plan(options, device, model, env, mode)
+        first, per_size = _graph_cost(model, mode, max(candidates), tp, dtype_bytes) if mode != modes.NONE else (0, 0)
         caps: list[tuple[int, str]] = [(len(candidates), "")]
         if mode != modes.NONE:
             room = budget - fixed - min_kv - first
@@ -539,10 +536,8 @@ def _fit(
         if len(chosen) < len(candidates):
             warnings.append(_thinning_message(why, len(candidates), len(chosen), streams, family))
     graph_bytes = first + (len(chosen) - 1) * per_size if chosen else 0
-    if chosen and streams.applies:
+    if streams.applies:  # an NPU graph mode: at least one size is chosen
         streams = dataclasses.replace(streams, estimate=streams.fixed + len(chosen) * streams.per_size)
-    elif not chosen:
-        streams = dataclasses.replace(streams, applies=False, estimate=0)
 
     kv_cache = budget - fixed - graph_bytes
     cpu_space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
@@ -593,8 +588,8 @@ def _fit(
         margin_bytes=margin,
         free_bytes=device.free_bytes,
         weights_source=model.weight_source,
-        graph_first_capture_bytes=first if chosen else 0,
-        graph_per_size_bytes=per_size if chosen else 0,
+        graph_first_capture_bytes=first,
+        graph_per_size_bytes=per_size,
         kv_bytes_per_token=kv_per_token,
         kv_cache_tokens=tokens,
         min_kv_cache_bytes=min_kv,
@@ -678,9 +673,9 @@ def _margin(options: PlanOptions, device: DeviceInfo) -> int:
     return margin
 
 
-def _kv_sequence_bytes(model: ModelInfo, length: int, tp: int, pp: int, dtype_bytes: int) -> int:
-    """KV cache of one sequence of `length` tokens on one device; sliding-window layers keep the window."""
-    per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
+def _kv_sequence_bytes(model: ModelInfo, per_token: int, length: int) -> int:
+    """KV cache of one sequence of `length` tokens on one device (`per_token` bytes each, as
+    ModelInfo.kv_bytes_per_token gives them); sliding-window layers keep the window."""
     if not model.sliding_layers or not model.sliding_window:
         return per_token * length
     # Hybrid models (layer_types) are not windowed as a whole: sliding_window is None there.
@@ -708,9 +703,11 @@ def _graph_cost(model: ModelInfo, mode: str, largest: int, tp: int, dtype_bytes:
 
 
 def _stream_plan(
-    options: PlanOptions, device: DeviceInfo, model: ModelInfo, env: dict[str, str], mode: str, count: int
+    options: PlanOptions, device: DeviceInfo, model: ModelInfo, env: dict[str, str], mode: str
 ) -> StreamPlan:
     """ACL graph streams, after vllm-ascend's update_aclgraph_sizes (vllm_ascend/utils.py before #9962).
+
+    The estimate is left at 0: `_fit` fills it in once the sizes are chosen.
 
     Per captured size: PIECEWISE about layers + 1 sub-graphs (plus a draft model's layers + 1), a
     FULL graph about one; times a communication factor: with HCCL_OP_EXPANSION_MODE=AIV
@@ -745,8 +742,7 @@ def _stream_plan(
         per_size += 1
         formula += " + 1 full graph per size"
     max_sizes = max((budget - fixed) // per_size, 0)
-    estimate = fixed + min(count, max_sizes) * per_size if max_sizes else 0
-    return StreamPlan(True, budget, DEVICE_STREAMS, per_size, fixed, estimate, max_sizes, expansion, groups, formula)
+    return StreamPlan(True, budget, DEVICE_STREAMS, per_size, fixed, 0, max_sizes, expansion, groups, formula)
 
 
 # -- vLLM arguments ----------------------------------------------------------------------------------
