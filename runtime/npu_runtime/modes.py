@@ -96,7 +96,6 @@ class ModeContext:
     is_encoder_decoder: bool
     is_pooling: bool
     enforce_eager: bool
-    speculative_tokens: int
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,6 @@ def resolve_mode(
     device: DeviceInfo,
     model: ModelInfo,
     enforce_eager: bool = False,
-    speculative_tokens: int = 0,
 ) -> tuple[str, tuple[Downgrade, ...], tuple[str, ...]]:
     """(effective mode, downgrades in the order they happen, warnings for cases the table lacks)."""
     ctx = ModeContext(
@@ -197,7 +195,6 @@ def resolve_mode(
         is_encoder_decoder=model.is_encoder_decoder,
         is_pooling=model.is_pooling,
         enforce_eager=enforce_eager,
-        speculative_tokens=speculative_tokens,
     )
     mode = requested
     downgrades: list[Downgrade] = []

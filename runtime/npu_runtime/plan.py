@@ -218,11 +218,7 @@ def make_plan(
 
     requested = options.graph_mode
     predicted, downgrades_list, mode_warnings = modes.resolve_mode(
-        requested,
-        device=device,
-        model=model,
-        enforce_eager=options.enforce_eager,
-        speculative_tokens=options.speculative_tokens,
+        requested, device=device, model=model, enforce_eager=options.enforce_eager
     )
     warnings += mode_warnings
     downgrades = list(downgrades_list)
