@@ -252,7 +252,7 @@ def make_plan(
     mode = fit.mode
 
     eager: tuple[int, int] | None = None
-    if mode != modes.NONE and decode_mode_is_graph(mode):
+    if modes.decode_mode_is_graph(mode):
         missed = sizes.uncovered(fit.sizes, options.max_num_seqs, q)
         if missed:
             eager = (missed.start, missed.stop - 1)
@@ -285,10 +285,6 @@ def make_plan(
         pipeline_parallel=options.pipeline_parallel,
         data_parallel=options.data_parallel,
     )
-
-
-def decode_mode_is_graph(mode: str) -> bool:
-    return modes.decode_mode(mode) != modes.NONE
 
 
 # -- validation ------------------------------------------------------------------------------------
@@ -506,7 +502,7 @@ def _fit(
         keep, why = min(caps, key=lambda cap: cap[0])
         if mode == modes.NONE or keep >= 1 or not resolve_mode:
             break
-        target = _without_piecewise(mode) if why == "streams" and modes.has_piecewise_graphs(mode) else modes.NONE
+        target = modes.without_piecewise(mode) if why == "streams" and modes.has_piecewise_graphs(mode) else modes.NONE
         reason = "StreamBudgetExceeded" if why == "streams" else "GraphMemoryExceedsBudget"
         detail = (
             f"one capture size needs {streams.fixed + streams.per_size} streams, budget {streams.budget}"
@@ -601,11 +597,6 @@ def _tp_hint(model: ModelInfo, all_weights: int, budget: int) -> str:
         if model.num_attention_heads % tp == 0 and all_weights / tp < budget:
             return f"tensor parallel {tp} is the smallest that holds them"
     return "no tensor-parallel size holds them on this device"
-
-
-def _without_piecewise(mode: str) -> str:
-    """CUDAGraphMode.without_piecewise: PIECEWISE -> NONE, FULL_AND_PIECEWISE -> FULL_DECODE_ONLY."""
-    return {modes.PIECEWISE: modes.NONE, modes.FULL_AND_PIECEWISE: modes.FULL_DECODE_ONLY}.get(mode, mode)
 
 
 def _thinning_message(why: str, before: int, after: int, streams: StreamPlan, family: str) -> str:
