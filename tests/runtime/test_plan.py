@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from npu_runtime import cli, failures, sizes
-from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, PlanOptions, ServeOptions
+from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, MIB, PlanOptions, ServeOptions
 from npu_runtime.model import ModelInfo
 from npu_runtime.plan import DoesNotFitError, Plan, PlanError, make_plan, plan_for
 from npu_runtime.probe import DeviceInfo, probe_device
@@ -238,6 +238,22 @@ class TestMemory:
         assert (p.effective_mode, p.capture_sizes) == ("NONE", ())
         assert [d.reason for d in p.downgrades] == ["GraphMemoryExceedsBudget"]
         assert "--enforce-eager" in p.vllm_args
+
+    def test_full_and_piecewise_without_room_for_its_graphs_runs_eagerly(self, models: dict[str, ModelInfo]) -> None:
+        # Not FULL_DECODE_ONLY, although its first capture costs half: just below FULL_AND_PIECEWISE's
+        # first capture that would keep dozens of sizes, and a MiB more brings FULL_AND_PIECEWISE back
+        # with one size, so more memory would remove sizes (test_plan_properties' monotonicity).
+        model = models["qwen2.5-7b"]
+        options: dict[str, Any] = {"graph_mode": "FULL_AND_PIECEWISE", "max_num_seqs": 256, "max_model_len": 4096}
+        roomy = plan(model, **options).memory
+        need = roomy.weights_bytes + roomy.activation_bytes + roomy.margin_bytes + roomy.min_kv_cache_bytes
+        need += roomy.graph_first_capture_bytes
+        below = plan(model, device=dataclasses.replace(NPU, total_bytes=math.floor((need - MIB) / 0.9)), **options)
+        above = plan(model, device=dataclasses.replace(NPU, total_bytes=math.ceil((need + MIB) / 0.9)), **options)
+        assert (below.effective_mode, below.capture_sizes) == ("NONE", ())
+        assert [d.reason for d in below.downgrades] == ["GraphMemoryExceedsBudget"]
+        assert (above.effective_mode, above.capture_sizes) == ("FULL_AND_PIECEWISE", (256,))
+        assert set(below.capture_sizes) <= set(above.capture_sizes)
 
     def test_weights_alone_do_not_fit(self, models: dict[str, ModelInfo]) -> None:
         with pytest.raises(DoesNotFitError, match=r"135\.43 GiB per device .* > 32\.00 GiB.*tensor parallel 8"):
