@@ -413,9 +413,12 @@ def _derived_max_len(text: _Fields, top: _Fields, directory: Path, model_type: s
         notes.append("no context-length field in the config: vLLM assumes 2048")
         return 2048
     length = float(min(found))
-    rope = text.raw("rope_scaling") or text.raw("rope_parameters")
+    rope_key = "rope_scaling" if text.raw("rope_scaling") else "rope_parameters"
+    rope = text.raw(rope_key)
     if isinstance(rope, dict) and "gemma3" not in model_type:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type is not None and not isinstance(rope_type, str):
+            raise ModelError(f"{text._where(rope_key)}: expected a string rope type, got {rope_type!r}")
         factor = rope.get("factor")
         if rope_type not in _PRESCALED_ROPE and isinstance(factor, int | float) and factor > 0:
             length *= factor
@@ -520,11 +523,13 @@ def _vision_params(config: dict[str, Any], text_hidden: int) -> int:
     if not isinstance(vision, dict):
         return 0
     h = vision.get("hidden_size") or vision.get("embed_dim") or 0
+    if not isinstance(h, int):
+        return 0
     depth = vision.get("num_hidden_layers") or vision.get("depth") or 0
     inter = vision.get("intermediate_size") or 4 * h
-    if not all(isinstance(x, int) for x in (h, depth, inter)):
-        return 0
     out = vision.get("out_hidden_size") or text_hidden
+    if not all(isinstance(x, int) for x in (depth, inter, out)):
+        return 0
     return int(depth * (4 * h * h + 2 * h * inter) + h * out + out * text_hidden)
 
 
@@ -537,11 +542,9 @@ def _estimated_weight_bytes(params: int, dtype: str, quant_bits: int | None) -> 
 def _weight_bytes(directory: Path, notes: list[str]) -> tuple[int | None, str]:
     index = directory / INDEX_NAME
     if index.is_file():
-        data = _read_json(index)
-        total = data.get("metadata", {}).get("total_size") if isinstance(data, dict) else None
-        if isinstance(total, int) and total > 0:
+        total, shards = _index_entries(index, _read_json(index))
+        if total is not None:
             return total, "safetensors-index"
-        shards = sorted(set(data.get("weight_map", {}).values())) if isinstance(data, dict) else []
         present = [directory / s for s in shards if (directory / s).is_file()]
         if shards and len(present) == len(shards):
             return sum(safetensors_data_bytes(p) for p in present), "safetensors-headers"
@@ -550,6 +553,20 @@ def _weight_bytes(directory: Path, notes: list[str]) -> tuple[int | None, str]:
     if files:
         return sum(safetensors_data_bytes(p) for p in files), "safetensors-headers"
     return None, "estimated-from-shape"
+
+
+def _index_entries(index: Path, data: Any) -> tuple[int | None, list[str]]:
+    """(metadata.total_size when a positive integer, the shard file names) of a safetensors index."""
+    if not isinstance(data, dict):
+        return None, []
+    metadata = data.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise ModelError(f"{index}: field 'metadata': expected a JSON object, got {metadata!r}")
+    weight_map = data.get("weight_map", {})
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ModelError(f"{index}: field 'weight_map': expected an object of tensor name -> file name")
+    total = metadata.get("total_size")
+    return (total if isinstance(total, int) and total > 0 else None), sorted(set(weight_map.values()))
 
 
 def safetensors_data_bytes(path: Path) -> int:
@@ -584,6 +601,10 @@ def safetensors_data_bytes(path: Path) -> int:
             raise ModelError(f"{path}: tensor {name!r} lacks dtype, shape or data_offsets") from None
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end):
             raise ModelError(f"{path}: tensor {name!r} has invalid data_offsets {tensor['data_offsets']!r}")
+        if not isinstance(dtype, str):
+            raise ModelError(f"{path}: tensor {name!r} has invalid dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ModelError(f"{path}: tensor {name!r} has invalid shape {shape!r}: expected a list of sizes")
         expected = math.prod(shape) * _SAFETENSORS_DTYPE_BYTES.get(dtype, 0)
         if dtype in _SAFETENSORS_DTYPE_BYTES and expected != end - start:
             raise ModelError(
