@@ -111,6 +111,8 @@ _ALIASES: Final[dict[str, tuple[str, ...]]] = {
         "ffn_hidden_size",
     ),
 }
+# Where a multimodal model nests its language model's config, in the order they are looked for.
+_NESTED_TEXT_KEYS: Final = ("text_config", "llm_config", "language_config")
 # Activations whose MLP is gated (three projections: gate, up, down) rather than two.
 _GATED_ACTS: Final = frozenset({"silu", "swiglu", "gelu_pytorch_tanh", "geglu", "swish"})
 # Model types with q/k/v biases that the config does not announce with attention_bias.
@@ -295,7 +297,7 @@ class _Fields:
 def _text_config(config: dict[str, Any], source: Path) -> tuple[_Fields, list[str]]:
     """The dict that describes the language model, with defaults filled in for a nested one."""
     notes: list[str] = []
-    for key in ("text_config", "llm_config", "language_config"):
+    for key in _NESTED_TEXT_KEYS:
         nested = config.get(key)
         if nested is None:
             continue
@@ -359,7 +361,7 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
     quantization, quant_bits = _quantization(config, directory)
     sliding_window, sliding_layers = _sliding_window(text, num_layers)
     encoder_decoder = top.flag("is_encoder_decoder", False)
-    multimodal = any(k in config for k in ("vision_config", "audio_config", "text_config", "llm_config"))
+    multimodal = any(k in config for k in ("vision_config", "audio_config", *_NESTED_TEXT_KEYS))
     pooling = any(a.endswith(_POOLING_SUFFIXES) for a in architectures)
 
     info_args: dict[str, Any] = {
@@ -392,7 +394,7 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
         "quant_bits": quant_bits,
         "draft_layers": text.opt_int("num_nextn_predict_layers") or 0,
     }
-    params = _estimate_params(text, config, info_args, encoder_decoder)
+    params = _estimate_params(text, top, info_args)
     weight_bytes, weight_source = _weight_bytes(directory, notes)
     if weight_bytes is None:
         weight_bytes = _estimated_weight_bytes(params, dtype, quant_bits)
@@ -463,8 +465,9 @@ def _quantization(config: dict[str, Any], directory: Path) -> tuple[str | None, 
 # -- parameters and weight bytes -------------------------------------------------------------------
 
 
-def _estimate_params(text: _Fields, config: dict[str, Any], f: dict[str, Any], encoder_decoder: bool) -> int:
-    """Parameters from the shape: embeddings, attention, MLP or experts, norms, vision tower."""
+def _estimate_params(text: _Fields, top: _Fields, f: dict[str, Any]) -> int:
+    """Parameters from the shape (`f`: ModelInfo's fields so far): embeddings, attention, MLP or
+    experts, norms, vision tower. `text` is the language model's config, `top` the whole file."""
     hidden, layers, heads = f["hidden_size"], f["num_layers"], f["num_attention_heads"]
     kv, hd, vocab = f["num_kv_heads"], f["head_dim"], f["vocab_size"]
     act = str(text.raw("hidden_act") or text.raw("activation_function") or "silu")
@@ -498,11 +501,11 @@ def _estimate_params(text: _Fields, config: dict[str, Any], f: dict[str, Any], e
         body = dense_layers * per_layer_dense + (layers - dense_layers) * (attn + moe + 2 * hidden)
     else:
         body = layers * per_layer_dense
-    if encoder_decoder:
-        encoder_layers = _Fields(config, text.source).opt_int("encoder_layers") or layers
+    if f["is_encoder_decoder"]:
+        encoder_layers = top.opt_int("encoder_layers") or layers
         body += encoder_layers * per_layer_dense
     embeddings = vocab * hidden * (1 if f["tie_word_embeddings"] else 2)
-    return int(body + embeddings + hidden + _vision_params(config, hidden))
+    return int(body + embeddings + hidden + _vision_params(top.data, hidden))
 
 
 def _dense_layer_count(text: _Fields, layers: int) -> int:

@@ -109,6 +109,13 @@ class TestRealConfigs:
         assert any("defaults" in note for note in llava.notes)
         assert 7.0e9 < llava.param_count < 7.2e9
 
+    @pytest.mark.parametrize("key", ["text_config", "llm_config", "language_config"])
+    def test_every_nested_text_config_makes_a_multimodal_model(self, tmp_path: Path, key: str) -> None:
+        text = {"model_type": "llama", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4}
+        info = inspect_model(write_config(tmp_path, num_hidden_layers=None, **{key: text}))
+        assert (info.is_multimodal, info.num_layers) == (True, 3)
+        assert f"language model read from {key}" in info.notes
+
     def test_gqa_heads_replicate_when_fewer_than_ranks(self, models: dict[str, ModelInfo]) -> None:
         qwen = models["qwen2.5-7b"]  # 4 KV heads
         per_rank = [qwen.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=1, dtype_bytes=2) for tp in (1, 4, 8)]
