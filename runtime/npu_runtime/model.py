@@ -25,16 +25,17 @@ INDEX_NAME: Final = "model.safetensors.index.json"
 # A safetensors header larger than this is not a header (the format caps it at 100 MB).
 _MAX_HEADER_BYTES: Final = 100 * 1000 * 1000
 
+# Bytes per element of the dtypes by their canonical names (`canonical_dtype`).
 DTYPE_BYTES: Final = {
     "float32": 4,
-    "float": 4,
     "float16": 2,
-    "half": 2,
     "bfloat16": 2,
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
     "int8": 1,
 }
+# Other names of the same dtypes: vLLM's --dtype accepts half and float; bf16 and fp16 are common.
+_DTYPE_ALIASES: Final = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 # safetensors dtype codes -> bytes per element (https://github.com/huggingface/safetensors, format spec).
 _SAFETENSORS_DTYPE_BYTES: Final = {
     "F64": 8,
@@ -147,7 +148,7 @@ class ModelInfo:
     max_position_embeddings: int
     """The context length vLLM derives from the config (RoPE scaling applied as vLLM does)."""
     dtype: str
-    """The checkpoint's dtype as the config states it (`torch_dtype` or `dtype`)."""
+    """The checkpoint's dtype as the config states it (`torch_dtype` or `dtype`), by its canonical name."""
     weight_bytes: int
     weight_source: str
     """"safetensors-index", "safetensors-headers" or "estimated-from-shape"."""
@@ -208,6 +209,11 @@ class ModelInfo:
             "param_count": self.param_count,
             "notes": list(self.notes),
         }
+
+
+def canonical_dtype(name: str) -> str:
+    """`half` and `fp16` -> `float16`, `bf16` -> `bfloat16`, `float` -> `float32`; others unchanged."""
+    return _DTYPE_ALIASES.get(name, name)
 
 
 def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
@@ -356,7 +362,7 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
     if dtype is None:
         notes.append("no torch_dtype in the config: bfloat16 assumed")
         dtype = "bfloat16"
-    dtype = dtype.removeprefix("torch.")
+    dtype = canonical_dtype(dtype.removeprefix("torch."))
 
     quantization, quant_bits = _quantization(config, directory)
     sliding_window, sliding_layers = _sliding_window(text, num_layers)

@@ -32,7 +32,7 @@ from typing import Any, Final
 
 from npu_runtime import modes, sizes
 from npu_runtime.contract import DEVICE_KINDS, GIB, GRAPH_MODES, KIB, MIB, PlanError, PlanOptions, format_gib
-from npu_runtime.model import DTYPE_BYTES, ModelInfo, inspect_model
+from npu_runtime.model import DTYPE_BYTES, ModelInfo, canonical_dtype, inspect_model
 from npu_runtime.modes import Downgrade
 from npu_runtime.probe import DeviceInfo, device_family, device_from_options
 
@@ -211,10 +211,10 @@ def make_plan(
     """
     env = dict(environ or {})
     family = device_family(device)
-    _validate(options, device, model, family, env)
+    dtype = _dtype(options, model, family)
+    _validate(options, device, model, family, dtype, env)
     warnings: list[str] = []
     max_model_len = _max_model_len(options, model, env, warnings)
-    dtype = _dtype(options, model, family)
 
     requested = options.graph_mode
     predicted, downgrades_list, mode_warnings = modes.resolve_mode(
@@ -290,7 +290,10 @@ def make_plan(
 # -- validation ------------------------------------------------------------------------------------
 
 
-def _validate(options: PlanOptions, device: DeviceInfo, model: ModelInfo, family: str, env: dict[str, str]) -> None:
+def _validate(
+    options: PlanOptions, device: DeviceInfo, model: ModelInfo, family: str, dtype: str, env: dict[str, str]
+) -> None:
+    """Raise PlanError for invalid input; `dtype` is the resolved one (`_dtype`)."""
     if options.graph_mode not in GRAPH_MODES:
         raise PlanError("graph_mode", f"{options.graph_mode!r} is not one of {', '.join(GRAPH_MODES)}")
     if device.kind not in DEVICE_KINDS:
@@ -333,7 +336,7 @@ def _validate(options: PlanOptions, device: DeviceInfo, model: ModelInfo, family
         # vllm_ascend/_310p/model_runner_310p.py initialize_kv_cache_tensors:
         # "MLAAttention is not supported for 310P."
         raise PlanError("model", f"{model.architecture} uses MLA attention, which vllm-ascend does not support on 310P")
-    if family == "310P" and options.dtype in ("bfloat16", "bf16"):
+    if family == "310P" and dtype == "bfloat16":
         # vllm-ascend tutorials (Qwen3.5-27B, PaddleOCR-VL): "On Atlas 300I DUO, only float16 is supported."
         raise PlanError("dtype", "310P supports float16 only, not bfloat16")
     if (
@@ -366,14 +369,12 @@ def _max_model_len(options: PlanOptions, model: ModelInfo, env: dict[str, str], 
 
 def _dtype(options: PlanOptions, model: ModelInfo, family: str) -> str:
     if options.dtype not in ("auto", ""):
-        return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}.get(
-            options.dtype, options.dtype
-        )
+        return canonical_dtype(options.dtype)
     if family == "310P":
         return "float16"
     # vLLM "auto": the checkpoint's dtype, except that float32 checkpoints run in 16 bits
     # (vllm/config/model.py _resolve_auto_dtype).
-    return "bfloat16" if model.dtype in ("float32", "float") else model.dtype
+    return "bfloat16" if model.dtype == "float32" else model.dtype
 
 
 # -- capture sizes -----------------------------------------------------------------------------------

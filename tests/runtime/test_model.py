@@ -121,6 +121,12 @@ class TestRealConfigs:
         per_rank = [qwen.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=1, dtype_bytes=2) for tp in (1, 4, 8)]
         assert per_rank == [28 * 2 * 4 * 128 * 2, 28 * 2 * 1 * 128 * 2, 28 * 2 * 1 * 128 * 2]
 
+    @pytest.mark.parametrize(
+        ("stated", "dtype"), [("torch.float16", "float16"), ("half", "float16"), ("float", "float32")]
+    )
+    def test_the_checkpoint_dtype_has_its_canonical_name(self, tmp_path: Path, stated: str, dtype: str) -> None:
+        assert inspect_model(write_config(tmp_path, torch_dtype=stated)).dtype == dtype
+
     def test_config_file_path_is_accepted(self) -> None:
         assert inspect_model(FIXTURES / "qwen2.5-7b" / "config.json").num_layers == 28
 

@@ -183,6 +183,18 @@ class TestDevices:
             plan(models["qwen2.5-7b"], device=p310, dtype="bfloat16")
         assert bf16.value.field == "dtype"
 
+    @pytest.mark.parametrize(("given", "resolved"), [("bf16", "bfloat16"), ("half", "float16"), ("float", "float32")])
+    def test_dtype_aliases_resolve_before_they_are_checked(
+        self, models: dict[str, ModelInfo], given: str, resolved: str
+    ) -> None:
+        p = plan(models["qwen2.5-7b"], device=GPU, dtype=given, max_model_len=4096)
+        assert p.dtype == resolved
+        assert p.vllm_args[p.vllm_args.index("--dtype") + 1] == resolved
+        if resolved == "bfloat16":
+            with pytest.raises(PlanError) as on_310p:
+                plan(models["qwen2.5-7b"], device=DEVICES["310P-44GiB"], dtype=given)
+            assert on_310p.value.field == "dtype"
+
     def test_310p_mask_is_counted(self, models: dict[str, ModelInfo]) -> None:
         p310 = DEVICES["310P-44GiB"]
         short = plan(models["qwen2.5-7b"], device=p310, max_model_len=4096)
