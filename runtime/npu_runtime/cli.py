@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from npu_runtime.contract import add_plan_arguments, plan_options_from_args
+from npu_runtime.contract import add_plan_arguments, format_gib, option_name, plan_options_from_args
 
 EXIT_OK: Final = 0
 EXIT_INVALID: Final = 2
@@ -70,8 +70,8 @@ def probe_command(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(dataclasses.asdict(device)))
     else:
-        free = "unknown" if device.free_bytes is None else _gib(device.free_bytes)
-        print(f"{device.count} x {device.name} ({device.kind}), {_gib(device.total_bytes)} each, {free} free")
+        free = "unknown" if device.free_bytes is None else format_gib(device.free_bytes)
+        print(f"{device.count} x {device.name} ({device.kind}), {format_gib(device.total_bytes)} each, {free} free")
         print(f"found by: {device.source}")
     return EXIT_OK
 
@@ -97,7 +97,7 @@ def plan_command(argv: list[str]) -> int:
     except ModelError as exc:
         return _fail(EXIT_INVALID, f"model: {exc}")
     except PlanError as exc:
-        return _fail(EXIT_INVALID, f"{_flag(exc.field)}: {exc.message}")
+        return _fail(EXIT_INVALID, f"{option_name(exc.field)}: {exc.message}")
     except DoesNotFitError as exc:
         return _fail(EXIT_DOES_NOT_FIT, f"does not fit: {exc}")
     if args.json:
@@ -110,15 +110,6 @@ def plan_command(argv: list[str]) -> int:
 def _fail(code: int, message: str) -> int:
     print(f"npu-runtime plan: error: {message}", file=sys.stderr)
     return code
-
-
-def _flag(field: str) -> str:
-    """The option that carries `field` ("capture_sizes" -> "--capture-sizes"); env names stay as they are."""
-    return field if field.isupper() else "--" + field.replace("_", "-")
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
 
 
 def render_plan(plan: dict[str, Any]) -> str:
@@ -144,7 +135,7 @@ def render_plan(plan: dict[str, Any]) -> str:
         ("budget", "budget_bytes"),
         ("total", "total_bytes"),
     ):
-        lines.append(f"  {label:<11}{_gib(memory[key]):>12}")
+        lines.append(f"  {label:<11}{format_gib(memory[key]):>12}")
     lines.append(
         f"  weights from {memory['weights_source']}; kv cache {memory['kv_cache_tokens']} tokens; "
         f"--gpu-memory-utilization {memory['engine_gpu_memory_utilization']:g} (graphs reserved by "

@@ -40,22 +40,26 @@ ASCEND_RECOMMENDED_ENV: Final = {
     "HCCL_OP_EXPANSION_MODE": "AIV",
 }
 
+KIB: Final = 1 << 10
+MIB: Final = 1 << 20
+GIB: Final = 1 << 30
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B?|[KMGTP]B|B)?\s*$", re.IGNORECASE)
 _UNITS: Final = {
     "": 1,
     "b": 1,
     "k": 1000,
     "kb": 1000,
-    "ki": 1 << 10,
-    "kib": 1 << 10,
+    "ki": KIB,
+    "kib": KIB,
     "m": 1000**2,
     "mb": 1000**2,
-    "mi": 1 << 20,
-    "mib": 1 << 20,
+    "mi": MIB,
+    "mib": MIB,
     "g": 1000**3,
     "gb": 1000**3,
-    "gi": 1 << 30,
-    "gib": 1 << 30,
+    "gi": GIB,
+    "gib": GIB,
     "t": 1000**4,
     "tb": 1000**4,
     "ti": 1 << 40,
@@ -67,6 +71,15 @@ _UNITS: Final = {
 }
 
 
+class PlanError(ValueError):
+    """Invalid input: exit 2, naming `field` as `option_name(field)` shows it (an option or an env variable)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
 def parse_size(text: str) -> int:
     """Bytes from `64Gi`, `32GiB`, `500M`, `1.5Ti` or a plain number of bytes."""
     match = _SIZE.match(text)
@@ -74,6 +87,11 @@ def parse_size(text: str) -> int:
         raise ValueError(f"not a size: {text!r} (use bytes or a unit such as 64Gi, 32GiB, 500M)")
     number, unit = match.groups()
     return int(float(number) * _UNITS[(unit or "").lower()])
+
+
+def format_gib(n: int) -> str:
+    """Bytes as plans and messages show them: `68719476736` -> `64.00 GiB`."""
+    return f"{n / GIB:.2f} GiB"
 
 
 def parse_capture_sizes(text: str) -> tuple[int, ...]:
@@ -257,8 +275,13 @@ def parse_serve_args(argv: Sequence[str]) -> ServeOptions:
     )
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def option_name(field: str) -> str:
+    """The option that carries `field` ("capture_sizes" -> "--capture-sizes").
+
+    Upper-case names are environment variables (a PlanError may name one, e.g.
+    ASCEND_LAUNCH_BLOCKING) and stay as they are.
+    """
+    return field if field.isupper() else "--" + field.replace("_", "-")
 
 
 def serve_argv(options: ServeOptions) -> list[str]:
@@ -284,11 +307,11 @@ def serve_argv(options: ServeOptions) -> list[str]:
         if value is None or value is False:
             continue
         if value is True:
-            argv.append(_flag(field.name))
+            argv.append(option_name(field.name))
         elif isinstance(value, tuple):
-            argv += [_flag(field.name), ",".join(str(v) for v in value)]
+            argv += [option_name(field.name), ",".join(str(v) for v in value)]
         else:
-            argv += [_flag(field.name), str(value)]
+            argv += [option_name(field.name), str(value)]
     if options.extra_engine_args:
         argv += ["--", *options.extra_engine_args]
     return argv

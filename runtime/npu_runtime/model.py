@@ -25,16 +25,17 @@ INDEX_NAME: Final = "model.safetensors.index.json"
 # A safetensors header larger than this is not a header (the format caps it at 100 MB).
 _MAX_HEADER_BYTES: Final = 100 * 1000 * 1000
 
+# Bytes per element of the dtypes by their canonical names (`canonical_dtype`).
 DTYPE_BYTES: Final = {
     "float32": 4,
-    "float": 4,
     "float16": 2,
-    "half": 2,
     "bfloat16": 2,
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
     "int8": 1,
 }
+# Other names of the same dtypes: vLLM's --dtype accepts half and float; bf16 and fp16 are common.
+_DTYPE_ALIASES: Final = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 # safetensors dtype codes -> bytes per element (https://github.com/huggingface/safetensors, format spec).
 _SAFETENSORS_DTYPE_BYTES: Final = {
     "F64": 8,
@@ -111,6 +112,8 @@ _ALIASES: Final[dict[str, tuple[str, ...]]] = {
         "ffn_hidden_size",
     ),
 }
+# Where a multimodal model nests its language model's config, in the order they are looked for.
+_NESTED_TEXT_KEYS: Final = ("text_config", "llm_config", "language_config")
 # Activations whose MLP is gated (three projections: gate, up, down) rather than two.
 _GATED_ACTS: Final = frozenset({"silu", "swiglu", "gelu_pytorch_tanh", "geglu", "swish"})
 # Model types with q/k/v biases that the config does not announce with attention_bias.
@@ -145,7 +148,7 @@ class ModelInfo:
     max_position_embeddings: int
     """The context length vLLM derives from the config (RoPE scaling applied as vLLM does)."""
     dtype: str
-    """The checkpoint's dtype as the config states it (`torch_dtype` or `dtype`)."""
+    """The checkpoint's dtype as the config states it (`torch_dtype` or `dtype`), by its canonical name."""
     weight_bytes: int
     weight_source: str
     """"safetensors-index", "safetensors-headers" or "estimated-from-shape"."""
@@ -206,6 +209,11 @@ class ModelInfo:
             "param_count": self.param_count,
             "notes": list(self.notes),
         }
+
+
+def canonical_dtype(name: str) -> str:
+    """`half` and `fp16` -> `float16`, `bf16` -> `bfloat16`, `float` -> `float32`; others unchanged."""
+    return _DTYPE_ALIASES.get(name, name)
 
 
 def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
@@ -295,7 +303,7 @@ class _Fields:
 def _text_config(config: dict[str, Any], source: Path) -> tuple[_Fields, list[str]]:
     """The dict that describes the language model, with defaults filled in for a nested one."""
     notes: list[str] = []
-    for key in ("text_config", "llm_config", "language_config"):
+    for key in _NESTED_TEXT_KEYS:
         nested = config.get(key)
         if nested is None:
             continue
@@ -354,12 +362,12 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
     if dtype is None:
         notes.append("no torch_dtype in the config: bfloat16 assumed")
         dtype = "bfloat16"
-    dtype = dtype.removeprefix("torch.")
+    dtype = canonical_dtype(dtype.removeprefix("torch."))
 
     quantization, quant_bits = _quantization(config, directory)
     sliding_window, sliding_layers = _sliding_window(text, num_layers)
     encoder_decoder = top.flag("is_encoder_decoder", False)
-    multimodal = any(k in config for k in ("vision_config", "audio_config", "text_config", "llm_config"))
+    multimodal = any(k in config for k in ("vision_config", "audio_config", *_NESTED_TEXT_KEYS))
     pooling = any(a.endswith(_POOLING_SUFFIXES) for a in architectures)
 
     info_args: dict[str, Any] = {
@@ -392,7 +400,7 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
         "quant_bits": quant_bits,
         "draft_layers": text.opt_int("num_nextn_predict_layers") or 0,
     }
-    params = _estimate_params(text, config, info_args, encoder_decoder)
+    params = _estimate_params(text, top, info_args)
     weight_bytes, weight_source = _weight_bytes(directory, notes)
     if weight_bytes is None:
         weight_bytes = _estimated_weight_bytes(params, dtype, quant_bits)
@@ -413,9 +421,12 @@ def _derived_max_len(text: _Fields, top: _Fields, directory: Path, model_type: s
         notes.append("no context-length field in the config: vLLM assumes 2048")
         return 2048
     length = float(min(found))
-    rope = text.raw("rope_scaling") or text.raw("rope_parameters")
+    rope_key = "rope_scaling" if text.raw("rope_scaling") else "rope_parameters"
+    rope = text.raw(rope_key)
     if isinstance(rope, dict) and "gemma3" not in model_type:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type is not None and not isinstance(rope_type, str):
+            raise ModelError(f"{text._where(rope_key)}: expected a string rope type, got {rope_type!r}")
         factor = rope.get("factor")
         if rope_type not in _PRESCALED_ROPE and isinstance(factor, int | float) and factor > 0:
             length *= factor
@@ -460,8 +471,9 @@ def _quantization(config: dict[str, Any], directory: Path) -> tuple[str | None, 
 # -- parameters and weight bytes -------------------------------------------------------------------
 
 
-def _estimate_params(text: _Fields, config: dict[str, Any], f: dict[str, Any], encoder_decoder: bool) -> int:
-    """Parameters from the shape: embeddings, attention, MLP or experts, norms, vision tower."""
+def _estimate_params(text: _Fields, top: _Fields, f: dict[str, Any]) -> int:
+    """Parameters from the shape (`f`: ModelInfo's fields so far): embeddings, attention, MLP or
+    experts, norms, vision tower. `text` is the language model's config, `top` the whole file."""
     hidden, layers, heads = f["hidden_size"], f["num_layers"], f["num_attention_heads"]
     kv, hd, vocab = f["num_kv_heads"], f["head_dim"], f["vocab_size"]
     act = str(text.raw("hidden_act") or text.raw("activation_function") or "silu")
@@ -495,11 +507,11 @@ def _estimate_params(text: _Fields, config: dict[str, Any], f: dict[str, Any], e
         body = dense_layers * per_layer_dense + (layers - dense_layers) * (attn + moe + 2 * hidden)
     else:
         body = layers * per_layer_dense
-    if encoder_decoder:
-        encoder_layers = _Fields(config, text.source).opt_int("encoder_layers") or layers
+    if f["is_encoder_decoder"]:
+        encoder_layers = top.opt_int("encoder_layers") or layers
         body += encoder_layers * per_layer_dense
     embeddings = vocab * hidden * (1 if f["tie_word_embeddings"] else 2)
-    return int(body + embeddings + hidden + _vision_params(config, hidden))
+    return int(body + embeddings + hidden + _vision_params(top.data, hidden))
 
 
 def _dense_layer_count(text: _Fields, layers: int) -> int:
@@ -520,11 +532,13 @@ def _vision_params(config: dict[str, Any], text_hidden: int) -> int:
     if not isinstance(vision, dict):
         return 0
     h = vision.get("hidden_size") or vision.get("embed_dim") or 0
+    if not isinstance(h, int):
+        return 0
     depth = vision.get("num_hidden_layers") or vision.get("depth") or 0
     inter = vision.get("intermediate_size") or 4 * h
-    if not all(isinstance(x, int) for x in (h, depth, inter)):
-        return 0
     out = vision.get("out_hidden_size") or text_hidden
+    if not all(isinstance(x, int) for x in (depth, inter, out)):
+        return 0
     return int(depth * (4 * h * h + 2 * h * inter) + h * out + out * text_hidden)
 
 
@@ -537,11 +551,9 @@ def _estimated_weight_bytes(params: int, dtype: str, quant_bits: int | None) -> 
 def _weight_bytes(directory: Path, notes: list[str]) -> tuple[int | None, str]:
     index = directory / INDEX_NAME
     if index.is_file():
-        data = _read_json(index)
-        total = data.get("metadata", {}).get("total_size") if isinstance(data, dict) else None
-        if isinstance(total, int) and total > 0:
+        total, shards = _index_entries(index, _read_json(index))
+        if total is not None:
             return total, "safetensors-index"
-        shards = sorted(set(data.get("weight_map", {}).values())) if isinstance(data, dict) else []
         present = [directory / s for s in shards if (directory / s).is_file()]
         if shards and len(present) == len(shards):
             return sum(safetensors_data_bytes(p) for p in present), "safetensors-headers"
@@ -550,6 +562,20 @@ def _weight_bytes(directory: Path, notes: list[str]) -> tuple[int | None, str]:
     if files:
         return sum(safetensors_data_bytes(p) for p in files), "safetensors-headers"
     return None, "estimated-from-shape"
+
+
+def _index_entries(index: Path, data: Any) -> tuple[int | None, list[str]]:
+    """(metadata.total_size when a positive integer, the shard file names) of a safetensors index."""
+    if not isinstance(data, dict):
+        return None, []
+    metadata = data.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise ModelError(f"{index}: field 'metadata': expected a JSON object, got {metadata!r}")
+    weight_map = data.get("weight_map", {})
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ModelError(f"{index}: field 'weight_map': expected an object of tensor name -> file name")
+    total = metadata.get("total_size")
+    return (total if isinstance(total, int) and total > 0 else None), sorted(set(weight_map.values()))
 
 
 def safetensors_data_bytes(path: Path) -> int:
@@ -584,6 +610,10 @@ def safetensors_data_bytes(path: Path) -> int:
             raise ModelError(f"{path}: tensor {name!r} lacks dtype, shape or data_offsets") from None
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end):
             raise ModelError(f"{path}: tensor {name!r} has invalid data_offsets {tensor['data_offsets']!r}")
+        if not isinstance(dtype, str):
+            raise ModelError(f"{path}: tensor {name!r} has invalid dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ModelError(f"{path}: tensor {name!r} has invalid shape {shape!r}: expected a list of sizes")
         expected = math.prod(shape) * _SAFETENSORS_DTYPE_BYTES.get(dtype, 0)
         if dtype in _SAFETENSORS_DTYPE_BYTES and expected != end - start:
             raise ModelError(

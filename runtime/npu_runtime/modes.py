@@ -40,6 +40,8 @@ _MIXED: Final = {
     FULL_DECODE_ONLY: NONE,
     FULL_AND_PIECEWISE: PIECEWISE,
 }
+# CUDAGraphMode.without_piecewise: what is left when piecewise graphs cannot be had.
+_WITHOUT_PIECEWISE: Final = {PIECEWISE: NONE, FULL_AND_PIECEWISE: FULL_DECODE_ONLY}
 
 # Architectures whose attention the table below describes (standard GQA/MHA or MLA decoders and
 # the multimodal wrappers around them). Others keep their mode with a warning.
@@ -64,6 +66,16 @@ KNOWN_ARCHITECTURES: Final = frozenset(
 def decode_mode(mode: str) -> str:
     """What a uniform decode batch runs as under `mode` (CUDAGraphMode.decode_mode)."""
     return _DECODE[mode]
+
+
+def decode_mode_is_graph(mode: str) -> bool:
+    """Whether uniform decode batches replay a graph under `mode`."""
+    return _DECODE[mode] != NONE
+
+
+def without_piecewise(mode: str) -> str:
+    """PIECEWISE -> NONE, FULL_AND_PIECEWISE -> FULL_DECODE_ONLY; other modes stay."""
+    return _WITHOUT_PIECEWISE.get(mode, mode)
 
 
 def has_full_graphs(mode: str) -> bool:
@@ -96,7 +108,6 @@ class ModeContext:
     is_encoder_decoder: bool
     is_pooling: bool
     enforce_eager: bool
-    speculative_tokens: int
 
 
 @dataclass(frozen=True)
@@ -186,7 +197,6 @@ def resolve_mode(
     device: DeviceInfo,
     model: ModelInfo,
     enforce_eager: bool = False,
-    speculative_tokens: int = 0,
 ) -> tuple[str, tuple[Downgrade, ...], tuple[str, ...]]:
     """(effective mode, downgrades in the order they happen, warnings for cases the table lacks)."""
     ctx = ModeContext(
@@ -197,7 +207,6 @@ def resolve_mode(
         is_encoder_decoder=model.is_encoder_decoder,
         is_pooling=model.is_pooling,
         enforce_eager=enforce_eager,
-        speculative_tokens=speculative_tokens,
     )
     mode = requested
     downgrades: list[Downgrade] = []

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from npu_runtime import modes, sizes
-from npu_runtime.contract import DEVICE_KINDS, GRAPH_MODES, PlanOptions
-from npu_runtime.model import DTYPE_BYTES, ModelInfo, inspect_model
+from npu_runtime.contract import DEVICE_KINDS, GIB, GRAPH_MODES, KIB, MIB, PlanError, PlanOptions, format_gib
+from npu_runtime.model import DTYPE_BYTES, ModelInfo, canonical_dtype, inspect_model
 from npu_runtime.modes import Downgrade
-from npu_runtime.probe import DeviceError, DeviceInfo, device_family, device_from_options
+from npu_runtime.probe import DeviceInfo, device_family, device_from_options
 
 __all__ = [
     "DEFAULT_STREAM_BUDGET",
@@ -47,10 +47,6 @@ __all__ = [
     "make_plan",
     "plan_for",
 ]
-
-KIB: Final = 1 << 10
-MIB: Final = 1 << 20
-GIB: Final = 1 << 30
 
 # vllm-ascend's historical ACL graph budget: "we can only capture 1800 graphs at most ... bounded by
 # the number of streams, which is 2048, we save 248 streams as a buffer" (vllm_ascend/utils.py
@@ -73,16 +69,6 @@ _NPU_REDUNDANCY: Final = 150 * MIB  # vllm_ascend/worker/worker.py: "A 150 MiB b
 _GRAPH_POOL_OVERHEAD: Final = 64 * MIB  # graph pool bookkeeping and attention metadata buffers
 _PER_GRAPH_MIN: Final = 1 * MIB  # vLLM: "Use at least 1 MiB per graph for driver overhead"
 _PER_PIECE: Final = 256 * KIB  # one piecewise sub-graph
-ENGINE_MIN_BATCHED_TOKENS: Final = 2048
-
-
-class PlanError(ValueError):
-    """Invalid input: the CLI exits 2 and names `field` (an option, e.g. "capture_sizes")."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 class DoesNotFitError(Exception):
@@ -189,13 +175,23 @@ class Plan:
         }
 
 
-def plan_for(options: PlanOptions, model_path: str) -> Plan:
-    """Probe the device (or take the overrides), inspect the model, plan. Reads the environment."""
-    try:
-        device = device_from_options(options)
-    except DeviceError as exc:
-        raise PlanError(exc.field, exc.message) from None
-    return make_plan(options, device, inspect_model(model_path), environ=os.environ)
+def plan_for(
+    options: PlanOptions,
+    model_path: str,
+    *,
+    resolve_mode: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> Plan:
+    """Inspect the model, probe the device (or take the overrides), plan (see `make_plan`).
+
+    The model first: reading its config is fast, a probe may take long. `environ` None means
+    os.environ. Raises ModelError, PlanError (the probe's DeviceError is one) or DoesNotFitError.
+    """
+    model = inspect_model(model_path)
+    device = device_from_options(options)
+    return make_plan(
+        options, device, model, resolve_mode=resolve_mode, environ=os.environ if environ is None else environ
+    )
 
 
 def make_plan(
@@ -215,18 +211,14 @@ def make_plan(
     """
     env = dict(environ or {})
     family = device_family(device)
-    _validate(options, device, model, family, env)
+    dtype = _dtype(options, model, family)
+    _validate(options, device, model, family, dtype, env)
     warnings: list[str] = []
     max_model_len = _max_model_len(options, model, env, warnings)
-    dtype = _dtype(options, model, family)
 
     requested = options.graph_mode
     predicted, downgrades_list, mode_warnings = modes.resolve_mode(
-        requested,
-        device=device,
-        model=model,
-        enforce_eager=options.enforce_eager,
-        speculative_tokens=options.speculative_tokens,
+        requested, device=device, model=model, enforce_eager=options.enforce_eager
     )
     warnings += mode_warnings
     downgrades = list(downgrades_list)
@@ -260,7 +252,7 @@ def make_plan(
     mode = fit.mode
 
     eager: tuple[int, int] | None = None
-    if mode != modes.NONE and decode_mode_is_graph(mode):
+    if modes.decode_mode_is_graph(mode):
         missed = sizes.uncovered(fit.sizes, options.max_num_seqs, q)
         if missed:
             eager = (missed.start, missed.stop - 1)
@@ -295,14 +287,13 @@ def make_plan(
     )
 
 
-def decode_mode_is_graph(mode: str) -> bool:
-    return modes.decode_mode(mode) != modes.NONE
-
-
 # -- validation ------------------------------------------------------------------------------------
 
 
-def _validate(options: PlanOptions, device: DeviceInfo, model: ModelInfo, family: str, env: dict[str, str]) -> None:
+def _validate(
+    options: PlanOptions, device: DeviceInfo, model: ModelInfo, family: str, dtype: str, env: dict[str, str]
+) -> None:
+    """Raise PlanError for invalid input; `dtype` is the resolved one (`_dtype`)."""
     if options.graph_mode not in GRAPH_MODES:
         raise PlanError("graph_mode", f"{options.graph_mode!r} is not one of {', '.join(GRAPH_MODES)}")
     if device.kind not in DEVICE_KINDS:
@@ -345,7 +336,7 @@ def _validate(options: PlanOptions, device: DeviceInfo, model: ModelInfo, family
         # vllm_ascend/_310p/model_runner_310p.py initialize_kv_cache_tensors:
         # "MLAAttention is not supported for 310P."
         raise PlanError("model", f"{model.architecture} uses MLA attention, which vllm-ascend does not support on 310P")
-    if family == "310P" and options.dtype in ("bfloat16", "bf16"):
+    if family == "310P" and dtype == "bfloat16":
         # vllm-ascend tutorials (Qwen3.5-27B, PaddleOCR-VL): "On Atlas 300I DUO, only float16 is supported."
         raise PlanError("dtype", "310P supports float16 only, not bfloat16")
     if (
@@ -378,14 +369,12 @@ def _max_model_len(options: PlanOptions, model: ModelInfo, env: dict[str, str], 
 
 def _dtype(options: PlanOptions, model: ModelInfo, family: str) -> str:
     if options.dtype not in ("auto", ""):
-        return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}.get(
-            options.dtype, options.dtype
-        )
+        return canonical_dtype(options.dtype)
     if family == "310P":
         return "float16"
     # vLLM "auto": the checkpoint's dtype, except that float32 checkpoints run in 16 bits
     # (vllm/config/model.py _resolve_auto_dtype).
-    return "bfloat16" if model.dtype in ("float32", "float") else model.dtype
+    return "bfloat16" if model.dtype == "float32" else model.dtype
 
 
 # -- capture sizes -----------------------------------------------------------------------------------
@@ -423,12 +412,12 @@ def _candidate_sizes(options: PlanOptions, mode: str, q: int, warnings: list[str
 def _batched_tokens(options: PlanOptions, ceiling: int) -> int:
     """max_num_batched_tokens the plan pins (and budgets the activation for).
 
-    vLLM's smallest default for the OpenAI server is 2048 (EngineArgs.get_batch_defaults: below 70 GiB
-    and on CPU); it must be at least max_num_seqs (SchedulerConfig) and at least the largest capture
-    size, or vLLM drops that size (_set_cudagraph_sizes keeps sizes <= max_num_batched_tokens). The
-    value does not depend on device memory, so more memory never changes the activation budget.
+    At least vLLM's smallest default for the OpenAI server (sizes.ENGINE_MIN_BATCHED_TOKENS); it must
+    be at least max_num_seqs (SchedulerConfig) and at least the largest capture size, or vLLM drops
+    that size (_set_cudagraph_sizes keeps sizes <= max_num_batched_tokens). The value does not
+    depend on device memory, so more memory never changes the activation budget.
     """
-    return max(ENGINE_MIN_BATCHED_TOKENS, ceiling, options.max_num_seqs * (1 + options.speculative_tokens))
+    return max(sizes.ENGINE_MIN_BATCHED_TOKENS, ceiling, options.max_num_seqs * (1 + options.speculative_tokens))
 
 
 # -- fitting ------------------------------------------------------------------------------------------
@@ -468,8 +457,8 @@ def _fit(
     weights = _weights_per_device(model, dtype, tp, pp, warnings)
     if weights > total:
         raise DoesNotFitError(
-            f"the weights alone do not fit: {_gib(weights)} per device ({_gib(model.weight_bytes)} over "
-            f"{tp * pp} devices, {model.weight_source}) > {_gib(total)} device memory; "
+            f"the weights alone do not fit: {format_gib(weights)} per device ({format_gib(model.weight_bytes)} over "
+            f"{tp * pp} devices, {model.weight_source}) > {format_gib(total)} device memory; "
             f"{_tp_hint(model, weights * tp * pp, budget)}"
         )
     activation = _activation_bytes(model, batched_tokens, tp, dtype_bytes) + _sampler_bytes(options, model)
@@ -480,30 +469,27 @@ def _fit(
         if options.max_model_len is None:
             warnings.append(
                 f"on 310P set --max-model-len explicitly (vllm-ascend's 310P guide): the attention mask "
-                f"for the derived {max_model_len} tokens takes {_gib(max_model_len * max_model_len * 2)}"
+                f"for the derived {max_model_len} tokens takes {format_gib(max_model_len * max_model_len * 2)}"
             )
     margin = _margin(options, device)
     kv_per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
-    min_kv = _kv_sequence_bytes(model, max_model_len, tp, pp, dtype_bytes)
+    min_kv = _kv_sequence_bytes(model, kv_per_token, max_model_len)
     full_kv = min_kv * options.max_num_seqs
     fixed = weights + activation + margin
     if fixed + min_kv > budget:
         room = budget - fixed
         longest = max(room // kv_per_token, 0) if kv_per_token else 0
         raise DoesNotFitError(
-            f"no room for the KV cache of one {max_model_len}-token sequence: budget {_gib(budget)} "
-            f"({options.gpu_memory_utilization} of {_gib(total)}) - weights {_gib(weights)} - activation "
-            f"{_gib(activation)} - margin {_gib(margin)} = {_gib(room)} < {_gib(min_kv)}; "
+            f"no room for the KV cache of one {max_model_len}-token sequence: budget {format_gib(budget)} "
+            f"({options.gpu_memory_utilization} of {format_gib(total)}) - weights {format_gib(weights)} - activation "
+            f"{format_gib(activation)} - margin {format_gib(margin)} = {format_gib(room)} < {format_gib(min_kv)}; "
             f"lower --max-model-len (about {longest} tokens fit), add tensor parallel ranks or memory"
         )
 
-    def graph_cost(current: str) -> tuple[int, int]:
-        return _graph_cost(model, current, max(candidates), tp, dtype_bytes)
-
     # Fit: a downgrade (streams first, then memory) may change the mode and so the cost; repeat.
     while True:
-        streams = _stream_plan(options, device, model, env, mode, len(candidates))
-        first, per_size = graph_cost(mode) if mode != modes.NONE else (0, 0)
+        streams = _stream_plan(options, device, model, env, mode)
+        first, per_size = _graph_cost(model, mode, max(candidates), tp, dtype_bytes) if mode != modes.NONE else (0, 0)
         caps: list[tuple[int, str]] = [(len(candidates), "")]
         if mode != modes.NONE:
             room = budget - fixed - min_kv - first
@@ -517,13 +503,13 @@ def _fit(
         keep, why = min(caps, key=lambda cap: cap[0])
         if mode == modes.NONE or keep >= 1 or not resolve_mode:
             break
-        target = _without_piecewise(mode) if why == "streams" and modes.has_piecewise_graphs(mode) else modes.NONE
+        target = modes.without_piecewise(mode) if why == "streams" and modes.has_piecewise_graphs(mode) else modes.NONE
         reason = "StreamBudgetExceeded" if why == "streams" else "GraphMemoryExceedsBudget"
         detail = (
             f"one capture size needs {streams.fixed + streams.per_size} streams, budget {streams.budget}"
             if why == "streams"
-            else f"the largest graph ({_gib(first)}) does not fit beside the weights, activation and one "
-            f"sequence of KV cache in {_gib(budget)}"
+            else f"the largest graph ({format_gib(first)}) does not fit beside the weights, activation and one "
+            f"sequence of KV cache in {format_gib(budget)}"
         )
         downgrades.append(Downgrade(mode, target, reason, f"{mode} -> {target}: {detail}"))
         mode = target
@@ -543,10 +529,8 @@ def _fit(
         if len(chosen) < len(candidates):
             warnings.append(_thinning_message(why, len(candidates), len(chosen), streams, family))
     graph_bytes = first + (len(chosen) - 1) * per_size if chosen else 0
-    if chosen and streams.applies:
+    if streams.applies:  # an NPU graph mode: at least one size is chosen
         streams = dataclasses.replace(streams, estimate=streams.fixed + len(chosen) * streams.per_size)
-    elif not chosen:
-        streams = dataclasses.replace(streams, applies=False, estimate=0)
 
     kv_cache = budget - fixed - graph_bytes
     cpu_space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
@@ -556,7 +540,7 @@ def _fit(
         if kv_cache < min_kv:
             raise DoesNotFitError(
                 f"VLLM_CPU_KVCACHE_SPACE={cpu_space} GiB cannot hold one {max_model_len}-token sequence "
-                f"({_gib(min_kv)}); raise it or lower --max-model-len"
+                f"({format_gib(min_kv)}); raise it or lower --max-model-len"
             )
     tokens = kv_cache // kv_per_token if kv_per_token else 0
     if kv_cache < full_kv:
@@ -577,8 +561,8 @@ def _fit(
         if device.free_bytes < wanted:
             # vllm/v1/worker/utils.py request_memory: free memory below total x utilisation is an error.
             raise DoesNotFitError(
-                f"free device memory {_gib(device.free_bytes)} is below the {_gib(wanted)} vLLM will request "
-                f"({engine_util} of {_gib(total)}); lower --gpu-memory-utilization to "
+                f"free device memory {format_gib(device.free_bytes)} is below the {format_gib(wanted)} "
+                f"vLLM will request ({engine_util} of {format_gib(total)}); lower --gpu-memory-utilization to "
                 f"{math.floor(device.free_bytes / total * 100) / 100} or free the device"
             )
     if device.kind == "cpu" and not cpu_space:
@@ -597,8 +581,8 @@ def _fit(
         margin_bytes=margin,
         free_bytes=device.free_bytes,
         weights_source=model.weight_source,
-        graph_first_capture_bytes=first if chosen else 0,
-        graph_per_size_bytes=per_size if chosen else 0,
+        graph_first_capture_bytes=first,
+        graph_per_size_bytes=per_size,
         kv_bytes_per_token=kv_per_token,
         kv_cache_tokens=tokens,
         min_kv_cache_bytes=min_kv,
@@ -614,11 +598,6 @@ def _tp_hint(model: ModelInfo, all_weights: int, budget: int) -> str:
         if model.num_attention_heads % tp == 0 and all_weights / tp < budget:
             return f"tensor parallel {tp} is the smallest that holds them"
     return "no tensor-parallel size holds them on this device"
-
-
-def _without_piecewise(mode: str) -> str:
-    """CUDAGraphMode.without_piecewise: PIECEWISE -> NONE, FULL_AND_PIECEWISE -> FULL_DECODE_ONLY."""
-    return {modes.PIECEWISE: modes.NONE, modes.FULL_AND_PIECEWISE: modes.FULL_DECODE_ONLY}.get(mode, mode)
 
 
 def _thinning_message(why: str, before: int, after: int, streams: StreamPlan, family: str) -> str:
@@ -650,7 +629,7 @@ def _weights_per_device(model: ModelInfo, dtype: str, tp: int, pp: int, warnings
     wanted = DTYPE_BYTES.get(dtype)
     if model.quantization is None and stored and wanted and stored != wanted:
         weights = weights * wanted // stored
-        warnings.append(f"weights stored as {model.dtype} are loaded as {dtype}: {_gib(weights)} in all")
+        warnings.append(f"weights stored as {model.dtype} are loaded as {dtype}: {format_gib(weights)} in all")
     return math.ceil(weights / (tp * pp))
 
 
@@ -682,9 +661,9 @@ def _margin(options: PlanOptions, device: DeviceInfo) -> int:
     return margin
 
 
-def _kv_sequence_bytes(model: ModelInfo, length: int, tp: int, pp: int, dtype_bytes: int) -> int:
-    """KV cache of one sequence of `length` tokens on one device; sliding-window layers keep the window."""
-    per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
+def _kv_sequence_bytes(model: ModelInfo, per_token: int, length: int) -> int:
+    """KV cache of one sequence of `length` tokens on one device (`per_token` bytes each, as
+    ModelInfo.kv_bytes_per_token gives them); sliding-window layers keep the window."""
     if not model.sliding_layers or not model.sliding_window:
         return per_token * length
     # Hybrid models (layer_types) are not windowed as a whole: sliding_window is None there.
@@ -712,9 +691,11 @@ def _graph_cost(model: ModelInfo, mode: str, largest: int, tp: int, dtype_bytes:
 
 
 def _stream_plan(
-    options: PlanOptions, device: DeviceInfo, model: ModelInfo, env: dict[str, str], mode: str, count: int
+    options: PlanOptions, device: DeviceInfo, model: ModelInfo, env: dict[str, str], mode: str
 ) -> StreamPlan:
     """ACL graph streams, after vllm-ascend's update_aclgraph_sizes (vllm_ascend/utils.py before #9962).
+
+    The estimate is left at 0: `_fit` fills it in once the sizes are chosen.
 
     Per captured size: PIECEWISE about layers + 1 sub-graphs (plus a draft model's layers + 1), a
     FULL graph about one; times a communication factor: with HCCL_OP_EXPANSION_MODE=AIV
@@ -749,8 +730,7 @@ def _stream_plan(
         per_size += 1
         formula += " + 1 full graph per size"
     max_sizes = max((budget - fixed) // per_size, 0)
-    estimate = fixed + min(count, max_sizes) * per_size if max_sizes else 0
-    return StreamPlan(True, budget, DEVICE_STREAMS, per_size, fixed, estimate, max_sizes, expansion, groups, formula)
+    return StreamPlan(True, budget, DEVICE_STREAMS, per_size, fixed, 0, max_sizes, expansion, groups, formula)
 
 
 # -- vLLM arguments ----------------------------------------------------------------------------------
@@ -790,12 +770,13 @@ def _vllm_args(
     if options.data_parallel > 1:
         args += ["--data-parallel-size", str(options.data_parallel)]
     if options.speculative_tokens:
-        spec = {"method": options.speculative_method, "num_speculative_tokens": options.speculative_tokens}
+        spec: dict[str, Any] = {
+            "method": options.speculative_method,
+            "num_speculative_tokens": options.speculative_tokens,
+        }
+        if options.speculative_model:
+            spec["model"] = options.speculative_model  # vllm/config/speculative.py SpeculativeConfig.model
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
     if mode == modes.NONE:
         args.append("--enforce-eager")
     return tuple(args)
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"

@@ -3,7 +3,8 @@
 Order of attempts: torch_npu (`torch.npu.mem_get_info`, device name), then `npu-smi info`
 (parsed), then `torch.cuda`, then the host CPU. torch and torch_npu are only imported in a child
 interpreter, so this module imports on a machine without them. Every figure can be
-replaced through the `--device-*` options; with a kind and a memory size given, nothing is probed.
+replaced through the `--device-*` options; with a kind given, only that kind's sources are
+asked; with a kind and a memory size given, nothing is probed.
 
 The torch probes run in a child interpreter: creating an NPU or CUDA context in the runtime's own
 process would keep device memory (and, on NPUs, streams) busy for as long as the runtime supervises
@@ -24,9 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from npu_runtime.contract import PlanOptions
+from npu_runtime.contract import MIB, PlanError, PlanOptions
 
-_MIB: Final = 1 << 20
 _NPU_SMI_TIMEOUT_S: Final = 10.0
 _TORCH_PROBE_TIMEOUT_S: Final = 180.0  # importing torch_npu and initialising CANN can take a while
 # Run in a child interpreter; prints one JSON object (or null). {module} is "npu" or "cuda".
@@ -69,20 +69,25 @@ class DeviceInfo:
 
 def probe_device() -> DeviceInfo:
     """The first of torch_npu, npu-smi, torch.cuda that finds a device; else the host CPU."""
-    for attempt in (_probe_torch_npu, _probe_npu_smi, _probe_torch_cuda):
-        found = attempt()
+    for kind in ("npu", "cuda"):
+        found = probe_kind(kind)
         if found is not None:
             return found
     return _probe_cpu()
 
 
-class DeviceError(ValueError):
-    """The overrides cannot describe a device: `field` names the option to add."""
+def probe_kind(kind: str) -> DeviceInfo | None:
+    """The first of `kind`'s own sources that finds one (npu: torch_npu, then npu-smi; cuda:
+    torch.cuda; cpu: the host); None when none does. The other kinds are not asked."""
+    for attempt in _SOURCES.get(kind, ()):
+        found = attempt()
+        if found is not None:
+            return found
+    return None
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+
+class DeviceError(PlanError):
+    """The overrides cannot describe a device: `field` names the option to add."""
 
 
 def device_from_options(options: PlanOptions) -> DeviceInfo:
@@ -96,15 +101,20 @@ def device_from_options(options: PlanOptions) -> DeviceInfo:
             free_bytes=None,
             source="override",
         )
-    probed = probe_device()
+    if options.device_kind is None:
+        probed = probe_device()
+    else:
+        # Only the given kind's sources: asking torch.cuda (or waiting for torch_npu) for a kind
+        # that was not asked for costs seconds to minutes per plan.
+        found = probe_kind(options.device_kind)
+        if found is None:
+            raise DeviceError(
+                "device_memory",
+                f"this machine shows no {options.device_kind} device: "
+                f"give --device-memory to plan for a {options.device_kind} device",
+            )
+        probed = found
     changes: dict[str, object] = {}
-    if options.device_kind is not None and options.device_kind != probed.kind:
-        # The probe's figures describe another device: they cannot stand for this one.
-        raise DeviceError(
-            "device_memory",
-            f"this machine has a {probed.kind} device, not {options.device_kind}: "
-            f"give --device-memory to plan for a {options.device_kind} device",
-        )
     if options.device_name is not None:
         changes["name"] = options.device_name
     if options.device_memory is not None:
@@ -191,8 +201,8 @@ def parse_npu_smi(text: str) -> DeviceInfo | None:
         kind="npu",
         name=name,
         count=len(memory),
-        total_bytes=min(total for _, total in memory) * _MIB,
-        free_bytes=min(total - used for used, total in memory) * _MIB,
+        total_bytes=min(total for _, total in memory) * MIB,
+        free_bytes=min(total - used for used, total in memory) * MIB,
         source="npu-smi",
     )
 
@@ -215,6 +225,14 @@ def _probe_cpu() -> DeviceInfo:
     except OSError:
         pass
     return DeviceInfo(kind="cpu", name="cpu", count=1, total_bytes=total, free_bytes=free, source="cpu")
+
+
+# Each kind's sources, in the order they are asked.
+_SOURCES: Final[dict[str, tuple[Callable[[], DeviceInfo | None], ...]]] = {
+    "npu": (_probe_torch_npu, _probe_npu_smi),
+    "cuda": (_probe_torch_cuda,),
+    "cpu": (_probe_cpu,),
+}
 
 
 def device_family(device: DeviceInfo) -> str:

@@ -28,12 +28,20 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from npu_runtime import failures, launch
-from npu_runtime.contract import DEFAULT_TERMINATION_LOG, ServeOptions, parse_serve_args
+from npu_runtime.cli import EXIT_DOES_NOT_FIT, EXIT_INVALID
+from npu_runtime.contract import (
+    ASCEND_RECOMMENDED_ENV,
+    DEFAULT_TERMINATION_LOG,
+    PlanError,
+    ServeOptions,
+    option_name,
+    parse_serve_args,
+)
 from npu_runtime.failures import Failure
 from npu_runtime.server import MetricsServer, engine_healthy
 from npu_runtime.status import PlanView, RuntimeStatus
@@ -42,8 +50,6 @@ if TYPE_CHECKING:
     from npu_runtime.plan import Plan
 
 EXIT_FAILED: Final = 1
-EXIT_INVALID: Final = 2
-EXIT_DOES_NOT_FIT: Final = 3
 POLL_SECONDS: Final = 0.5
 HEALTH_POLL_SECONDS: Final = 2.0
 
@@ -81,33 +87,30 @@ def check_model_path(path: str) -> None:
         raise ServeError(Failure(failures.MODEL_NOT_FOUND, f"model path {path} is not readable"), EXIT_FAILED)
 
 
-def make_serve_plan(options: ServeOptions) -> Plan:
-    """Probe (or take the overrides), inspect the model, plan; planner errors become ServeErrors.
+def make_serve_plan(options: ServeOptions, environ: Mapping[str, str] | None = None) -> Plan:
+    """Inspect the model, probe (or take the overrides), plan; planner errors become ServeErrors.
 
+    The plan is made for the environment the engine gets: `environ` (None: os.environ) with the
+    recommended Ascend variables where it leaves them unset, as `launch.engine_env` fills them in.
     With --engine-resolves-mode the requested mode goes to the engine unchanged
     (resolve_mode=False): the engine's own downgrades are then seen by the observer.
     """
-    from npu_runtime.model import ModelError, inspect_model
-    from npu_runtime.plan import DoesNotFitError, PlanError, make_plan
-    from npu_runtime.probe import device_from_options
+    from npu_runtime.model import ModelError
+    from npu_runtime.plan import DoesNotFitError, plan_for
 
     check_model_path(options.model)
+    engine_environ = {**ASCEND_RECOMMENDED_ENV, **(os.environ if environ is None else environ)}
     try:
-        model = inspect_model(options.model)
+        return plan_for(
+            options.plan, options.model, resolve_mode=not options.engine_resolves_mode, environ=engine_environ
+        )
     except ModelError as exc:
-        text = str(exc)
-        reason = failures.MODEL_UNSUPPORTED if "support" in text.lower() else failures.MODEL_INVALID
-        raise ServeError(Failure(reason, text), EXIT_INVALID) from exc
-    try:
-        device = device_from_options(options.plan)
-        return make_plan(options.plan, device, model, resolve_mode=not options.engine_resolves_mode, environ=os.environ)
+        raise ServeError(Failure(failures.MODEL_INVALID, str(exc)), EXIT_INVALID) from exc
     except PlanError as exc:
-        field = exc.field if exc.field.isupper() else "--" + exc.field.replace("_", "-")
-        raise ServeError(Failure(failures.INVALID_CONFIGURATION, f"{field}: {exc.message}"), EXIT_INVALID) from exc
+        message = f"{option_name(exc.field)}: {exc.message}"
+        raise ServeError(Failure(failures.INVALID_CONFIGURATION, message), EXIT_INVALID) from exc
     except DoesNotFitError as exc:
         raise ServeError(Failure(failures.MODEL_DOES_NOT_FIT, str(exc)), EXIT_DOES_NOT_FIT) from exc
-    except ModelError as exc:
-        raise ServeError(Failure(failures.MODEL_UNSUPPORTED, str(exc)), EXIT_INVALID) from exc
 
 
 def plan_view(plan: Plan) -> PlanView:

@@ -17,6 +17,9 @@ from typing import Final
 # vLLM's default ceiling without a user setting: 512 (1024 on data-center Blackwell)
 # (vllm/config/vllm.py VllmConfig._set_cudagraph_sizes).
 ENGINE_DEFAULT_MAX_CAPTURE: Final = 512
+# vLLM's smallest default max_num_batched_tokens for the OpenAI server (EngineArgs.get_batch_defaults:
+# below 70 GiB of device memory and on CPU).
+ENGINE_MIN_BATCHED_TOKENS: Final = 2048
 
 
 def grid(ceiling: int) -> list[int]:
@@ -102,7 +105,7 @@ def thin(sizes: Sequence[int], keep: int) -> tuple[int, ...]:
 # -- what the engines capture by default (for comparison, e.g. scripts/bench_planner.py) ------------
 
 
-def vllm_default_sizes(max_num_seqs: int, max_num_batched_tokens: int = 2048) -> list[int]:
+def vllm_default_sizes(max_num_seqs: int, max_num_batched_tokens: int = ENGINE_MIN_BATCHED_TOKENS) -> list[int]:
     """vLLM 0.31's default capture list without speculative decoding (CUDA platforms).
 
     vllm/config/vllm.py VllmConfig._set_cudagraph_sizes: ceiling min(2 * max_num_seqs, 512) capped
@@ -118,7 +121,7 @@ def vllm_default_sizes(max_num_seqs: int, max_num_batched_tokens: int = 2048) ->
     return sorted(set(sizes))
 
 
-def vllm_ascend_default_sizes(max_num_seqs: int, max_num_batched_tokens: int = 2048) -> list[int]:
+def vllm_ascend_default_sizes(max_num_seqs: int, max_num_batched_tokens: int = ENGINE_MIN_BATCHED_TOKENS) -> list[int]:
     """vllm-ascend's default capture list without speculative decoding.
 
     vllm_ascend/platform.py _get_default_max_cudagraph_capture_size presets the ceiling to

@@ -196,3 +196,13 @@ def test_runtime_imports_without_torch_or_vllm() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_every_plan_field_names_its_option() -> None:
+    import dataclasses
+
+    from npu_runtime.contract import PlanOptions, option_name
+
+    known = {option for action in cli.plan_parser()._actions for option in action.option_strings}
+    assert {option_name(field.name) for field in dataclasses.fields(PlanOptions)} <= known
+    assert option_name("ASCEND_LAUNCH_BLOCKING") == "ASCEND_LAUNCH_BLOCKING"  # environment variables stay

@@ -109,10 +109,23 @@ class TestRealConfigs:
         assert any("defaults" in note for note in llava.notes)
         assert 7.0e9 < llava.param_count < 7.2e9
 
+    @pytest.mark.parametrize("key", ["text_config", "llm_config", "language_config"])
+    def test_every_nested_text_config_makes_a_multimodal_model(self, tmp_path: Path, key: str) -> None:
+        text = {"model_type": "llama", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4}
+        info = inspect_model(write_config(tmp_path, num_hidden_layers=None, **{key: text}))
+        assert (info.is_multimodal, info.num_layers) == (True, 3)
+        assert f"language model read from {key}" in info.notes
+
     def test_gqa_heads_replicate_when_fewer_than_ranks(self, models: dict[str, ModelInfo]) -> None:
         qwen = models["qwen2.5-7b"]  # 4 KV heads
         per_rank = [qwen.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=1, dtype_bytes=2) for tp in (1, 4, 8)]
         assert per_rank == [28 * 2 * 4 * 128 * 2, 28 * 2 * 1 * 128 * 2, 28 * 2 * 1 * 128 * 2]
+
+    @pytest.mark.parametrize(
+        ("stated", "dtype"), [("torch.float16", "float16"), ("half", "float16"), ("float", "float32")]
+    )
+    def test_the_checkpoint_dtype_has_its_canonical_name(self, tmp_path: Path, stated: str, dtype: str) -> None:
+        assert inspect_model(write_config(tmp_path, torch_dtype=stated)).dtype == dtype
 
     def test_config_file_path_is_accepted(self) -> None:
         assert inspect_model(FIXTURES / "qwen2.5-7b" / "config.json").num_layers == 28
@@ -169,6 +182,46 @@ class TestSafetensors:
         with pytest.raises(ModelError, match=r"'w'.*needs 16 bytes"):
             safetensors_data_bytes(path)
 
+    @pytest.mark.parametrize(
+        ("index", "message"),
+        [
+            ({"metadata": None}, r"field 'metadata': expected a JSON object"),
+            ({"metadata": [12345]}, r"field 'metadata': expected a JSON object"),
+            ({"metadata": {}, "weight_map": None}, r"field 'weight_map': expected an object"),
+            ({"metadata": {}, "weight_map": ["s1.safetensors"]}, r"field 'weight_map': expected an object"),
+            ({"weight_map": {"x": 1}}, r"field 'weight_map': expected an object"),
+        ],
+    )
+    def test_a_malformed_index_names_the_file_and_field(
+        self, tmp_path: Path, index: dict[str, Any], message: str
+    ) -> None:
+        write_config(tmp_path)
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+        with pytest.raises(ModelError, match=message) as caught:
+            inspect_model(tmp_path)
+        assert "model.safetensors.index.json" in str(caught.value)
+
+    @pytest.mark.parametrize(
+        ("tensor", "message"),
+        [
+            ({"dtype": "F16", "shape": 4, "data_offsets": [0, 8]}, "invalid shape 4"),
+            ({"dtype": "F16", "shape": "ab", "data_offsets": [0, 8]}, "invalid shape 'ab'"),
+            ({"dtype": "F16", "shape": None, "data_offsets": [0, 8]}, "invalid shape None"),
+            ({"dtype": "F16", "shape": [2, -2], "data_offsets": [0, 8]}, r"invalid shape \[2, -2\]"),
+            ({"dtype": ["F16"], "shape": [4], "data_offsets": [0, 8]}, r"invalid dtype \['F16'\]"),
+        ],
+    )
+    def test_a_malformed_tensor_names_the_file_and_tensor(
+        self, tmp_path: Path, tensor: dict[str, Any], message: str
+    ) -> None:
+        header = json.dumps({"w": tensor}).encode()
+        path = tmp_path / "bad.safetensors"
+        path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+        with pytest.raises(ModelError, match=message) as caught:
+            safetensors_data_bytes(path)
+        assert "bad.safetensors" in str(caught.value)
+        assert "'w'" in str(caught.value)
+
 
 class TestErrors:
     def test_missing_config(self, tmp_path: Path) -> None:
@@ -189,6 +242,16 @@ class TestErrors:
         write_config(tmp_path, hidden_size="big")
         with pytest.raises(ModelError, match="field 'hidden_size': expected an integer, got 'big'"):
             inspect_model(tmp_path)
+
+    def test_a_rope_type_that_is_not_a_string_is_named(self, tmp_path: Path) -> None:
+        write_config(tmp_path, rope_scaling={"type": ["linear"], "factor": 2.0})
+        with pytest.raises(ModelError, match=r"field 'rope_scaling': expected a string rope type"):
+            inspect_model(tmp_path)
+
+    def test_a_vision_tower_of_unknown_shape_is_not_counted(self, tmp_path: Path) -> None:
+        plain = inspect_model(write_config(tmp_path / "plain")).param_count
+        odd = write_config(tmp_path / "odd", vision_config={"hidden_size": 32, "depth": 2, "out_hidden_size": "x"})
+        assert inspect_model(odd).param_count == plain
 
     def test_nested_field_is_named_with_its_prefix(self, tmp_path: Path) -> None:
         write_config(tmp_path, text_config={"model_type": "custom", "num_hidden_layers": 2, "hidden_size": 8})

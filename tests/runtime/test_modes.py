@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from npu_runtime import modes
 from npu_runtime.contract import GRAPH_MODES
 from npu_runtime.model import ModelInfo
 from npu_runtime.modes import RULES, Downgrade, resolve_mode
@@ -26,6 +27,30 @@ def test_every_rule_names_its_source_and_a_camelcase_reason() -> None:
         assert "_" not in rule.reason
         assert " " not in rule.reason
         assert ".py" in rule.source or "#" in rule.source
+
+
+def test_the_mode_tables_know_every_graph_mode() -> None:
+    # The CLI's choices (contract.GRAPH_MODES) and the tables' keys must be the same names.
+    assert set(modes._DECODE) == set(modes._MIXED) == set(GRAPH_MODES)
+    assert set(modes._WITHOUT_PIECEWISE) | set(modes._WITHOUT_PIECEWISE.values()) <= set(GRAPH_MODES)
+
+
+def test_decode_graphs_and_dropping_piecewise_follow_cudagraphmode() -> None:
+    assert [m for m in GRAPH_MODES if modes.decode_mode_is_graph(m)] == [
+        "FULL_DECODE_ONLY",
+        "FULL_AND_PIECEWISE",
+        "FULL",
+        "PIECEWISE",
+    ]
+    assert {m: modes.without_piecewise(m) for m in GRAPH_MODES} == {
+        "FULL_DECODE_ONLY": "FULL_DECODE_ONLY",
+        "FULL_AND_PIECEWISE": "FULL_DECODE_ONLY",
+        "FULL": "FULL",
+        "PIECEWISE": "NONE",
+        "NONE": "NONE",
+    }
+    for mode in GRAPH_MODES:
+        assert not modes.has_piecewise_graphs(modes.without_piecewise(mode))
 
 
 @pytest.mark.parametrize("mode", [m for m in GRAPH_MODES if m != "NONE"])

@@ -5,16 +5,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_runtime import sizes
-from npu_runtime.contract import PlanOptions
+from npu_runtime import cli, failures, sizes
+from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, MIB, PlanOptions, ServeOptions
 from npu_runtime.model import ModelInfo
-from npu_runtime.plan import DoesNotFitError, Plan, PlanError, make_plan
-from npu_runtime.probe import DeviceInfo
+from npu_runtime.plan import DoesNotFitError, Plan, PlanError, make_plan, plan_for
+from npu_runtime.probe import DeviceInfo, probe_device
+from npu_runtime.serve import ServeError, make_serve_plan
 
-from .conftest import DEVICES, GIB, POD_ENV
+from .conftest import DEVICES, FIXTURES, GIB, POD_ENV
 
 NPU = DEVICES["910B3-64GiB"]
 GPU = DEVICES["GPU-141GiB"]
@@ -56,6 +58,22 @@ class TestCaptureSizes:
         assert json.loads(args[args.index("--speculative-config") + 1]) == {
             "method": "mtp",
             "num_speculative_tokens": 1,
+        }
+
+    def test_the_draft_model_reaches_the_speculative_config(self, models: dict[str, ModelInfo]) -> None:
+        p = plan(
+            models["llama-3.1-8b"],
+            max_num_seqs=12,
+            max_model_len=4096,
+            speculative_method="eagle",
+            speculative_tokens=2,
+            speculative_model="/models/eagle-llama-3.1-8b",
+        )
+        args = list(p.vllm_args)
+        assert json.loads(args[args.index("--speculative-config") + 1]) == {
+            "method": "eagle",
+            "num_speculative_tokens": 2,
+            "model": "/models/eagle-llama-3.1-8b",
         }
 
     def test_explicit_sizes_are_kept(self, models: dict[str, ModelInfo]) -> None:
@@ -165,6 +183,18 @@ class TestDevices:
             plan(models["qwen2.5-7b"], device=p310, dtype="bfloat16")
         assert bf16.value.field == "dtype"
 
+    @pytest.mark.parametrize(("given", "resolved"), [("bf16", "bfloat16"), ("half", "float16"), ("float", "float32")])
+    def test_dtype_aliases_resolve_before_they_are_checked(
+        self, models: dict[str, ModelInfo], given: str, resolved: str
+    ) -> None:
+        p = plan(models["qwen2.5-7b"], device=GPU, dtype=given, max_model_len=4096)
+        assert p.dtype == resolved
+        assert p.vllm_args[p.vllm_args.index("--dtype") + 1] == resolved
+        if resolved == "bfloat16":
+            with pytest.raises(PlanError) as on_310p:
+                plan(models["qwen2.5-7b"], device=DEVICES["310P-44GiB"], dtype=given)
+            assert on_310p.value.field == "dtype"
+
     def test_310p_mask_is_counted(self, models: dict[str, ModelInfo]) -> None:
         p310 = DEVICES["310P-44GiB"]
         short = plan(models["qwen2.5-7b"], device=p310, max_model_len=4096)
@@ -220,6 +250,22 @@ class TestMemory:
         assert (p.effective_mode, p.capture_sizes) == ("NONE", ())
         assert [d.reason for d in p.downgrades] == ["GraphMemoryExceedsBudget"]
         assert "--enforce-eager" in p.vllm_args
+
+    def test_full_and_piecewise_without_room_for_its_graphs_runs_eagerly(self, models: dict[str, ModelInfo]) -> None:
+        # Not FULL_DECODE_ONLY, although its first capture costs half: just below FULL_AND_PIECEWISE's
+        # first capture that would keep dozens of sizes, and a MiB more brings FULL_AND_PIECEWISE back
+        # with one size, so more memory would remove sizes (test_plan_properties' monotonicity).
+        model = models["qwen2.5-7b"]
+        options: dict[str, Any] = {"graph_mode": "FULL_AND_PIECEWISE", "max_num_seqs": 256, "max_model_len": 4096}
+        roomy = plan(model, **options).memory
+        need = roomy.weights_bytes + roomy.activation_bytes + roomy.margin_bytes + roomy.min_kv_cache_bytes
+        need += roomy.graph_first_capture_bytes
+        below = plan(model, device=dataclasses.replace(NPU, total_bytes=math.floor((need - MIB) / 0.9)), **options)
+        above = plan(model, device=dataclasses.replace(NPU, total_bytes=math.ceil((need + MIB) / 0.9)), **options)
+        assert (below.effective_mode, below.capture_sizes) == ("NONE", ())
+        assert [d.reason for d in below.downgrades] == ["GraphMemoryExceedsBudget"]
+        assert (above.effective_mode, above.capture_sizes) == ("FULL_AND_PIECEWISE", (256,))
+        assert set(below.capture_sizes) <= set(above.capture_sizes)
 
     def test_weights_alone_do_not_fit(self, models: dict[str, ModelInfo]) -> None:
         with pytest.raises(DoesNotFitError, match=r"135\.43 GiB per device .* > 32\.00 GiB.*tensor parallel 8"):
@@ -297,3 +343,67 @@ def test_json_contract(models: dict[str, ModelInfo]) -> None:
         assert forbidden not in data["vllm_args"]
     cpu = plan(models["qwen2.5-7b"], device=CPU, max_model_len=4096).to_dict()
     assert set(cpu["downgrades"][0]) == {"from_mode", "to_mode", "reason", "message"}
+
+
+class TestServePlan:
+    """serve's seam to the planner (`make_serve_plan`): the same plan_for, its errors as one-line causes."""
+
+    NPU_OVERRIDES: dict[str, Any] = {"device_kind": "npu", "device_name": "Ascend910B3", "device_memory": 64 * GIB}
+
+    @staticmethod
+    def serve_plan(model: Path, environ: dict[str, str] | None = None, **options: Any) -> Plan:
+        return make_serve_plan(ServeOptions(model=str(model), plan=PlanOptions(**options)), environ=environ or {})
+
+    @staticmethod
+    def serve_error(model: Path, **options: Any) -> ServeError:
+        with pytest.raises(ServeError) as caught:
+            TestServePlan.serve_plan(model, **options)
+        return caught.value
+
+    def test_a_device_kind_this_machine_lacks_is_invalid_configuration(self) -> None:
+        other = next(kind for kind in ("npu", "cuda", "cpu") if kind != probe_device().kind)
+        error = self.serve_error(FIXTURES / "qwen2.5-7b", device_kind=other)  # no --device-memory
+        assert (error.failure.reason, error.exit_code) == (failures.INVALID_CONFIGURATION, cli.EXIT_INVALID)
+        assert error.failure.message.startswith("--device-memory: ")
+
+    def test_a_model_error_is_model_invalid_whatever_the_path_says(self, tmp_path: Path) -> None:
+        named = tmp_path / "customer-support-llm"  # "support" in the path is not an unsupported model
+        named.mkdir()
+        (named / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+        error = self.serve_error(named, **self.NPU_OVERRIDES)
+        assert (error.failure.reason, error.exit_code) == (failures.MODEL_INVALID, cli.EXIT_INVALID)
+        assert "num_hidden_layers" in error.failure.message
+        (named / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": ')
+        broken = self.serve_error(named, **self.NPU_OVERRIDES)
+        assert (broken.failure.reason, broken.exit_code) == (failures.MODEL_INVALID, cli.EXIT_INVALID)
+        assert "config.json" in broken.failure.message
+
+    def test_invalid_options_and_no_fit_keep_their_exit_codes(self) -> None:
+        invalid = self.serve_error(FIXTURES / "qwen2.5-7b", max_model_len=10**6, **self.NPU_OVERRIDES)
+        assert (invalid.failure.reason, invalid.exit_code) == (failures.INVALID_CONFIGURATION, cli.EXIT_INVALID)
+        assert invalid.failure.message.startswith("--max-model-len: ")
+        small = {**self.NPU_OVERRIDES, "device_memory": 32 * GIB}
+        no_fit = self.serve_error(FIXTURES / "qwen2.5-72b-instruct", **small)
+        assert (no_fit.failure.reason, no_fit.exit_code) == (failures.MODEL_DOES_NOT_FIT, cli.EXIT_DOES_NOT_FIT)
+
+    def test_the_plan_sees_the_engine_environment(self) -> None:
+        # launch.engine_env sets HCCL_OP_EXPANSION_MODE=AIV where the pod leaves it unset; a set value wins.
+        options: dict[str, Any] = {"graph_mode": "PIECEWISE", "tensor_parallel": 8, "max_model_len": 8192}
+        model = FIXTURES / "llama-3.1-70b"
+        unset = self.serve_plan(model, {}, **options, **self.NPU_OVERRIDES)
+        assert unset.streams.hccl_op_expansion_mode == "AIV"
+        assert unset == plan_for(
+            PlanOptions(**options, **self.NPU_OVERRIDES), str(model), environ=ASCEND_RECOMMENDED_ENV
+        )
+        chosen = self.serve_plan(model, {"HCCL_OP_EXPANSION_MODE": "HOST"}, **options, **self.NPU_OVERRIDES)
+        assert chosen.streams.hccl_op_expansion_mode == "default"
+        assert len(chosen.capture_sizes) < len(unset.capture_sizes)
+
+    def test_engine_resolves_mode_reaches_the_plan(self) -> None:
+        options = ServeOptions(
+            model=str(FIXTURES / "qwen2.5-7b"),
+            plan=PlanOptions(device_kind="cpu", device_memory=64 * GIB, max_model_len=4096),
+            engine_resolves_mode=True,
+        )
+        p = make_serve_plan(options, environ={})
+        assert (p.mode_resolved_by, p.effective_mode, p.downgrades) == ("engine", "FULL_DECODE_ONLY", ())

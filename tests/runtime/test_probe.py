@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from npu_runtime.contract import PlanOptions
+from npu_runtime.contract import PlanError, PlanOptions
 from npu_runtime.probe import (
     DeviceError,
     DeviceInfo,
@@ -139,9 +139,26 @@ def test_a_broken_torch_is_no_device(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert _probe_torch_cuda() is None
 
 
+def test_a_given_kind_asks_only_its_own_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in torch with a GPU that leaves a mark whenever a child interpreter imports it.
+    marks = tmp_path / "torch-imported"
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        f"open({str(marks)!r}, 'a').write('x')\n" + FAKE_TORCH.format(name="NVIDIA H200", attribute="cuda")
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cpu = device_from_options(PlanOptions(device_kind="cpu", device_count=2))
+    assert (cpu.kind, cpu.source, cpu.count) == ("cpu", "cpu+override", 2)  # the GPU is not asked, nor in the way
+    assert not marks.exists()
+    assert device_from_options(PlanOptions(device_kind="cuda")).source == "torch.cuda"
+    assert marks.read_text() == "x"
+
+
 def test_a_kind_this_machine_lacks_needs_its_memory() -> None:
     probed = probe_device()
     other = next(kind for kind in ("npu", "cuda", "cpu") if kind != probed.kind)
     with pytest.raises(DeviceError) as caught:
         device_from_options(PlanOptions(device_kind=other))
     assert caught.value.field == "device_memory"
+    assert isinstance(caught.value, PlanError)  # one error type for invalid input: plan and serve exit 2
