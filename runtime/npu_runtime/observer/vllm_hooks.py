@@ -34,9 +34,11 @@ from types import ModuleType
 from typing import Any, Final
 
 from npu_runtime.observer.hooks import Hook, argument, around, when_imported, wrap_method
-from npu_runtime.observer.recorder import EventTimer, Recorder
+from npu_runtime.observer.recorder import DeviceEvent, EventTimer, Key, Recorder
 
 _UNSET: Final = object()
+CaptureToken = tuple[float, int | None]  # (perf_counter at the start, free device bytes then)
+ReplayToken = tuple[DeviceEvent, DeviceEvent] | None  # the timer's event pair; None: not timed
 
 # (module, class) pairs for the V1 and V2 model runners; the vllm-ascend ones override most methods.
 RUNNER_CLASSES: Final = (
@@ -142,6 +144,37 @@ class Observer:
             if event is not None:
                 self.recorder.timer = EventTimer(lambda: event(enable_timing=True), sample_every=self.sample_every)
         return self.recorder.timer
+
+    # ----- capture and replay bookkeeping (both the graph wrappers and V2's graph manager) -----
+
+    def begin_capture(self) -> CaptureToken:
+        """Before a graph capture: the start time and free device memory (and the replay timer, made now)."""
+        self.timer()
+        info = self.memory_info()
+        return time.perf_counter(), info[0] if info is not None else None
+
+    def end_capture(self, key: Key, token: CaptureToken) -> None:
+        """After it: record its time and the device memory it took (None where that is unknown)."""
+        started, free_before = token
+        seconds = time.perf_counter() - started
+        info = self.memory_info()
+        memory = None
+        if free_before is not None and info is not None:
+            memory = max(0, free_before - info[0])
+        self.recorder.record_capture(key, memory, seconds)
+
+    def begin_replay(self, key: Key) -> ReplayToken:
+        """Before a full-graph replay (decode path): count it; the device events to stop, if it is timed."""
+        recorder = self.recorder
+        recorder.count_replay(key)
+        if not self._timer_ready:
+            self.timer()
+        return recorder.timer.start()
+
+    def end_replay(self, key: Key, token: ReplayToken) -> None:
+        """After it: queue its events for the flush thread to read (no synchronisation)."""
+        if token is not None:
+            self.recorder.timer.stop(token, key)
 
 
 # ----- installation -----
@@ -331,15 +364,15 @@ def graph_call_wrapper(
     Decode path cost: a forward-context lookup, a dict lookup, two device event records and a
     deque append; no synchronisation. Piecewise replays (one per layer piece) are not timed.
     """
-    recorder = observer.recorder
-    perf_counter = time.perf_counter
+    begin_capture, end_capture = observer.begin_capture, observer.end_capture
+    begin_replay, end_replay = observer.begin_replay, observer.end_replay
     passthrough, capture, replay = 0, 1, 2
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if hook.disabled:
             return original(self, *args, **kwargs)
         action = passthrough
-        key: tuple[str, int] = ("", 0)
+        key: Key = ("", 0)
         token: Any = None
         try:
             if context_available is None or context_available():
@@ -351,13 +384,10 @@ def graph_call_wrapper(
                     key = (mode.name, int(descriptor.num_tokens))
                     if entry is None or getattr(entry, graph_attr) is None:
                         action = capture
-                        observer.timer()
-                        info = observer.memory_info()
-                        token = (perf_counter(), info[0] if info is not None else None)
+                        token = begin_capture()
                     elif mode == full_mode:
                         action = replay
-                        recorder.count_replay(key)
-                        token = observer.timer().start()
+                        token = begin_replay(key)
         except Exception:
             hook.fail()
             return original(self, *args, **kwargs)
@@ -366,15 +396,9 @@ def graph_call_wrapper(
             return result
         try:
             if action == capture:
-                started, free_before = token
-                seconds = perf_counter() - started
-                info = observer.memory_info()
-                memory = None
-                if free_before is not None and info is not None:
-                    memory = max(0, free_before - info[0])
-                recorder.record_capture(key, memory, seconds)
-            elif token is not None:
-                recorder.timer.stop(token, key)
+                end_capture(key, token)
+            elif token is not None:  # a replay that is timed
+                end_replay(key, token)
         except Exception:
             hook.fail()
         return result
@@ -585,22 +609,15 @@ def manager_capture_wrapper(
 ) -> Callable[..., Any]:
     """Wrap the forward-function factory: a capture spans from its warmup=False call to the next call."""
     hook = observer.hook("graph_manager_capture")
-    recorder = observer.recorder
-    perf_counter = time.perf_counter
 
     def capture(self: Any, create_forward_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if hook.disabled or not isinstance(self, model_manager):
             return original(self, create_forward_fn, *args, **kwargs)
-        open_capture: list[Any] = []
+        open_capture: list[tuple[Key, CaptureToken]] = []
 
         def close() -> None:
             if open_capture:
-                key, started, free_before = open_capture.pop()
-                info = observer.memory_info()
-                memory = None
-                if free_before is not None and info is not None:
-                    memory = max(0, free_before - info[0])
-                recorder.record_capture(key, memory, perf_counter() - started)
+                observer.end_capture(*open_capture.pop())
 
         def factory(desc: Any, *fargs: Any, **fkwargs: Any) -> Any:
             if not hook.disabled:
@@ -608,10 +625,8 @@ def manager_capture_wrapper(
                     close()
                     warmup = fkwargs.get("warmup", fargs[0] if fargs else False)
                     if not warmup:
-                        observer.timer()
-                        info = observer.memory_info()
                         key = (str(mode_name(desc.cg_mode)), int(desc.num_tokens))
-                        open_capture.append((key, perf_counter(), info[0] if info is not None else None))
+                        open_capture.append((key, observer.begin_capture()))
                 except Exception:
                     hook.fail()
             return create_forward_fn(desc, *fargs, **fkwargs)
@@ -628,24 +643,21 @@ def manager_capture_wrapper(
 
 def manager_replay_wrapper(observer: Observer, original: Callable[..., Any], model_manager: type) -> Callable[..., Any]:
     hook = observer.hook("graph_manager_replay")
-    recorder = observer.recorder
 
     def run_fullgraph(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
         if hook.disabled or not isinstance(self, model_manager):
             return original(self, desc, *args, **kwargs)
         try:
             key = (str(mode_name(desc.cg_mode)), int(desc.num_tokens))
-            recorder.count_replay(key)
-            token = observer.timer().start()
+            token = observer.begin_replay(key)
         except Exception:
             hook.fail()
             return original(self, desc, *args, **kwargs)
         result = original(self, desc, *args, **kwargs)
-        if token is not None:
-            try:
-                recorder.timer.stop(token, key)
-            except Exception:
-                hook.fail()
+        try:
+            observer.end_replay(key, token)
+        except Exception:
+            hook.fail()
         return result
 
     return run_fullgraph
