@@ -151,19 +151,8 @@ def test_a_failing_patch_callback_does_not_break_the_import(tmp_path: Path, monk
 
 
 def hook_wrapper(observer: vllm_hooks.Observer, cls: type[FakeGraphWrapper]) -> None:
-    hook = observer.hook("cuda_graph_wrapper")
-    original = cls.__dict__["__call__"]
-    cls.__call__ = vllm_hooks.graph_call_wrapper(  # type: ignore[method-assign]
-        observer,
-        hook,
-        original,
-        entries_attr="concrete_cudagraph_entries",
-        graph_attr="cudagraph",
-        get_context=get_context,
-        context_available=None,
-        none_mode=Mode.NONE,
-        full_mode=Mode.FULL,
-    )
+    """What production does to vLLM's CUDAGraphWrapper, to a stand-in of its shape."""
+    assert vllm_hooks.hook_graph_wrapper(observer, cls, vllm_hooks.CUDA_GRAPH_WRAPPER, get_context=get_context)
 
 
 @pytest.fixture
@@ -499,8 +488,7 @@ assert "TinyBackend" in downgrade["message"] and "NEVER" in downgrade["message"]
 
 # CUDAGraphWrapper: hookable; outside a forward it runs the runnable untouched and unrecorded.
 wrapped = observer()
-vllm_hooks.patch_graph_wrapper(wrapped, cuda_graph, name="cuda_graph_wrapper", class_name="CUDAGraphWrapper",
-                               entries_attr="concrete_cudagraph_entries", graph_attr="cudagraph")
+vllm_hooks.patch_graph_wrapper(wrapped, cuda_graph, vllm_hooks.CUDA_GRAPH_WRAPPER)
 wrapper = object.__new__(cuda_graph.CUDAGraphWrapper)
 wrapper.runnable = lambda x: x + 1
 assert wrapper(41) == 42

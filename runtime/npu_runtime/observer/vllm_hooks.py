@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from npu_runtime.observer.hooks import Hook, argument, around, when_imported, wrap_method
 from npu_runtime.observer.recorder import DeviceEvent, EventTimer, Key, Recorder
@@ -47,23 +47,25 @@ RUNNER_CLASSES: Final = (
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
     ("vllm_ascend.worker.v2.model_runner", "NPUModelRunner"),
 )
-GRAPH_WRAPPERS: Final = (
-    # hook name, module, class, entries attribute, graph attribute of an entry
-    (
-        "cuda_graph_wrapper",
-        "vllm.compilation.cuda_graph",
-        "CUDAGraphWrapper",
-        "concrete_cudagraph_entries",
-        "cudagraph",
-    ),
-    (
-        "acl_graph_wrapper",
-        "vllm_ascend.compilation.acl_graph",
-        "ACLGraphWrapper",
-        "concrete_aclgraph_entries",
-        "aclgraph",
-    ),
+
+
+class GraphWrapperClass(NamedTuple):
+    """A static graph wrapper class the observer hooks, and the attributes its hook reads."""
+
+    hook: str  # the hook's name: the `hook` label of npu_graph_instrumentation_errors_total
+    module: str
+    class_name: str
+    entries_attr: str  # the wrapper's dict of entries by batch descriptor
+    graph_attr: str  # an entry's graph, None until it is captured
+
+
+CUDA_GRAPH_WRAPPER: Final = GraphWrapperClass(
+    "cuda_graph_wrapper", "vllm.compilation.cuda_graph", "CUDAGraphWrapper", "concrete_cudagraph_entries", "cudagraph"
 )
+ACL_GRAPH_WRAPPER: Final = GraphWrapperClass(
+    "acl_graph_wrapper", "vllm_ascend.compilation.acl_graph", "ACLGraphWrapper", "concrete_aclgraph_entries", "aclgraph"
+)
+GRAPH_WRAPPERS: Final = (CUDA_GRAPH_WRAPPER, ACL_GRAPH_WRAPPER)
 
 
 def mode_name(mode: Any) -> str | None:
@@ -183,13 +185,8 @@ class Observer:
 def install(observer: Observer) -> None:
     """Arrange every hook: now for modules already imported, on import for the others."""
     when_imported("vllm.config", functools.partial(patch_config, observer))
-    for name, module_name, class_name, entries, graph in GRAPH_WRAPPERS:
-        when_imported(
-            module_name,
-            functools.partial(
-                patch_graph_wrapper, observer, name=name, class_name=class_name, entries_attr=entries, graph_attr=graph
-            ),
-        )
+    for wrapper in GRAPH_WRAPPERS:
+        when_imported(wrapper.module, functools.partial(patch_graph_wrapper, observer, wrapper=wrapper))
     for module_name, class_name in RUNNER_CLASSES:
         when_imported(module_name, functools.partial(patch_runner, observer, class_name=class_name))
     when_imported("vllm.v1.worker.gpu.cudagraph_utils", functools.partial(patch_graph_manager, observer))
@@ -310,25 +307,46 @@ def resolve_mode_wrapper(observer: Observer, original: Callable[..., Any]) -> Ca
 # ----- the static graph wrappers: capture and replay -----
 
 
-def patch_graph_wrapper(
-    observer: Observer, module: ModuleType, *, name: str, class_name: str, entries_attr: str, graph_attr: str
-) -> None:
-    cls = getattr(module, class_name, None)
+def patch_graph_wrapper(observer: Observer, module: ModuleType, wrapper: GraphWrapperClass) -> None:
+    cls = getattr(module, wrapper.class_name, None)
     if cls is None:
-        observer.unavailable(f"{module.__name__}.{class_name}")
+        observer.unavailable(f"{module.__name__}.{wrapper.class_name}")
         return
     try:
-        from vllm.config import CUDAGraphMode
         from vllm.forward_context import get_forward_context
+
+        observer.modes()
     except Exception:
-        observer.unavailable(f"{class_name}.__call__ (vllm.forward_context)")
+        observer.unavailable(f"{wrapper.class_name}.__call__ (vllm.forward_context)")
         return
     try:
         from vllm.forward_context import is_forward_context_available
     except Exception:
         is_forward_context_available = None  # type: ignore[assignment]
-    hook = observer.hook(name)
-    if not _patch(
+    if not hook_graph_wrapper(
+        observer, cls, wrapper, get_context=get_forward_context, context_available=is_forward_context_available
+    ):
+        observer.unavailable(f"{wrapper.class_name}.__call__")
+
+
+def hook_graph_wrapper(
+    observer: Observer,
+    cls: type,
+    wrapper: GraphWrapperClass,
+    *,
+    get_context: Callable[[], Any],
+    context_available: Callable[[], bool] | None = None,
+) -> bool:
+    """Hook `cls.__call__` for capture and replay; False when `cls` defines no `__call__` of its own.
+
+    `cls` is `wrapper`'s class, or a stand-in of its shape (the tests, the hook benchmark, the
+    device check): `runtime_mode`, the entries and graph attributes `wrapper` names, and a forward
+    context from `get_context()` with `cudagraph_runtime_mode` and `batch_descriptor`. The modes
+    are `observer.modes()` (vLLM's CUDAGraphMode). Idempotent, and listed as an installed hook.
+    """
+    modes = observer.modes()
+    hook = observer.hook(wrapper.hook)
+    return _patch(
         observer,
         cls,
         "__call__",
@@ -336,15 +354,14 @@ def patch_graph_wrapper(
             observer,
             hook,
             original,
-            entries_attr=entries_attr,
-            graph_attr=graph_attr,
-            get_context=get_forward_context,
-            context_available=is_forward_context_available,
-            none_mode=CUDAGraphMode.NONE,
-            full_mode=CUDAGraphMode.FULL,
+            entries_attr=wrapper.entries_attr,
+            graph_attr=wrapper.graph_attr,
+            get_context=get_context,
+            context_available=context_available,
+            none_mode=modes.NONE,
+            full_mode=modes.FULL,
         ),
-    ):
-        observer.unavailable(f"{class_name}.__call__")
+    )
 
 
 def graph_call_wrapper(
