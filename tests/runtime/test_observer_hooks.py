@@ -280,6 +280,55 @@ def test_a_broken_device_query_disables_the_hook_not_the_engine(wrapper_class: t
     assert wrapper.calls == ["capture", "replay"]
 
 
+# ----- the engine's downgrade reasons: the planner's where the cause is the same -----
+
+# Causes the planner has no rule for: they can only be seen in the engine.
+ENGINE_ONLY_REASONS = {"PlatformWithoutStaticGraphs", "PlatformConfig"}
+
+
+class Platform:
+    def __init__(self, device_type: str, static_graphs: bool) -> None:
+        self.device_type = device_type
+        self.static_graphs = static_graphs
+
+    def support_static_graph_mode(self) -> bool:
+        return self.static_graphs
+
+
+def vllm_config(**model: Any) -> Any:
+    return types.SimpleNamespace(model_config=types.SimpleNamespace(**model))
+
+
+ENCODER_DECODER = vllm_config(is_encoder_decoder=True)
+
+
+@pytest.mark.parametrize(
+    ("config", "platform", "final", "reason"),
+    [
+        (vllm_config(enforce_eager=True), Platform("npu", True), "NONE", "EnforceEager"),
+        (vllm_config(), Platform("cpu", False), "NONE", "CpuHasNoGraphs"),
+        (vllm_config(), Platform("xpu", False), "NONE", "PlatformWithoutStaticGraphs"),
+        (vllm_config(pooler_config=object()), Platform("npu", True), "PIECEWISE", "PoolingModelNoFullGraphs"),
+        (ENCODER_DECODER, Platform("npu", True), "PIECEWISE", "EncoderDecoderPiecewiseOnly"),
+        (ENCODER_DECODER, Platform("cuda", True), "FULL_DECODE_ONLY", "EncoderDecoderFullDecodeOnly"),
+        (vllm_config(), Platform("npu", True), "PIECEWISE", "PlatformConfig"),
+    ],
+)
+def test_config_downgrade_reasons_are_the_planners_where_the_cause_is_the_same(
+    config: Any, platform: Platform, final: str, reason: str
+) -> None:
+    from npu_runtime import modes
+
+    found, message = vllm_hooks.config_downgrade_reason(config, "FULL_AND_PIECEWISE", final, platform=platform)
+    assert found == reason
+    assert f"FULL_AND_PIECEWISE -> {final}" in message
+    planner = {rule.reason for rule in modes.RULES}
+    if reason in ENGINE_ONLY_REASONS:
+        assert reason not in planner, f"{reason} is a planner reason now: drop it from ENGINE_ONLY_REASONS"
+    else:
+        assert reason in planner, f"{reason} is not a reason of npu_runtime.modes.RULES: the codes drifted apart"
+
+
 # ----- decode steps and eager fallbacks (V1 runner) -----
 
 

@@ -238,19 +238,23 @@ def config_post_init_wrapper(observer: Observer, original: Callable[..., Any]) -
     return around(hook, original, before, after, outermost_only=True)
 
 
-def config_downgrade_reason(config: Any, requested: str, final: str) -> tuple[str, str]:
-    """Why VllmConfig (with the platform's check_and_update_config) changed the mode, best known."""
+def config_downgrade_reason(config: Any, requested: str, final: str, *, platform: Any = _UNSET) -> tuple[str, str]:
+    """Why VllmConfig (with the platform's check_and_update_config) changed the mode, best known.
+
+    `platform` is vLLM's current_platform unless given. Where the cause is one the planner knows,
+    the reason is its rule's (npu_runtime.modes.RULES; a test holds the two together).
+    """
     change = f"cudagraph_mode {requested} -> {final}"
     model_config = getattr(config, "model_config", None)
     if getattr(model_config, "enforce_eager", False):
         return "EnforceEager", f"enforce_eager is set, so the engine runs without graphs ({change})"
-    platform: Any = None
-    try:
-        from vllm.platforms import current_platform
+    if platform is _UNSET:
+        try:
+            from vllm.platforms import current_platform
 
-        platform = current_platform
-    except Exception:
-        platform = None
+            platform = current_platform
+        except Exception:
+            platform = None
     platform_name = type(platform).__name__ if platform is not None else "unknown platform"
     device = getattr(platform, "device_type", None) or "unknown"
     supports = getattr(platform, "support_static_graph_mode", None)
