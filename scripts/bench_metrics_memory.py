@@ -91,7 +91,7 @@ def main() -> None:
         for worker in range(1, args.workers):
             reports.write_report(directory, recorder.pid + worker, {**report, "pid": recorder.pid + worker})
         status = RuntimeStatus(directory, "FULL_DECODE_ONLY")
-        status.set_plan(PlanView("FULL_DECODE_ONLY", "FULL_DECODE_ONLY", {}, capture_sizes=tuple(sizes)))
+        status.set_plan(PlanView("FULL_DECODE_ONLY", "FULL_DECODE_ONLY", {}))
 
         from npu_runtime.server import _Collector
         from prometheus_client import CollectorRegistry, generate_latest

@@ -117,29 +117,20 @@ def plan_view(plan: Plan) -> PlanView:
         value = getattr(plan.memory, field, None)
         if isinstance(value, int):
             memory[kind] = value
+    document = plan.to_dict()
     return PlanView(
         requested_mode=plan.requested_mode,
         effective_mode=plan.effective_mode,
-        plan=plan.to_dict(),
-        downgrades=[
-            {"from_mode": d.from_mode, "to_mode": d.to_mode, "reason": d.reason, "message": d.message}
-            for d in plan.downgrades
-        ],
-        capture_sizes=tuple(plan.capture_sizes),
+        plan=document,
+        downgrades=document["downgrades"],
         memory=memory,
     )
 
 
 def describe_plan(plan: Plan) -> str:
-    try:
-        from npu_runtime.cli import render_plan
+    from npu_runtime.cli import render_plan
 
-        return render_plan(plan.to_dict())
-    except Exception:
-        return (
-            f"mode {plan.requested_mode} -> {plan.effective_mode}, capture sizes {list(plan.capture_sizes)}, "
-            f"engine flags {' '.join(plan.vllm_args)}"
-        )
+    return render_plan(plan.to_dict())
 
 
 # ----- ports -----

@@ -126,7 +126,6 @@ def plan_view() -> PlanView:
         effective_mode="FULL_DECODE_ONLY",
         plan={"requested_mode": "FULL_DECODE_ONLY", "capture_sizes": [1, 8]},
         downgrades=[{"from_mode": "FULL", "to_mode": "FULL_DECODE_ONLY", "reason": "R", "message": "m"}],
-        capture_sizes=(1, 8),
         memory={"total": 64 << 30, "weights": 15 << 30},
     )
 
@@ -241,3 +240,24 @@ def test_reports_are_replaced_atomically_and_foreign_files_ignored(tmp_path: Pat
     assert [r["phase"] for r in reports.read_reports(tmp_path)] == ["b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["observer-7.json", "observer-8.json", "observer-9.json"]
     assert reports.read_reports(tmp_path / "missing") == []
+
+
+def test_serve_hands_the_plan_to_the_status_as_plain_data() -> None:
+    from npu_runtime.cli import render_plan
+    from npu_runtime.contract import PlanOptions
+    from npu_runtime.plan import make_plan
+    from npu_runtime.serve import describe_plan, plan_view
+
+    from .conftest import DEVICES, load_model
+
+    plan = make_plan(PlanOptions(), DEVICES["CPU-64GiB"], load_model("llama-3.1-8b"), environ={})
+    view = plan_view(plan)
+    assert (view.requested_mode, view.effective_mode) == (plan.requested_mode, plan.effective_mode)
+    assert view.plan == plan.to_dict()
+    assert [dict(d) for d in view.downgrades] == [
+        {"from_mode": d.from_mode, "to_mode": d.to_mode, "reason": d.reason, "message": d.message}
+        for d in plan.downgrades
+    ]
+    assert [d["reason"] for d in view.downgrades] == ["CpuHasNoGraphs"]
+    assert view.memory["total"] == plan.memory.total_bytes
+    assert describe_plan(plan) == render_plan(plan.to_dict())
