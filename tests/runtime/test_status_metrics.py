@@ -11,22 +11,11 @@ from npu_runtime.failures import Failure
 from npu_runtime.status import PlanView, RuntimeStatus, aggregate
 from prometheus_client.parser import text_string_to_metric_families
 
-# DESIGN.md's table: name -> (type, labels). The dashboard, the alerts and users' queries use these.
-DESIGN_TABLE = {
-    "npu_graph_mode_info": ("gauge", ("requested", "effective")),
-    "npu_graph_downgrades_total": ("counter", ("from_mode", "to_mode", "reason", "stage")),
-    "npu_graph_capture_sizes": ("gauge", ("mode",)),
-    "npu_graph_capture_memory_bytes": ("gauge", ("mode", "size")),
-    "npu_graph_capture_seconds": ("gauge", ("mode", "size")),
-    "npu_graph_replay_latency_seconds": ("histogram", ("mode", "size")),
-    "npu_graph_eager_fallbacks_total": ("counter", ("reason",)),
-    "npu_device_memory_bytes": ("gauge", ("device", "kind")),
-    "npu_graph_instrumentation_errors_total": ("counter", ("hook",)),
-}
+from tests.design_metrics import RUNTIME_TABLE
 
 
 def test_metric_definitions_are_exactly_designs_table() -> None:
-    assert {spec.name: (spec.kind, spec.labels) for spec in metrics.RUNTIME_METRICS} == DESIGN_TABLE
+    assert {spec.name: (spec.kind, spec.labels) for spec in metrics.RUNTIME_METRICS} == RUNTIME_TABLE
 
 
 def worker(pid: int, **overrides: Any) -> dict[str, Any]:
