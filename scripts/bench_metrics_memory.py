@@ -93,15 +93,12 @@ def main() -> None:
         status = RuntimeStatus(directory, "FULL_DECODE_ONLY")
         status.set_plan(PlanView("FULL_DECODE_ONLY", "FULL_DECODE_ONLY", {}))
 
-        from npu_runtime.server import _Collector
-        from prometheus_client import CollectorRegistry, generate_latest
+        from npu_runtime.server import exposition
 
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(status))
-        generate_latest(registry)  # imports and caches outside the measurement
+        exposition(status)  # imports and caches outside the measurement
         gc.collect()
         tracemalloc.start()
-        text = generate_latest(registry)
+        text = exposition(status)
         scrape_peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         document = json.dumps(status.document())

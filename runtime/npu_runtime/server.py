@@ -57,6 +57,15 @@ class _Collector:
         yield from metrics.families(self.status.metric_values())
 
 
+def exposition(status: RuntimeStatus) -> bytes:
+    """The body of /metrics: `status`'s metric values in Prometheus' text format, built now."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(status))
+    return generate_latest(registry)
+
+
 class _HTTPServer(ThreadingHTTPServer):
     """ThreadingHTTPServer on IPv4 or IPv6, as `host` asks (the standard one is IPv4 only)."""
 
@@ -83,13 +92,9 @@ class MetricsServer:
         engine_alive: Callable[[], bool],
         health_url: str,
     ) -> None:
-        from prometheus_client import CollectorRegistry
-
         self.status = status
         self.engine_alive = engine_alive
         self.health_url = health_url
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(status))
         self.httpd = _HTTPServer(host, port, self._handler_class())
         self._thread: threading.Thread | None = None
 
@@ -115,9 +120,9 @@ class MetricsServer:
                 path = self.path.split("?", 1)[0]
                 try:
                     if path == "/metrics":
-                        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+                        from prometheus_client import CONTENT_TYPE_LATEST
 
-                        self._send(HTTPStatus.OK, generate_latest(server.registry), CONTENT_TYPE_LATEST)
+                        self._send(HTTPStatus.OK, exposition(server.status), CONTENT_TYPE_LATEST)
                     elif path == "/status":
                         body = json.dumps(server.status.document(), indent=2, sort_keys=True).encode()
                         self._send(HTTPStatus.OK, body + b"\n", "application/json")

@@ -171,12 +171,9 @@ def test_a_failure_is_terminal_and_shown(status: RuntimeStatus) -> None:
 
 
 def scrape(status: RuntimeStatus) -> dict[str, Any]:
-    from npu_runtime.server import _Collector
-    from prometheus_client import CollectorRegistry, generate_latest
+    from npu_runtime.server import exposition
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(status))
-    text = generate_latest(registry).decode()
+    text = exposition(status).decode()
     return {family.name: family for family in text_string_to_metric_families(text)}
 
 
