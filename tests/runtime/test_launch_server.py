@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 from npu_runtime import failures, launch, reports
+from npu_runtime.cli import EXIT_INVALID
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, ServeOptions
-from npu_runtime.serve import EXIT_FAILED, EXIT_INVALID, ServeError, Supervisor, check_port_free, local_address
+from npu_runtime.serve import EXIT_FAILED, ServeError, Supervisor, check_port_free, local_address
 from npu_runtime.server import MetricsServer
 from npu_runtime.status import PlanView, RuntimeStatus
 
