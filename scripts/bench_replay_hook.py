@@ -25,7 +25,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npu_runtime.observer import vllm_hooks
-from npu_runtime.observer.hooks import wrap_method
 
 from tests.runtime.observer_fakes import (
     Descriptor,
@@ -60,21 +59,7 @@ def hooked(observer: vllm_hooks.Observer, cls: type) -> type:
     class Hooked(cls):  # type: ignore[misc]
         __call__ = cls.__call__
 
-    wrap_method(
-        Hooked,
-        "__call__",
-        lambda original: vllm_hooks.graph_call_wrapper(
-            observer,
-            observer.hook("cuda_graph_wrapper"),
-            original,
-            entries_attr="concrete_cudagraph_entries",
-            graph_attr="cudagraph",
-            get_context=get_context,
-            context_available=None,
-            none_mode=Mode.NONE,
-            full_mode=Mode.FULL,
-        ),
-    )
+    assert vllm_hooks.hook_graph_wrapper(observer, Hooked, vllm_hooks.CUDA_GRAPH_WRAPPER, get_context=get_context)
     return Hooked
 
 

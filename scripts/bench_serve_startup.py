@@ -2,8 +2,9 @@
 """Startup time added by `npu-runtime serve` over starting the same vLLM engine directly.
 
 Both start the same engine command line (the plan's engine flags, taken from `npu-runtime plan`):
-directly as `python -m vllm.entrypoints.openai.api_server ...` until its /health answers 200, and
-through `npu-runtime serve` until its /readyz answers 200 (which asks the engine's /health).
+directly as `python -m vllm.entrypoints.openai.api_server ...` (`launch.engine_argv`, as serve
+builds it) until its /health answers 200, and through `npu-runtime serve` (the tests' `ServeRun`)
+until its /readyz answers 200 (which asks the engine's /health). Both are polled every 0.1 s.
 Runs alternate (direct, serve, direct, serve, ...) after one discarded warm-up, one engine at a
 time, on the same machine in the same run; prints each time, the medians and the ratio.
 
@@ -17,50 +18,61 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from npu_runtime import launch
+from npu_runtime.contract import parse_serve_args
+from npu_runtime.server import engine_healthy
 from npu_sandbox.kubelet import free_port
 
+from tests.runtime.serve_helpers import ServeRun, serve_environment
+
 SMALL = ["--max-num-seqs", "4", "--max-model-len", "512"]
+POLL_SECONDS = 0.1
+TIMEOUT_SECONDS = 600.0
+SETTLE_SECONDS = 2.0  # let the engine's children go before the next start
 
 
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status) == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def timed_start(argv: list[str], ready_url: str, env: dict[str, str], timeout: float = 600) -> float:
-    start = time.monotonic()
-    process = subprocess.Popen(
-        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        while time.monotonic() - start < timeout:
-            if process.poll() is not None:
-                raise SystemExit(f"exited with {process.returncode}: {' '.join(argv)}")
-            if answers(ready_url):
-                return time.monotonic() - start
-            time.sleep(0.1)
-        raise SystemExit(f"not ready after {timeout} s: {' '.join(argv)}")
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
+def direct(model: str, engine_flags: list[str], env: dict[str, str], scratch: Path) -> float:
+    """Seconds until the engine, started without serve, answers /health."""
+    port = free_port()
+    options = parse_serve_args(["--model", model, "--host", "127.0.0.1", "--port", str(port)])
+    url = f"http://127.0.0.1:{port}/health"
+    with open(scratch / "direct.log", "a") as log:
+        engine = launch.EngineProcess(launch.engine_argv(options, engine_flags), env, output=log)
+        start = time.monotonic()
+        engine.start()
         try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        time.sleep(2)  # let the engine's children go before the next start
+            while time.monotonic() - start < TIMEOUT_SECONDS:
+                code = engine.poll()
+                if code is not None:
+                    raise SystemExit(f"exited with {code}: {' '.join(engine.argv)} (log: {log.name})")
+                if engine_healthy(url):
+                    return time.monotonic() - start
+                time.sleep(POLL_SECONDS)
+            raise SystemExit(f"not ready after {TIMEOUT_SECONDS:g} s: {' '.join(engine.argv)}")
+        finally:
+            engine.stop(60)
+            time.sleep(SETTLE_SECONDS)
+
+
+def serve(model: str, env: dict[str, str], scratch: Path) -> float:
+    """Seconds until `npu-runtime serve` answers /readyz."""
+    run = ServeRun(model, SMALL, Path(tempfile.mkdtemp(prefix="serve-", dir=scratch)), env=env)
+    try:
+        return run.wait_ready(TIMEOUT_SECONDS, interval=POLL_SECONDS)
+    finally:
+        if run.process.poll() is None:
+            run.terminate(60)
+        run.cleanup()
+        time.sleep(SETTLE_SECONDS)
 
 
 def main() -> None:
@@ -69,14 +81,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    with tempfile.TemporaryDirectory() as scratch:
+    env = serve_environment(dict(os.environ))  # the caller's engine settings too; a small KV cache unless set
+    with tempfile.TemporaryDirectory() as directory:
+        scratch = Path(directory)
         model = args.model
         if model is None:
             from npu_sandbox.tiny_model import build_tiny_model
 
-            model = str(build_tiny_model(Path(scratch) / "tiny"))
+            model = str(build_tiny_model(scratch / "tiny"))
         plan = json.loads(
             subprocess.run(
                 [sys.executable, "-m", "npu_runtime.cli", "plan", "--model", model, *SMALL, "--json"],
@@ -86,25 +98,13 @@ def main() -> None:
                 env=env,
             ).stdout
         )
-        engine_flags = plan["vllm_args"] + ["--max-model-len", "512"]
+        engine_flags: list[str] = plan["vllm_args"]  # SMALL's limits are among them
 
-        def direct() -> float:
-            port = free_port()
-            argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-            argv += ["--host", "127.0.0.1", "--port", str(port), *engine_flags]
-            return timed_start(argv, f"http://127.0.0.1:{port}/health", env)
-
-        def serve() -> float:
-            port, metrics = free_port(), free_port()
-            argv = [sys.executable, "-m", "npu_runtime.cli", "serve", "--model", model, "--host", "127.0.0.1"]
-            argv += ["--port", str(port), "--metrics-port", str(metrics), *SMALL]
-            return timed_start(argv, f"http://127.0.0.1:{metrics}/readyz", env)
-
-        print(f"warm-up (discarded): direct {direct():.1f} s", flush=True)
+        print(f"warm-up (discarded): direct {direct(model, engine_flags, env, scratch):.1f} s", flush=True)
         times: dict[str, list[float]] = {"direct": [], "serve": []}
         for round_ in range(args.rounds):
-            times["direct"].append(direct())
-            times["serve"].append(serve())
+            times["direct"].append(direct(model, engine_flags, env, scratch))
+            times["serve"].append(serve(model, env, scratch))
             print(
                 f"round {round_ + 1}: direct {times['direct'][-1]:.1f} s, serve {times['serve'][-1]:.1f} s", flush=True
             )

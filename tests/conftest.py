@@ -20,6 +20,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("needs transformers (the sandbox extra)")
     path = tmp_path_factory.mktemp("models") / "tiny-llama"
-    code = "import sys; from npu_sandbox.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "npu_sandbox.tiny_model", str(path)], check=True, capture_output=True, timeout=300
+    )
     return path

@@ -256,12 +256,3 @@ class EngineProcess:
         if self._relay is not None:
             self._relay.join(relay_timeout)
         return leftovers
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()

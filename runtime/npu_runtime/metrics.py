@@ -136,10 +136,6 @@ class HistogramValue:
     buckets: tuple[int, ...]
     sum: float
 
-    @property
-    def count(self) -> int:
-        return sum(self.buckets)
-
 
 @dataclasses.dataclass(frozen=True)
 class MetricValues:

@@ -21,6 +21,7 @@ the model does not fit, 1 for other failures before the engine ran.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import signal
@@ -43,7 +44,7 @@ from npu_runtime.contract import (
     parse_serve_args,
 )
 from npu_runtime.failures import Failure
-from npu_runtime.server import MetricsServer, engine_healthy
+from npu_runtime.server import MetricsServer, address_family, engine_healthy, listening_socket_options
 from npu_runtime.status import PlanView, RuntimeStatus
 
 if TYPE_CHECKING:
@@ -119,50 +120,66 @@ def plan_view(plan: Plan) -> PlanView:
         value = getattr(plan.memory, field, None)
         if isinstance(value, int):
             memory[kind] = value
+    document = plan.to_dict()
     return PlanView(
         requested_mode=plan.requested_mode,
         effective_mode=plan.effective_mode,
-        plan=plan.to_dict(),
-        downgrades=[
-            {"from_mode": d.from_mode, "to_mode": d.to_mode, "reason": d.reason, "message": d.message}
-            for d in plan.downgrades
-        ],
-        capture_sizes=tuple(plan.capture_sizes),
+        plan=document,
+        downgrades=document["downgrades"],
         memory=memory,
     )
 
 
 def describe_plan(plan: Plan) -> str:
-    try:
-        from npu_runtime.cli import render_plan
+    from npu_runtime.cli import render_plan
 
-        return render_plan(plan.to_dict())
-    except Exception:
-        return (
-            f"mode {plan.requested_mode} -> {plan.effective_mode}, capture sizes {list(plan.capture_sizes)}, "
-            f"engine flags {' '.join(plan.vllm_args)}"
-        )
+    return render_plan(plan.to_dict())
 
 
 # ----- ports -----
 
 
 def local_address(host: str) -> str:
-    """Where to reach a server bound to `host` from this pod."""
-    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
+    """Where to reach a server bound to `host` from this pod, as the host part of a URL."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host in ("::", "[::]"):
+        return "[::1]"  # an IPv6 wildcard always takes IPv6 loopback, dual stack or not
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    return host
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
+    """PortInUse when `port` on `host` is taken; another cause when it cannot be bound at all."""
+    with socket.socket(address_family(host), socket.SOCK_STREAM) as probe:
+        listening_socket_options(probe)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise ServeError(
-                Failure(failures.PORT_IN_USE, f"{what} port {port} on {host or '*'} is taken ({exc.strerror})"),
-                EXIT_FAILED,
-            ) from exc
+            raise cannot_listen(exc, host, port, what) from exc
+
+
+def cannot_listen(exc: OSError, host: str, port: int, what: str) -> ServeError:
+    """Why binding `host`:`port` failed: PortInUse only when the port is taken (EADDRINUSE).
+
+    Anything else (an address that is not this machine's, IPv6 where the kernel has none, an
+    unknown host name, a privileged port) is the configuration's fault, named by its flags.
+    """
+    detail = exc.strerror or str(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return ServeError(
+            Failure(failures.PORT_IN_USE, f"{what} port {port} on {host or '*'} is taken ({detail})"), EXIT_FAILED
+        )
+    flag = "--port" if what == "API" else "--metrics-port"
+    return ServeError(
+        Failure(
+            failures.INVALID_CONFIGURATION,
+            f"--host {host} {flag} {port}: cannot listen on the {what} port ({detail})",
+        ),
+        EXIT_INVALID,
+    )
 
 
 # ----- supervision -----
@@ -207,13 +224,7 @@ class Supervisor:
                 health_url=self.health_url,
             )
         except OSError as exc:
-            raise ServeError(
-                Failure(
-                    failures.PORT_IN_USE,
-                    f"metrics port {self.options.metrics_port} on {self.options.host} is taken ({exc.strerror})",
-                ),
-                EXIT_FAILED,
-            ) from exc
+            raise cannot_listen(exc, self.options.host, self.options.metrics_port, "metrics") from exc
         self.server.start()
 
     def run(self) -> int:

@@ -9,7 +9,9 @@ engine's /health on every call (with a short timeout), so readiness follows the 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -22,6 +24,18 @@ from npu_runtime import metrics
 from npu_runtime.status import RuntimeStatus
 
 HEALTH_TIMEOUT_SECONDS = 2.0
+
+
+def address_family(host: str) -> socket.AddressFamily:
+    """AF_INET6 for an IPv6 address ("::", "::1": it has a colon), else AF_INET (names, IPv4, "")."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def listening_socket_options(sock: socket.socket) -> None:
+    """Before bind: an IPv6 wildcard ("::") also takes IPv4 connections, whatever the host's default."""
+    if sock.family == socket.AF_INET6:
+        with contextlib.suppress(AttributeError, OSError):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
 
 
 def engine_healthy(url: str, timeout: float = HEALTH_TIMEOUT_SECONDS) -> bool:
@@ -43,6 +57,29 @@ class _Collector:
         yield from metrics.families(self.status.metric_values())
 
 
+def exposition(status: RuntimeStatus) -> bytes:
+    """The body of /metrics: `status`'s metric values in Prometheus' text format, built now."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(status))
+    return generate_latest(registry)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer on IPv4 or IPv6, as `host` asks (the standard one is IPv4 only)."""
+
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.address_family = address_family(host)
+        super().__init__((host, port), handler)
+
+    def server_bind(self) -> None:
+        listening_socket_options(self.socket)
+        super().server_bind()
+
+
 class MetricsServer:
     """Serves the four endpoints for `status`; `engine_alive` and `health_url` describe the engine."""
 
@@ -55,15 +92,10 @@ class MetricsServer:
         engine_alive: Callable[[], bool],
         health_url: str,
     ) -> None:
-        from prometheus_client import CollectorRegistry
-
         self.status = status
         self.engine_alive = engine_alive
         self.health_url = health_url
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(status))
-        self.httpd = ThreadingHTTPServer((host, port), self._handler_class())
-        self.httpd.daemon_threads = True
+        self.httpd = _HTTPServer(host, port, self._handler_class())
         self._thread: threading.Thread | None = None
 
     @property
@@ -88,9 +120,9 @@ class MetricsServer:
                 path = self.path.split("?", 1)[0]
                 try:
                     if path == "/metrics":
-                        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+                        from prometheus_client import CONTENT_TYPE_LATEST
 
-                        self._send(HTTPStatus.OK, generate_latest(server.registry), CONTENT_TYPE_LATEST)
+                        self._send(HTTPStatus.OK, exposition(server.status), CONTENT_TYPE_LATEST)
                     elif path == "/status":
                         body = json.dumps(server.status.document(), indent=2, sort_keys=True).encode()
                         self._send(HTTPStatus.OK, body + b"\n", "application/json")

@@ -128,7 +128,6 @@ class PlanView:
     effective_mode: str
     plan: Mapping[str, Any]
     downgrades: Sequence[Mapping[str, str]] = ()  # stage "plan"
-    capture_sizes: Sequence[int] = ()
     memory: Mapping[str, int] = dataclasses.field(default_factory=dict)  # kind -> bytes, planned
 
 
@@ -172,10 +171,6 @@ class RuntimeStatus:
         with self._lock:
             self._failure = failure
             self._state = "failed"
-
-    @property
-    def failure(self) -> Failure | None:
-        return self._failure
 
     def engine_view(self) -> EngineView:
         return aggregate(reports.read_reports(self.observer_dir))

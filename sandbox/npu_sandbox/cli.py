@@ -155,8 +155,7 @@ def prepare_model(model: Path | None, workdir: Path) -> Path:
     tiny = workdir / "models" / "tiny-llama"
     if not (tiny / "config.json").is_file():
         say(f"generating the tiny model into {tiny} (seeded, no download)")
-        code = "import sys; from npu_sandbox.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
-        if subprocess.run([sys.executable, "-c", code, str(tiny)], check=False).returncode != 0:
+        if subprocess.run([sys.executable, "-m", "npu_sandbox.tiny_model", str(tiny)], check=False).returncode != 0:
             raise SandboxFailed("could not generate the tiny model (is the sandbox extra installed?)")
     return tiny
 

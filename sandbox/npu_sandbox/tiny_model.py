@@ -7,11 +7,17 @@ what matters is that the engine loads it, plans for it and serves it in seconds.
 
 `transformers`, `tokenizers` and `torch` are imported inside the function: the sandbox extra
 brings them, and importing this module costs nothing without them.
+
+    python -m npu_sandbox.tiny_model DIR
+
+builds it into DIR in a process of its own (callers that must not import torch themselves).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -97,3 +103,17 @@ def build_tiny_model(directory: str | Path) -> Path:
         json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id}, indent=2) + "\n"
     )
     return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m npu_sandbox.tiny_model DIR`: build the tiny model into DIR."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: python -m npu_sandbox.tiny_model DIR", file=sys.stderr)
+        return 2
+    build_tiny_model(args[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,24 +20,13 @@ import pytest
 
 from tests.chart import metrics_contract
 from tests.chart.helm import CHART, JSON, one, render
+from tests.design_metrics import DESIGN_TABLE, OPERATOR_PREFIX
 
 DASHBOARD = CHART / "files" / "dashboards" / "npu-inference.json"
 METRICS_MODULES = ("npu_operator.metrics", "npu_runtime.metrics")
 
 # The contract: DESIGN.md's metric table, name -> type.
-DESIGN_METRICS = {
-    "npu_graph_mode_info": "gauge",
-    "npu_graph_downgrades_total": "counter",
-    "npu_graph_capture_sizes": "gauge",
-    "npu_graph_capture_memory_bytes": "gauge",
-    "npu_graph_capture_seconds": "gauge",
-    "npu_graph_replay_latency_seconds": "histogram",
-    "npu_graph_eager_fallbacks_total": "counter",
-    "npu_device_memory_bytes": "gauge",
-    "npu_graph_instrumentation_errors_total": "counter",
-    "npu_operator_reconciles_total": "counter",
-    "npu_operator_reconcile_duration_seconds": "histogram",
-}
+DESIGN_METRICS = {name: kind for name, (kind, _labels) in DESIGN_TABLE.items()}
 # vLLM's own metrics the dashboard uses (port 8000), as vLLM 0.31 defines them in
 # vllm/v1/metrics/loggers.py (prometheus_client names: counters without _total).
 VLLM_METRICS = {
@@ -56,25 +45,11 @@ OUTSIDE_METRICS = {
 }
 
 
-def module_available(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-RUNTIME_METRICS_MISSING = pytest.mark.skipif(
-    not module_available("npu_runtime.metrics"),
-    reason="npu_runtime.metrics is not on this branch yet (it lands with the runtime serve work)",
-)
-
-
 def defined() -> dict[str, str]:
-    """{family: kind} over every metrics module present."""
+    """{family: kind} over every metrics module."""
     families: dict[str, str] = {}
     for name in METRICS_MODULES:
-        if module_available(name):
-            families.update(metrics_contract.declared(importlib.import_module(name)))
+        families.update(metrics_contract.declared(importlib.import_module(name)))
     return families
 
 
@@ -148,7 +123,6 @@ def test_the_alerts_are_the_ones_the_chart_documents(rules: list[JSON]) -> None:
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
 
 
-@RUNTIME_METRICS_MISSING
 def test_every_metric_the_dashboard_and_alerts_use_is_defined(rules: list[JSON]) -> None:
     problems = unknown_names([*dashboard_queries(), *alert_queries(rules)], allowed())
     assert not problems, "metrics used but not defined:\n" + "\n".join(problems)
@@ -178,15 +152,14 @@ def test_every_design_metric_appears_in_the_dashboard() -> None:
 def test_the_operator_defines_its_design_metrics() -> None:
     operator = metrics_contract.declared(importlib.import_module("npu_operator.metrics"))
     found = {metrics_contract.contract_name(name, kind): kind for name, kind in operator.items()}
-    expected = {name: kind for name, kind in DESIGN_METRICS.items() if name.startswith("npu_operator_")}
+    expected = {name: kind for name, kind in DESIGN_METRICS.items() if name.startswith(OPERATOR_PREFIX)}
     assert {name: found.get(name) for name in expected} == expected
 
 
-@RUNTIME_METRICS_MISSING
 def test_the_runtime_defines_its_design_metrics() -> None:
     runtime = metrics_contract.declared(importlib.import_module("npu_runtime.metrics"))
     found = {metrics_contract.contract_name(name, kind): kind for name, kind in runtime.items()}
-    expected = {name: kind for name, kind in DESIGN_METRICS.items() if not name.startswith("npu_operator_")}
+    expected = {name: kind for name, kind in DESIGN_METRICS.items() if not name.startswith(OPERATOR_PREFIX)}
     assert {name: found.get(name) for name in expected} == expected
 
 

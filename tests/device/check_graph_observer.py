@@ -10,8 +10,8 @@ What it does: a small decoder step (RMSNorm, attention over a static KV cache, M
 layers) is wrapped in a stand-in with CUDAGraphWrapper's shape (runtime_mode,
 concrete_cudagraph_entries, entry.cudagraph, a forward context giving the runtime mode and the
 batch descriptor), captured with torch.cuda.graph at several batch sizes and replayed, and the
-real hook (`npu_runtime.observer.vllm_hooks.graph_call_wrapper`) is put around it with torch.cuda
-as the device module and torch.cuda.Event as the timer. It checks:
+real hook is put around it as production does (`npu_runtime.observer.vllm_hooks.hook_graph_wrapper`
+with CUDA_GRAPH_WRAPPER), with torch.cuda as the device module and torch.cuda.Event as the timer. It checks:
 
 1. every size's capture is recorded, with device memory > 0 (each graph has its own pool) and a
    capture time;
@@ -83,17 +83,19 @@ def main() -> int:
         return 77
 
     from npu_runtime.observer.recorder import Recorder
-    from npu_runtime.observer.vllm_hooks import Observer, graph_call_wrapper
-
-    class Mode:
-        NONE = "NONE"
-        FULL = "FULL"
+    from npu_runtime.observer.vllm_hooks import CUDA_GRAPH_WRAPPER, Observer, hook_graph_wrapper
 
     @dataclasses.dataclass(frozen=True)
     class RuntimeMode:
         name: str
 
-    none_mode, full_mode = RuntimeMode("NONE"), RuntimeMode("FULL")
+    class Mode:
+        """vLLM's CUDAGraphMode, as far as the hook reads it."""
+
+        NONE = RuntimeMode("NONE")
+        FULL = RuntimeMode("FULL")
+
+    none_mode, full_mode = Mode.NONE, Mode.FULL
     device = torch.device("cuda")
     torch.manual_seed(0)
     dtype = torch.bfloat16
@@ -154,20 +156,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as directory:
         observer = Observer(Recorder(directory))
         observer._device = torch.cuda
+        observer._modes = Mode
         plain = GraphWrapper(model)
-        hooked_class = type("HookedGraphWrapper", (GraphWrapper,), {})
-        hook = graph_call_wrapper(
-            observer,
-            observer.hook("cuda_graph_wrapper"),
-            GraphWrapper.__call__,
-            entries_attr="concrete_cudagraph_entries",
-            graph_attr="cudagraph",
-            get_context=get_forward_context,
-            context_available=None,
-            none_mode=none_mode,
-            full_mode=full_mode,
-        )
-        setattr(hooked_class, "__call__", hook)  # noqa: B010 (what the observer does to vLLM's class)
+        hooked_class = type("HookedGraphWrapper", (GraphWrapper,), {"__call__": GraphWrapper.__call__})
+        # what the observer does to vLLM's CUDAGraphWrapper
+        if not hook_graph_wrapper(observer, hooked_class, CUDA_GRAPH_WRAPPER, get_context=get_forward_context):
+            print("FAIL: the graph wrapper stand-in could not be hooked")
+            return 1
         hooked = hooked_class(model)
 
         global CONTEXT_NOW

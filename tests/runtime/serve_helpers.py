@@ -32,6 +32,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def serve_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Ours without the engine's own settings, a small KV cache, then `env` on top."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HCCL_", "ASCEND_"))}
+    environment["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB: a small KV cache on the test machine
+    environment.update(env or {})
+    return environment
+
+
 class ServeRun:
     """One `npu-runtime serve` process with its own ports, log and termination file."""
 
@@ -58,9 +66,7 @@ class ServeRun:
             str(self.termination),
             *args,
         ]
-        environment = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HCCL_", "ASCEND_"))}
-        environment["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB: a small KV cache on the test machine
-        environment.update(env or {})
+        environment = serve_environment(env)
         self.log = open(self.log_path, "w")  # noqa: SIM115 (closed in cleanup)
         self.started = time.monotonic()
         self.process = subprocess.Popen(
@@ -112,7 +118,7 @@ class ServeRun:
         self.log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def wait_ready(self, timeout: float) -> float:
+    def wait_ready(self, timeout: float, interval: float = 0.5) -> float:
         """Seconds until /readyz answered 200; fails with the log tail if serve exits or times out."""
         deadline = self.started + timeout
         while time.monotonic() < deadline:
@@ -121,7 +127,7 @@ class ServeRun:
             with contextlib.suppress(OSError):
                 if self.get("/readyz", timeout=3)[0] == 200:
                     return time.monotonic() - self.started
-            time.sleep(0.5)
+            time.sleep(interval)
         raise AssertionError(f"serve not ready after {timeout} s:\n{self.log_tail()}")
 
     def wait_exit(self, timeout: float) -> int:

@@ -3,10 +3,12 @@ endpoints (no vLLM needed: the engine-backed versions are in test_serve_engine.p
 
 from __future__ import annotations
 
+import errno
 import http.server
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -18,8 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from npu_runtime import launch, reports
+from npu_runtime import failures, launch, reports
+from npu_runtime.cli import EXIT_INVALID
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, ServeOptions
+from npu_runtime.serve import EXIT_FAILED, ServeError, Supervisor, check_port_free, local_address
 from npu_runtime.server import MetricsServer
 from npu_runtime.status import PlanView, RuntimeStatus
 
@@ -232,3 +236,111 @@ def test_endpoints(server: tuple[MetricsServer, RuntimeStatus, list[bool]]) -> N
     assert get(base + "/nope")[0] == 404
     status.set_state("stopping")
     assert get(base + "/readyz")[0] == 503
+
+
+# ----- listening: IPv4 and IPv6, a taken port vs an address that cannot be bound -----
+
+UNASSIGNABLE = "192.0.2.1"  # TEST-NET-1: never an address of this machine (EADDRNOTAVAIL)
+
+
+@pytest.fixture(scope="module")
+def ipv6() -> None:
+    """Skips only where the kernel has no IPv6 (no ::1 to bind)."""
+    if not socket.has_ipv6:
+        pytest.skip("Python was built without IPv6")
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        if exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT):
+            pytest.skip(f"the kernel has no IPv6 here ({exc.strerror})")
+        raise
+
+
+def listening(host: str) -> socket.socket:
+    squatter = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    squatter.bind((host, 0))
+    squatter.listen()
+    return squatter
+
+
+@pytest.mark.parametrize("host", ["::1", "::"])
+def test_the_metrics_server_listens_on_ipv6(ipv6: None, host: str, tmp_path: Path, engine_health: str) -> None:
+    status = RuntimeStatus(str(tmp_path), "FULL_DECODE_ONLY")
+    metrics_server = MetricsServer(status, host=host, port=0, engine_alive=lambda: True, health_url=engine_health)
+    metrics_server.start()
+    try:
+        assert get(f"http://[::1]:{metrics_server.port}/healthz") == (200, "ok\n")
+        if host == "::":  # the wildcard takes IPv4 too (kubelet probes and scrapes may come over either)
+            assert get(f"http://127.0.0.1:{metrics_server.port}/healthz") == (200, "ok\n")
+    finally:
+        metrics_server.close()
+
+
+def test_local_address_is_ready_for_a_url() -> None:
+    assert local_address("0.0.0.0") == "127.0.0.1"
+    assert local_address("") == "127.0.0.1"
+    assert local_address("::") == "[::1]"
+    assert local_address("[::]") == "[::1]"
+    assert local_address("::1") == "[::1]"
+    assert local_address("fd00::5") == "[fd00::5]"
+    assert local_address("10.0.0.7") == "10.0.0.7"
+
+
+def test_a_taken_port_is_port_in_use(ipv6: None) -> None:
+    for host in ("127.0.0.1", "::1"):
+        with listening(host) as squatter:
+            port = squatter.getsockname()[1]
+            with pytest.raises(ServeError) as caught:
+                check_port_free(host, port, "API")
+        assert caught.value.exit_code == EXIT_FAILED
+        assert caught.value.failure.reason == failures.PORT_IN_USE
+        assert f"API port {port} on {host} is taken" in caught.value.failure.message
+        check_port_free(host, port, "API")  # free again: no error
+
+
+def test_an_address_that_cannot_be_bound_is_not_port_in_use() -> None:
+    with pytest.raises(ServeError) as caught:
+        check_port_free(UNASSIGNABLE, 8000, "API")
+    assert caught.value.exit_code == EXIT_INVALID
+    assert caught.value.failure.reason == failures.INVALID_CONFIGURATION
+    assert caught.value.failure.message.startswith(f"--host {UNASSIGNABLE} --port 8000: cannot listen")
+    with pytest.raises(ServeError) as caught:
+        check_port_free("no-such-host.invalid", 8000, "API")
+    assert caught.value.failure.reason == failures.INVALID_CONFIGURATION
+
+
+def supervisor(host: str, metrics_port: int) -> Supervisor:
+    return Supervisor(ServeOptions(model="/models/m", host=host, metrics_port=metrics_port), environ={})
+
+
+def test_serve_starts_its_metrics_server_on_ipv6(ipv6: None) -> None:
+    run = supervisor("::", 0)
+    try:
+        run.start_server()
+        assert run.server is not None
+        assert get(f"http://[::1]:{run.server.port}/healthz") == (200, "ok\n")
+        assert run.health_url == "http://[::1]:8000/health"
+    finally:
+        run.close()
+
+
+def test_serve_tells_a_taken_metrics_port_from_an_unusable_address() -> None:
+    with listening("127.0.0.1") as squatter:
+        port = squatter.getsockname()[1]
+        run = supervisor("127.0.0.1", port)
+        try:
+            with pytest.raises(ServeError) as caught:
+                run.start_server()
+        finally:
+            run.close()
+    assert (caught.value.failure.reason, caught.value.exit_code) == (failures.PORT_IN_USE, EXIT_FAILED)
+    assert f"metrics port {port} on 127.0.0.1 is taken" in caught.value.failure.message
+    run = supervisor(UNASSIGNABLE, 9090)
+    try:
+        with pytest.raises(ServeError) as caught:
+            run.start_server()
+    finally:
+        run.close()
+    assert (caught.value.failure.reason, caught.value.exit_code) == (failures.INVALID_CONFIGURATION, EXIT_INVALID)
+    assert caught.value.failure.message.startswith(f"--host {UNASSIGNABLE} --metrics-port 9090: cannot listen")

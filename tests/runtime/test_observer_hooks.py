@@ -151,19 +151,8 @@ def test_a_failing_patch_callback_does_not_break_the_import(tmp_path: Path, monk
 
 
 def hook_wrapper(observer: vllm_hooks.Observer, cls: type[FakeGraphWrapper]) -> None:
-    hook = observer.hook("cuda_graph_wrapper")
-    original = cls.__dict__["__call__"]
-    cls.__call__ = vllm_hooks.graph_call_wrapper(  # type: ignore[method-assign]
-        observer,
-        hook,
-        original,
-        entries_attr="concrete_cudagraph_entries",
-        graph_attr="cudagraph",
-        get_context=get_context,
-        context_available=None,
-        none_mode=Mode.NONE,
-        full_mode=Mode.FULL,
-    )
+    """What production does to vLLM's CUDAGraphWrapper, to a stand-in of its shape."""
+    assert vllm_hooks.hook_graph_wrapper(observer, cls, vllm_hooks.CUDA_GRAPH_WRAPPER, get_context=get_context)
 
 
 @pytest.fixture
@@ -289,6 +278,55 @@ def test_a_broken_device_query_disables_the_hook_not_the_engine(wrapper_class: t
     assert report["errors"] == {"cuda_graph_wrapper": 1}
     assert report["captures"] == []
     assert wrapper.calls == ["capture", "replay"]
+
+
+# ----- the engine's downgrade reasons: the planner's where the cause is the same -----
+
+# Causes the planner has no rule for: they can only be seen in the engine.
+ENGINE_ONLY_REASONS = {"PlatformWithoutStaticGraphs", "PlatformConfig"}
+
+
+class Platform:
+    def __init__(self, device_type: str, static_graphs: bool) -> None:
+        self.device_type = device_type
+        self.static_graphs = static_graphs
+
+    def support_static_graph_mode(self) -> bool:
+        return self.static_graphs
+
+
+def vllm_config(**model: Any) -> Any:
+    return types.SimpleNamespace(model_config=types.SimpleNamespace(**model))
+
+
+ENCODER_DECODER = vllm_config(is_encoder_decoder=True)
+
+
+@pytest.mark.parametrize(
+    ("config", "platform", "final", "reason"),
+    [
+        (vllm_config(enforce_eager=True), Platform("npu", True), "NONE", "EnforceEager"),
+        (vllm_config(), Platform("cpu", False), "NONE", "CpuHasNoGraphs"),
+        (vllm_config(), Platform("xpu", False), "NONE", "PlatformWithoutStaticGraphs"),
+        (vllm_config(pooler_config=object()), Platform("npu", True), "PIECEWISE", "PoolingModelNoFullGraphs"),
+        (ENCODER_DECODER, Platform("npu", True), "PIECEWISE", "EncoderDecoderPiecewiseOnly"),
+        (ENCODER_DECODER, Platform("cuda", True), "FULL_DECODE_ONLY", "EncoderDecoderFullDecodeOnly"),
+        (vllm_config(), Platform("npu", True), "PIECEWISE", "PlatformConfig"),
+    ],
+)
+def test_config_downgrade_reasons_are_the_planners_where_the_cause_is_the_same(
+    config: Any, platform: Platform, final: str, reason: str
+) -> None:
+    from npu_runtime import modes
+
+    found, message = vllm_hooks.config_downgrade_reason(config, "FULL_AND_PIECEWISE", final, platform=platform)
+    assert found == reason
+    assert f"FULL_AND_PIECEWISE -> {final}" in message
+    planner = {rule.reason for rule in modes.RULES}
+    if reason in ENGINE_ONLY_REASONS:
+        assert reason not in planner, f"{reason} is a planner reason now: drop it from ENGINE_ONLY_REASONS"
+    else:
+        assert reason in planner, f"{reason} is not a reason of npu_runtime.modes.RULES: the codes drifted apart"
 
 
 # ----- decode steps and eager fallbacks (V1 runner) -----
@@ -499,8 +537,7 @@ assert "TinyBackend" in downgrade["message"] and "NEVER" in downgrade["message"]
 
 # CUDAGraphWrapper: hookable; outside a forward it runs the runnable untouched and unrecorded.
 wrapped = observer()
-vllm_hooks.patch_graph_wrapper(wrapped, cuda_graph, name="cuda_graph_wrapper", class_name="CUDAGraphWrapper",
-                               entries_attr="concrete_cudagraph_entries", graph_attr="cudagraph")
+vllm_hooks.patch_graph_wrapper(wrapped, cuda_graph, vllm_hooks.CUDA_GRAPH_WRAPPER)
 wrapper = object.__new__(cuda_graph.CUDAGraphWrapper)
 wrapper.runnable = lambda x: x + 1
 assert wrapper(41) == 42

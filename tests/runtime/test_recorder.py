@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from npu_runtime import reports
-from npu_runtime.observer.recorder import EventTimer, Recorder, percentile
+from npu_runtime.observer.recorder import RECENT_SAMPLES, EventTimer, Recorder, ReplayStats, percentile, percentiles
 
 from tests.runtime.observer_fakes import FakeDevice
 
@@ -62,6 +62,27 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([], 0.5) is None
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
+
+
+def test_percentiles_sort_once_for_several_fractions() -> None:
+    samples = [float(i) for i in range(100, 0, -1)]
+    assert percentiles(samples, (0.5, 0.99)) == [percentile(samples, 0.5), percentile(samples, 0.99)] == [50.0, 99.0]
+    assert percentiles([], (0.5, 0.99)) == [None, None]
+
+
+def test_replay_percentiles_are_kept_until_a_new_sample_arrives() -> None:
+    stats = ReplayStats()
+    assert stats.p50_p99() == (None, None)
+    for seconds in (0.003, 0.001, 0.002):
+        stats.observe(seconds)
+    first = stats.p50_p99()
+    assert first == (0.002, 0.003)
+    assert stats.p50_p99() is first  # nothing new: not sorted again
+    stats.observe(0.0005)
+    assert stats.p50_p99() == (0.001, 0.003)
+    for _ in range(RECENT_SAMPLES):  # the ring wraps: only the newest samples count
+        stats.observe(0.01)
+    assert stats.p50_p99() == (0.01, 0.01)
 
 
 def test_report_shape_and_flush(tmp_path: Path) -> None:

@@ -11,22 +11,11 @@ from npu_runtime.failures import Failure
 from npu_runtime.status import PlanView, RuntimeStatus, aggregate
 from prometheus_client.parser import text_string_to_metric_families
 
-# DESIGN.md's table: name -> (type, labels). The dashboard, the alerts and users' queries use these.
-DESIGN_TABLE = {
-    "npu_graph_mode_info": ("gauge", ("requested", "effective")),
-    "npu_graph_downgrades_total": ("counter", ("from_mode", "to_mode", "reason", "stage")),
-    "npu_graph_capture_sizes": ("gauge", ("mode",)),
-    "npu_graph_capture_memory_bytes": ("gauge", ("mode", "size")),
-    "npu_graph_capture_seconds": ("gauge", ("mode", "size")),
-    "npu_graph_replay_latency_seconds": ("histogram", ("mode", "size")),
-    "npu_graph_eager_fallbacks_total": ("counter", ("reason",)),
-    "npu_device_memory_bytes": ("gauge", ("device", "kind")),
-    "npu_graph_instrumentation_errors_total": ("counter", ("hook",)),
-}
+from tests.design_metrics import RUNTIME_TABLE
 
 
 def test_metric_definitions_are_exactly_designs_table() -> None:
-    assert {spec.name: (spec.kind, spec.labels) for spec in metrics.RUNTIME_METRICS} == DESIGN_TABLE
+    assert {spec.name: (spec.kind, spec.labels) for spec in metrics.RUNTIME_METRICS} == RUNTIME_TABLE
 
 
 def worker(pid: int, **overrides: Any) -> dict[str, Any]:
@@ -126,7 +115,6 @@ def plan_view() -> PlanView:
         effective_mode="FULL_DECODE_ONLY",
         plan={"requested_mode": "FULL_DECODE_ONLY", "capture_sizes": [1, 8]},
         downgrades=[{"from_mode": "FULL", "to_mode": "FULL_DECODE_ONLY", "reason": "R", "message": "m"}],
-        capture_sizes=(1, 8),
         memory={"total": 64 << 30, "weights": 15 << 30},
     )
 
@@ -183,12 +171,9 @@ def test_a_failure_is_terminal_and_shown(status: RuntimeStatus) -> None:
 
 
 def scrape(status: RuntimeStatus) -> dict[str, Any]:
-    from npu_runtime.server import _Collector
-    from prometheus_client import CollectorRegistry, generate_latest
+    from npu_runtime.server import exposition
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(status))
-    text = generate_latest(registry).decode()
+    text = exposition(status).decode()
     return {family.name: family for family in text_string_to_metric_families(text)}
 
 
@@ -241,3 +226,24 @@ def test_reports_are_replaced_atomically_and_foreign_files_ignored(tmp_path: Pat
     assert [r["phase"] for r in reports.read_reports(tmp_path)] == ["b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["observer-7.json", "observer-8.json", "observer-9.json"]
     assert reports.read_reports(tmp_path / "missing") == []
+
+
+def test_serve_hands_the_plan_to_the_status_as_plain_data() -> None:
+    from npu_runtime.cli import render_plan
+    from npu_runtime.contract import PlanOptions
+    from npu_runtime.plan import make_plan
+    from npu_runtime.serve import describe_plan, plan_view
+
+    from .conftest import DEVICES, load_model
+
+    plan = make_plan(PlanOptions(), DEVICES["CPU-64GiB"], load_model("llama-3.1-8b"), environ={})
+    view = plan_view(plan)
+    assert (view.requested_mode, view.effective_mode) == (plan.requested_mode, plan.effective_mode)
+    assert view.plan == plan.to_dict()
+    assert [dict(d) for d in view.downgrades] == [
+        {"from_mode": d.from_mode, "to_mode": d.to_mode, "reason": d.reason, "message": d.message}
+        for d in plan.downgrades
+    ]
+    assert [d["reason"] for d in view.downgrades] == ["CpuHasNoGraphs"]
+    assert view.memory["total"] == plan.memory.total_bytes
+    assert describe_plan(plan) == render_plan(plan.to_dict())

@@ -24,7 +24,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 from npu_runtime import metrics, reports
@@ -97,7 +97,7 @@ class EventTimer:
 
 
 class ReplayStats:
-    __slots__ = ("_next", "buckets", "count", "recent", "sum", "timed")
+    __slots__ = ("_next", "_percentiles", "_percentiles_at", "buckets", "count", "recent", "sum", "timed")
 
     def __init__(self) -> None:
         self.count = 0  # replays seen
@@ -106,6 +106,8 @@ class ReplayStats:
         self.buckets = [0] * (len(metrics.REPLAY_LATENCY_BUCKETS) + 1)
         self.recent = array.array("d")  # a ring of the last RECENT_SAMPLES device times (8 bytes each)
         self._next = 0
+        self._percentiles: tuple[float | None, float | None] = (None, None)
+        self._percentiles_at = 0  # `timed` when _percentiles was computed
 
     def observe(self, seconds: float) -> None:
         self.timed += 1
@@ -117,14 +119,27 @@ class ReplayStats:
             self.recent[self._next] = seconds
             self._next = (self._next + 1) % RECENT_SAMPLES
 
+    def p50_p99(self) -> tuple[float | None, float | None]:
+        """p50 and p99 of the recent device times: one sort, kept until the next `observe`."""
+        if self._percentiles_at != self.timed:
+            p50, p99 = percentiles(self.recent, (0.50, 0.99))
+            self._percentiles = (p50, p99)
+            self._percentiles_at = self.timed
+        return self._percentiles
 
-def percentile(samples: list[float], fraction: float) -> float | None:
-    """Nearest-rank percentile of `samples` (sorted here); None for no samples."""
+
+def percentiles(samples: Sequence[float], fractions: Sequence[float]) -> list[float | None]:
+    """Nearest-rank percentiles of `samples` (sorted here, once) at each fraction; None for no samples."""
     if not samples:
-        return None
+        return [None] * len(fractions)
     ordered = sorted(samples)
-    rank = max(1, min(len(ordered), math.ceil(fraction * len(ordered))))
-    return ordered[rank - 1]
+    count = len(ordered)
+    return [ordered[max(1, min(count, math.ceil(fraction * count))) - 1] for fraction in fractions]
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float | None:
+    """Nearest-rank percentile of `samples` (sorted here); None for no samples."""
+    return percentiles(samples, (fraction,))[0]
 
 
 class Recorder:
@@ -245,7 +260,7 @@ class Recorder:
             stats.observe(seconds)
         replay = []
         for (mode, size), stats in sorted(self.replay.items()):
-            recent = list(stats.recent)
+            p50, p99 = stats.p50_p99()
             replay.append(
                 {
                     "mode": mode,
@@ -254,8 +269,8 @@ class Recorder:
                     "timed": stats.timed,
                     "sum_seconds": stats.sum,
                     "buckets": list(stats.buckets),
-                    "p50_seconds": percentile(recent, 0.50),
-                    "p99_seconds": percentile(recent, 0.99),
+                    "p50_seconds": p50,
+                    "p99_seconds": p99,
                 }
             )
         return {

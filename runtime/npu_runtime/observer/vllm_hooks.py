@@ -31,12 +31,14 @@ import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from npu_runtime.observer.hooks import Hook, argument, around, when_imported, wrap_method
-from npu_runtime.observer.recorder import EventTimer, Recorder
+from npu_runtime.observer.recorder import DeviceEvent, EventTimer, Key, Recorder
 
 _UNSET: Final = object()
+CaptureToken = tuple[float, int | None]  # (perf_counter at the start, free device bytes then)
+ReplayToken = tuple[DeviceEvent, DeviceEvent] | None  # the timer's event pair; None: not timed
 
 # (module, class) pairs for the V1 and V2 model runners; the vllm-ascend ones override most methods.
 RUNNER_CLASSES: Final = (
@@ -45,23 +47,25 @@ RUNNER_CLASSES: Final = (
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
     ("vllm_ascend.worker.v2.model_runner", "NPUModelRunner"),
 )
-GRAPH_WRAPPERS: Final = (
-    # hook name, module, class, entries attribute, graph attribute of an entry
-    (
-        "cuda_graph_wrapper",
-        "vllm.compilation.cuda_graph",
-        "CUDAGraphWrapper",
-        "concrete_cudagraph_entries",
-        "cudagraph",
-    ),
-    (
-        "acl_graph_wrapper",
-        "vllm_ascend.compilation.acl_graph",
-        "ACLGraphWrapper",
-        "concrete_aclgraph_entries",
-        "aclgraph",
-    ),
+
+
+class GraphWrapperClass(NamedTuple):
+    """A static graph wrapper class the observer hooks, and the attributes its hook reads."""
+
+    hook: str  # the hook's name: the `hook` label of npu_graph_instrumentation_errors_total
+    module: str
+    class_name: str
+    entries_attr: str  # the wrapper's dict of entries by batch descriptor
+    graph_attr: str  # an entry's graph, None until it is captured
+
+
+CUDA_GRAPH_WRAPPER: Final = GraphWrapperClass(
+    "cuda_graph_wrapper", "vllm.compilation.cuda_graph", "CUDAGraphWrapper", "concrete_cudagraph_entries", "cudagraph"
 )
+ACL_GRAPH_WRAPPER: Final = GraphWrapperClass(
+    "acl_graph_wrapper", "vllm_ascend.compilation.acl_graph", "ACLGraphWrapper", "concrete_aclgraph_entries", "aclgraph"
+)
+GRAPH_WRAPPERS: Final = (CUDA_GRAPH_WRAPPER, ACL_GRAPH_WRAPPER)
 
 
 def mode_name(mode: Any) -> str | None:
@@ -143,6 +147,37 @@ class Observer:
                 self.recorder.timer = EventTimer(lambda: event(enable_timing=True), sample_every=self.sample_every)
         return self.recorder.timer
 
+    # ----- capture and replay bookkeeping (both the graph wrappers and V2's graph manager) -----
+
+    def begin_capture(self) -> CaptureToken:
+        """Before a graph capture: the start time and free device memory (and the replay timer, made now)."""
+        self.timer()
+        info = self.memory_info()
+        return time.perf_counter(), info[0] if info is not None else None
+
+    def end_capture(self, key: Key, token: CaptureToken) -> None:
+        """After it: record its time and the device memory it took (None where that is unknown)."""
+        started, free_before = token
+        seconds = time.perf_counter() - started
+        info = self.memory_info()
+        memory = None
+        if free_before is not None and info is not None:
+            memory = max(0, free_before - info[0])
+        self.recorder.record_capture(key, memory, seconds)
+
+    def begin_replay(self, key: Key) -> ReplayToken:
+        """Before a full-graph replay (decode path): count it; the device events to stop, if it is timed."""
+        recorder = self.recorder
+        recorder.count_replay(key)
+        if not self._timer_ready:
+            self.timer()
+        return recorder.timer.start()
+
+    def end_replay(self, key: Key, token: ReplayToken) -> None:
+        """After it: queue its events for the flush thread to read (no synchronisation)."""
+        if token is not None:
+            self.recorder.timer.stop(token, key)
+
 
 # ----- installation -----
 
@@ -150,13 +185,8 @@ class Observer:
 def install(observer: Observer) -> None:
     """Arrange every hook: now for modules already imported, on import for the others."""
     when_imported("vllm.config", functools.partial(patch_config, observer))
-    for name, module_name, class_name, entries, graph in GRAPH_WRAPPERS:
-        when_imported(
-            module_name,
-            functools.partial(
-                patch_graph_wrapper, observer, name=name, class_name=class_name, entries_attr=entries, graph_attr=graph
-            ),
-        )
+    for wrapper in GRAPH_WRAPPERS:
+        when_imported(wrapper.module, functools.partial(patch_graph_wrapper, observer, wrapper=wrapper))
     for module_name, class_name in RUNNER_CLASSES:
         when_imported(module_name, functools.partial(patch_runner, observer, class_name=class_name))
     when_imported("vllm.v1.worker.gpu.cudagraph_utils", functools.partial(patch_graph_manager, observer))
@@ -208,19 +238,23 @@ def config_post_init_wrapper(observer: Observer, original: Callable[..., Any]) -
     return around(hook, original, before, after, outermost_only=True)
 
 
-def config_downgrade_reason(config: Any, requested: str, final: str) -> tuple[str, str]:
-    """Why VllmConfig (with the platform's check_and_update_config) changed the mode, best known."""
+def config_downgrade_reason(config: Any, requested: str, final: str, *, platform: Any = _UNSET) -> tuple[str, str]:
+    """Why VllmConfig (with the platform's check_and_update_config) changed the mode, best known.
+
+    `platform` is vLLM's current_platform unless given. Where the cause is one the planner knows,
+    the reason is its rule's (npu_runtime.modes.RULES; a test holds the two together).
+    """
     change = f"cudagraph_mode {requested} -> {final}"
     model_config = getattr(config, "model_config", None)
     if getattr(model_config, "enforce_eager", False):
         return "EnforceEager", f"enforce_eager is set, so the engine runs without graphs ({change})"
-    platform: Any = None
-    try:
-        from vllm.platforms import current_platform
+    if platform is _UNSET:
+        try:
+            from vllm.platforms import current_platform
 
-        platform = current_platform
-    except Exception:
-        platform = None
+            platform = current_platform
+        except Exception:
+            platform = None
     platform_name = type(platform).__name__ if platform is not None else "unknown platform"
     device = getattr(platform, "device_type", None) or "unknown"
     supports = getattr(platform, "support_static_graph_mode", None)
@@ -277,25 +311,46 @@ def resolve_mode_wrapper(observer: Observer, original: Callable[..., Any]) -> Ca
 # ----- the static graph wrappers: capture and replay -----
 
 
-def patch_graph_wrapper(
-    observer: Observer, module: ModuleType, *, name: str, class_name: str, entries_attr: str, graph_attr: str
-) -> None:
-    cls = getattr(module, class_name, None)
+def patch_graph_wrapper(observer: Observer, module: ModuleType, wrapper: GraphWrapperClass) -> None:
+    cls = getattr(module, wrapper.class_name, None)
     if cls is None:
-        observer.unavailable(f"{module.__name__}.{class_name}")
+        observer.unavailable(f"{module.__name__}.{wrapper.class_name}")
         return
     try:
-        from vllm.config import CUDAGraphMode
         from vllm.forward_context import get_forward_context
+
+        observer.modes()
     except Exception:
-        observer.unavailable(f"{class_name}.__call__ (vllm.forward_context)")
+        observer.unavailable(f"{wrapper.class_name}.__call__ (vllm.forward_context)")
         return
     try:
         from vllm.forward_context import is_forward_context_available
     except Exception:
         is_forward_context_available = None  # type: ignore[assignment]
-    hook = observer.hook(name)
-    if not _patch(
+    if not hook_graph_wrapper(
+        observer, cls, wrapper, get_context=get_forward_context, context_available=is_forward_context_available
+    ):
+        observer.unavailable(f"{wrapper.class_name}.__call__")
+
+
+def hook_graph_wrapper(
+    observer: Observer,
+    cls: type,
+    wrapper: GraphWrapperClass,
+    *,
+    get_context: Callable[[], Any],
+    context_available: Callable[[], bool] | None = None,
+) -> bool:
+    """Hook `cls.__call__` for capture and replay; False when `cls` defines no `__call__` of its own.
+
+    `cls` is `wrapper`'s class, or a stand-in of its shape (the tests, the hook benchmark, the
+    device check): `runtime_mode`, the entries and graph attributes `wrapper` names, and a forward
+    context from `get_context()` with `cudagraph_runtime_mode` and `batch_descriptor`. The modes
+    are `observer.modes()` (vLLM's CUDAGraphMode). Idempotent, and listed as an installed hook.
+    """
+    modes = observer.modes()
+    hook = observer.hook(wrapper.hook)
+    return _patch(
         observer,
         cls,
         "__call__",
@@ -303,15 +358,14 @@ def patch_graph_wrapper(
             observer,
             hook,
             original,
-            entries_attr=entries_attr,
-            graph_attr=graph_attr,
-            get_context=get_forward_context,
-            context_available=is_forward_context_available,
-            none_mode=CUDAGraphMode.NONE,
-            full_mode=CUDAGraphMode.FULL,
+            entries_attr=wrapper.entries_attr,
+            graph_attr=wrapper.graph_attr,
+            get_context=get_context,
+            context_available=context_available,
+            none_mode=modes.NONE,
+            full_mode=modes.FULL,
         ),
-    ):
-        observer.unavailable(f"{class_name}.__call__")
+    )
 
 
 def graph_call_wrapper(
@@ -331,15 +385,15 @@ def graph_call_wrapper(
     Decode path cost: a forward-context lookup, a dict lookup, two device event records and a
     deque append; no synchronisation. Piecewise replays (one per layer piece) are not timed.
     """
-    recorder = observer.recorder
-    perf_counter = time.perf_counter
+    begin_capture, end_capture = observer.begin_capture, observer.end_capture
+    begin_replay, end_replay = observer.begin_replay, observer.end_replay
     passthrough, capture, replay = 0, 1, 2
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if hook.disabled:
             return original(self, *args, **kwargs)
         action = passthrough
-        key: tuple[str, int] = ("", 0)
+        key: Key = ("", 0)
         token: Any = None
         try:
             if context_available is None or context_available():
@@ -351,13 +405,10 @@ def graph_call_wrapper(
                     key = (mode.name, int(descriptor.num_tokens))
                     if entry is None or getattr(entry, graph_attr) is None:
                         action = capture
-                        observer.timer()
-                        info = observer.memory_info()
-                        token = (perf_counter(), info[0] if info is not None else None)
+                        token = begin_capture()
                     elif mode == full_mode:
                         action = replay
-                        recorder.count_replay(key)
-                        token = observer.timer().start()
+                        token = begin_replay(key)
         except Exception:
             hook.fail()
             return original(self, *args, **kwargs)
@@ -366,15 +417,9 @@ def graph_call_wrapper(
             return result
         try:
             if action == capture:
-                started, free_before = token
-                seconds = perf_counter() - started
-                info = observer.memory_info()
-                memory = None
-                if free_before is not None and info is not None:
-                    memory = max(0, free_before - info[0])
-                recorder.record_capture(key, memory, seconds)
-            elif token is not None:
-                recorder.timer.stop(token, key)
+                end_capture(key, token)
+            elif token is not None:  # a replay that is timed
+                end_replay(key, token)
         except Exception:
             hook.fail()
         return result
@@ -585,22 +630,15 @@ def manager_capture_wrapper(
 ) -> Callable[..., Any]:
     """Wrap the forward-function factory: a capture spans from its warmup=False call to the next call."""
     hook = observer.hook("graph_manager_capture")
-    recorder = observer.recorder
-    perf_counter = time.perf_counter
 
     def capture(self: Any, create_forward_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if hook.disabled or not isinstance(self, model_manager):
             return original(self, create_forward_fn, *args, **kwargs)
-        open_capture: list[Any] = []
+        open_capture: list[tuple[Key, CaptureToken]] = []
 
         def close() -> None:
             if open_capture:
-                key, started, free_before = open_capture.pop()
-                info = observer.memory_info()
-                memory = None
-                if free_before is not None and info is not None:
-                    memory = max(0, free_before - info[0])
-                recorder.record_capture(key, memory, perf_counter() - started)
+                observer.end_capture(*open_capture.pop())
 
         def factory(desc: Any, *fargs: Any, **fkwargs: Any) -> Any:
             if not hook.disabled:
@@ -608,10 +646,8 @@ def manager_capture_wrapper(
                     close()
                     warmup = fkwargs.get("warmup", fargs[0] if fargs else False)
                     if not warmup:
-                        observer.timer()
-                        info = observer.memory_info()
                         key = (str(mode_name(desc.cg_mode)), int(desc.num_tokens))
-                        open_capture.append((key, perf_counter(), info[0] if info is not None else None))
+                        open_capture.append((key, observer.begin_capture()))
                 except Exception:
                     hook.fail()
             return create_forward_fn(desc, *fargs, **fkwargs)
@@ -628,24 +664,21 @@ def manager_capture_wrapper(
 
 def manager_replay_wrapper(observer: Observer, original: Callable[..., Any], model_manager: type) -> Callable[..., Any]:
     hook = observer.hook("graph_manager_replay")
-    recorder = observer.recorder
 
     def run_fullgraph(self: Any, desc: Any, *args: Any, **kwargs: Any) -> Any:
         if hook.disabled or not isinstance(self, model_manager):
             return original(self, desc, *args, **kwargs)
         try:
             key = (str(mode_name(desc.cg_mode)), int(desc.num_tokens))
-            recorder.count_replay(key)
-            token = observer.timer().start()
+            token = observer.begin_replay(key)
         except Exception:
             hook.fail()
             return original(self, desc, *args, **kwargs)
         result = original(self, desc, *args, **kwargs)
-        if token is not None:
-            try:
-                recorder.timer.stop(token, key)
-            except Exception:
-                hook.fail()
+        try:
+            observer.end_replay(key, token)
+        except Exception:
+            hook.fail()
         return result
 
     return run_fullgraph
