@@ -142,7 +142,7 @@ class MetricValues:
     """What the runtime knows at scrape time, already aggregated over the engine's processes."""
 
     requested_mode: str
-    effective_mode: str
+    effective_mode: str | None
     downgrades: Mapping[tuple[str, str, str, str], int]  # (from, to, reason, stage) -> count
     capture_sizes: Mapping[str, int]  # mode -> how many sizes
     capture_memory: Mapping[tuple[str, int], int]  # (mode, size) -> bytes
@@ -168,7 +168,8 @@ def families(values: MetricValues) -> list[Metric]:
         return CounterMetricFamily(spec.family_name, spec.help, labels=list(spec.labels))
 
     mode_info = gauge(GRAPH_MODE_INFO)
-    mode_info.add_metric([values.requested_mode, values.effective_mode], 1)
+    if values.effective_mode is not None:  # no series until the mode is known
+        mode_info.add_metric([values.requested_mode, values.effective_mode], 1)
 
     downgrades = counter(GRAPH_DOWNGRADES)
     for (from_mode, to_mode, reason, stage), count in _sorted(values.downgrades.items()):

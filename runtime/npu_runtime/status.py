@@ -8,7 +8,8 @@ Aggregation over the engine's processes: tensor-parallel workers each capture an
 same graphs and see the same decode steps, so per-key values take the largest over processes
 (capture memory and time: the worst device), and a replay histogram is taken from the process
 with the most timed replays. Instrumentation errors add up (each process's hooks fail alone).
-The effective mode is the one a worker resolved, else the final VllmConfig's, else the plan's.
+The effective mode is the one a worker resolved, else the final VllmConfig's, else the plan's, else
+unknown (null) while the plan is being made.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class PlanView:
     """What serve took from the plan (kept as plain data, so this module needs no planner)."""
 
     requested_mode: str
-    effective_mode: str
+    effective_mode: str | None  # None until the plan is made: nothing is claimed before it is known
     plan: Mapping[str, Any]
     downgrades: Sequence[Mapping[str, str]] = ()  # stage "plan"
     memory: Mapping[str, int] = dataclasses.field(default_factory=dict)  # kind -> bytes, planned
@@ -138,7 +139,7 @@ class RuntimeStatus:
         self.observer_dir = observer_dir
         self._lock = threading.Lock()
         self._state = "starting"
-        self._plan = PlanView(requested_mode=requested_mode, effective_mode=requested_mode, plan={})
+        self._plan = PlanView(requested_mode=requested_mode, effective_mode=None, plan={})
         self._failure: Failure | None = None
         self._engine_pid: int | None = None
         self._exit_code: int | None = None

@@ -247,3 +247,14 @@ def test_serve_hands_the_plan_to_the_status_as_plain_data() -> None:
     assert [d["reason"] for d in view.downgrades] == ["CpuHasNoGraphs"]
     assert view.memory["total"] == plan.memory.total_bytes
     assert describe_plan(plan) == render_plan(plan.to_dict())
+
+
+def test_nothing_is_claimed_about_the_mode_before_the_plan_is_made(tmp_path: Path) -> None:
+    from npu_runtime.server import exposition
+
+    starting = RuntimeStatus(str(tmp_path), "FULL_DECODE_ONLY")
+    document = starting.document()
+    assert document["requested_mode"] == "FULL_DECODE_ONLY"
+    assert document["effective_mode"] is None
+    families = {f.name: f for f in text_string_to_metric_families(exposition(starting).decode())}
+    assert families["npu_graph_mode_info"].samples == []
