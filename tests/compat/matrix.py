@@ -16,9 +16,10 @@ from pathlib import Path
 
 from npu_runtime import modes
 from npu_runtime.engines import RELEASES, EngineRelease
+from npu_runtime.observer import compat as resolve
 from npu_runtime.observer import targets
 
-from tests.compat import resolve, sources
+from tests.compat import sources
 
 
 @dataclass(frozen=True)

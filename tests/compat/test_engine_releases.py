@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 from npu_runtime import engines
+from npu_runtime.observer import compat as resolve
 from npu_runtime.observer.targets import Param, Read, Target
 
-from tests.compat import matrix, resolve, sources
+from tests.compat import matrix, sources
 
 
 @pytest.fixture(scope="module")

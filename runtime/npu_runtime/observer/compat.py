@@ -1,7 +1,8 @@
-"""Resolve the observer's targets and the planner's rules in an engine release's source, by AST.
+"""Resolve the observer's targets and the planner's rules in an engine's source, by AST.
 
-`Source` reads the unpacked Python files of one release (tests/compat/sources.py) without
-importing them: modules by path, classes and functions by name (following `from x import y`
+`Source` reads the Python files of one engine release (unpacked from its published archive by
+tests/compat, or installed in the image for `npu-runtime doctor`) without importing them, so it
+needs no device, no CANN and no torch: modules by path, classes and functions by name (following `from x import y`
 re-exports, as `vllm.config` has), base classes, methods' signatures, and the attributes a class
 has (class-level assignments and annotations, properties and methods, `self.x = ...` in any of its
 methods, and the same on its bases). `check_target` turns one `targets.Target` into a `Cell` of
