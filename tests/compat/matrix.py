@@ -73,8 +73,18 @@ def render(matrix: Matrix) -> str:
     return "\n".join(lines)
 
 
+def markdown(matrix: Matrix) -> str:
+    """The hook rows as the Markdown table docs/serve.md shows (a test keeps the two equal)."""
+    names = [release.name + (" (image default)" if release.default else "") for release in matrix.releases]
+    lines = ["| hook | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    lines += [f"| {hook} | " + " | ".join(str(cell) for cell in cells) + " |" for hook, cells in matrix.hooks.items()]
+    return "\n".join(lines)
+
+
 def main() -> int:
-    print(render(build()))
+    result = build()
+    print(render(result))
+    print(markdown(result))
     return 0
 
 

@@ -126,3 +126,10 @@ def test_the_resolver_follows_reexports_bases_and_self_attributes(tmp_path: Path
     assert resolve.check_target(source, absent) == resolve.Cell(resolve.MISSING, "attribute Runner.graphs")
     ascend = Target("x", "vllm_ascend.worker", "NPURunner", "step")
     assert resolve.check_target(source, ascend).status == resolve.NOT_APPLICABLE
+
+
+def test_docs_show_the_matrix_the_sources_give(built: matrix.Matrix) -> None:
+    serve_md = Path(__file__).resolve().parents[2] / "docs" / "serve.md"
+    assert matrix.markdown(built) in serve_md.read_text(encoding="utf-8"), (
+        "docs/serve.md's matrix is stale: paste `python -m tests.compat.matrix`'s Markdown table"
+    )
