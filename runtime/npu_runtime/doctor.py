@@ -70,8 +70,10 @@ def installed_versions() -> dict[str, str | None]:
 
 
 def supported_release(versions: dict[str, str | None]) -> str | None:
+    """The supported release these versions are; local labels are ignored (images build vLLM as "0.23.0+empty")."""
+    public = {name: version.split("+", 1)[0] for name, version in versions.items() if version}
     for release in engines.RELEASES:
-        if all(versions.get(name) == version for name, version in release.distributions):
+        if all(public.get(name) == version for name, version in release.distributions):
             return release.name
     return None
 

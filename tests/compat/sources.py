@@ -10,6 +10,9 @@ Not `pip download`: for a source distribution pip prepares its metadata by build
 vllm-ascend 0.23.0.post1 (published as a source distribution only) cannot be built without CANN.
 
     python -m tests.compat.sources      # fetch every release now (CI does it in the test itself)
+
+NPU_COMPAT_INDEX_URL points at another index serving the same JSON API (a mirror); the default is
+https://pypi.org/simple. About 115 MB are downloaded on a cold cache, a few seconds on CI's link.
 """
 
 from __future__ import annotations

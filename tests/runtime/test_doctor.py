@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from npu_runtime import doctor
+from npu_runtime import doctor, engines
 from npu_runtime.observer import targets
 
 needs_vllm = pytest.mark.skipif(not doctor.engine_roots(), reason="needs vLLM (the engine-cpu extra)")
@@ -91,3 +91,15 @@ def test_cann_version_is_read_from_the_visible_toolkit(tmp_path: Path, monkeypat
     )
     assert doctor.cann_version({"ASCEND_TOOLKIT_HOME": str(toolkit)}) == "8.3.RC1"
     assert doctor.cann_version({"ASCEND_TOOLKIT_HOME": str(tmp_path / "none")}) is None
+
+
+def test_the_release_is_recognised_with_a_local_version_label() -> None:
+    # vllm-ascend's images install vLLM from source with VLLM_TARGET_DEVICE=empty: "0.23.0+empty".
+    versions: dict[str, str | None] = {
+        "torch": "2.8.0",
+        "torch-npu": "2.8.0",
+        "vllm": "0.23.0+empty",
+        "vllm-ascend": "0.23.0",
+    }
+    assert doctor.supported_release(versions) == engines.default_release().name
+    assert doctor.supported_release({**versions, "vllm": "0.22.0"}) is None
