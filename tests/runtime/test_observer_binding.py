@@ -17,7 +17,15 @@ import pytest
 from npu_runtime.observer import targets, vllm_hooks
 from npu_runtime.observer.targets import Param, Target
 
-from tests.runtime.observer_fakes import FakeDevice, FakeGraphWrapper, Mode, get_context, make_observer, set_context
+from tests.runtime.observer_fakes import (
+    Descriptor,
+    FakeDevice,
+    FakeGraphWrapper,
+    Mode,
+    get_context,
+    make_observer,
+    set_context,
+)
 
 INSERTED = "inserted_by_a_new_release"
 
@@ -162,3 +170,22 @@ def test_a_runner_without_its_compilation_config_refuses_at_first_call() -> None
         observer.recorder.hooks_unavailable
     )
     assert observer.recorder.decode_steps == 0
+
+
+def test_an_attribute_missing_deeper_in_the_engine_is_reported_by_name() -> None:
+    # The wrapper's own attributes are there; its entries lack the graph attribute the hook reads.
+    class Wrapper:
+        runtime_mode = Mode.FULL
+
+        def __init__(self) -> None:
+            self.concrete_cudagraph_entries = {Descriptor(4): object()}
+
+        def __call__(self) -> str:
+            return "ran"
+
+    observer = make_observer(FakeDevice())
+    assert vllm_hooks.hook_graph_wrapper(observer, Wrapper, vllm_hooks.CUDA_GRAPH_WRAPPER, get_context=get_context)
+    set_context(Mode.FULL, 4)
+    assert Wrapper()() == "ran"  # the engine's call is untouched
+    assert observer.recorder.errors == {"cuda_graph_wrapper": 1}
+    assert "cuda_graph_wrapper: 'object' object has no attribute 'cudagraph'" in observer.recorder.hooks_unavailable

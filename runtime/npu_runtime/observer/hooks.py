@@ -58,7 +58,11 @@ class Hook:
             pass
 
     def fail(self) -> None:
-        """Call from an `except` block: disable, count, log once. Never raises."""
+        """Call from an `except` block: disable, count, log once. Never raises.
+
+        An AttributeError (an engine object without an attribute the hook reads, found at its
+        first use) also lists the hook as unavailable, with the attribute's name.
+        """
         try:
             if self.disabled:
                 return
@@ -70,6 +74,9 @@ class Hook:
             )
             if self.on_error is not None:
                 self.on_error(self.name)
+            error = sys.exc_info()[1]
+            if isinstance(error, AttributeError) and self.on_unavailable is not None:
+                self.on_unavailable(f"{self.name}: {error}")
         except Exception:
             pass
 
