@@ -23,12 +23,17 @@ from tests.compat import matrix, sources
 
 
 @pytest.fixture(scope="module")
-def built() -> matrix.Matrix:
+def built(request: pytest.FixtureRequest) -> matrix.Matrix:
     try:
         result = matrix.build()
     except sources.SourceUnavailable as exc:
         pytest.skip(f"engine sources cannot be downloaded here ({exc}); the compatibility tier needs PyPI")
-    print("\n" + matrix.render(result))
+    # Shown in every run's output (CI's log included), not only with -s.
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if capture is not None and reporter is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("\n" + matrix.render(result))
     return result
 
 
