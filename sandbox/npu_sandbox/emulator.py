@@ -215,6 +215,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             object.__setattr__(request, "namespace", None)  # see __call__: namespaces are cluster-scoped
         if request.resource is not None:
             try:
+                _refuse_protobuf(request)
                 self._replace_as_patch(request)
                 self._scale_as_patch(request)
                 warnings = self._validate_fields(request)
@@ -683,6 +684,16 @@ def _cause(error: str) -> dict[str, str]:
     """A StatusCause from `path: message`, the field apart, as kubectl prints it ("The X "n" is invalid: ...")."""
     field, _, message = error.partition(": ")
     return {"reason": "FieldValueInvalid", "field": field, "message": message or error}
+
+
+def _refuse_protobuf(request: rendering.Request) -> None:
+    """Bodies are read as JSON; kubectl's generators (`create namespace`, `create deployment`) send protobuf."""
+    if "protobuf" in request.headers.get("Content-Type", "") and request.body:
+        raise kmock.KubernetesError(
+            status=415,
+            reason="UnsupportedMediaType",
+            message="the sandbox API reads JSON bodies only, not protobuf (write it as YAML and use kubectl apply -f)",
+        )
 
 
 def _is_dry_run(request: rendering.Request) -> bool:
