@@ -619,6 +619,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             or request.subresource == "scale"
         ):
             return []
+        if "strategic-merge-patch" in request.headers.get("Content-Type", ""):
+            _drop_patch_directives(body)  # applied as a merge patch: its $directives are no fields
         directive = request.params.get("fieldValidation", "Warn")
         unknown = openapi.unknown_fields(
             resource.group or "", resource.version or "", kind, body, prune=directive != "Strict"
@@ -684,6 +686,18 @@ def _cause(error: str) -> dict[str, str]:
     """A StatusCause from `path: message`, the field apart, as kubectl prints it ("The X "n" is invalid: ...")."""
     field, _, message = error.partition(": ")
     return {"reason": "FieldValueInvalid", "field": field, "message": message or error}
+
+
+def _drop_patch_directives(value: Any) -> None:
+    """Remove a strategic-merge patch's `$setElementOrder/...`, `$patch`, `$retainKeys` (not emulated)."""
+    if isinstance(value, dict):
+        for key in [key for key in value if key.startswith("$")]:
+            del value[key]
+        for item in value.values():
+            _drop_patch_directives(item)
+    elif isinstance(value, list):
+        for item in value:
+            _drop_patch_directives(item)
 
 
 def _refuse_protobuf(request: rendering.Request) -> None:

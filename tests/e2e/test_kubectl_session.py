@@ -103,6 +103,8 @@ async def test_a_users_kubectl_session(session: tuple[LocalCluster, Kubectl]) ->
     creates = [r for r in cluster.emulator if r.method.value == "POST" and r.resource == NPUINF]
     assert creates[-1].params.get("fieldValidation") == "Strict"
 
+    again = await kubectl.run("apply", "-f", str(EXAMPLES / "sandbox-cpu.yaml"))
+    assert again.stdout.strip() == "npuinference.inference.npu.dev/tiny-llama unchanged"
     listed = (await kubectl.run("get", "npuinf")).stdout.splitlines()
     assert listed[0].split() == ["NAME", "MODEL", "MODE", "READY", "PHASE", "REASON", "AGE"]
     assert listed[1].split()[:2] == ["tiny-llama", "tiny-llama"]
@@ -136,6 +138,8 @@ async def test_a_users_kubectl_session(session: tuple[LocalCluster, Kubectl]) ->
     )
     await kubectl.run("scale", "npuinf", "tiny-llama", "--replicas=7", "--dry-run=server")
     await kubectl.run("delete", "npuinf", "tiny-llama", "--dry-run=server")
+    diff = await kubectl.run("diff", "-f", "-", stdin=manifest("tiny-llama", replicas=3), ok=False)
+    assert diff.returncode == 1 and "-  replicas: 1\n+  replicas: 3" in diff.stdout, diff.stderr  # a dry-run patch
     stored = await cluster.get(crd.API_VERSION, crd.PLURAL, "default", "tiny-llama")
     assert stored is not None and stored["spec"]["replicas"] == 1 and "deletionTimestamp" not in stored["metadata"]
 

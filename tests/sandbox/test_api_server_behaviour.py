@@ -151,7 +151,7 @@ async def test_unknown_fields_are_refused_when_strict_and_otherwise_dropped_with
         '299 - "unknown field \\"metadata.labelz\\""',
         '299 - "unknown field \\"spec.grph\\""',
     ]
-    deployment = {
+    deployment: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": "d"},
@@ -161,6 +161,24 @@ async def test_unknown_fields_are_refused_when_strict_and_otherwise_dropped_with
         session, "POST", "/apis/apps/v1/namespaces/default/deployments?fieldValidation=Strict", deployment
     )
     assert status == 400 and 'unknown field "spec.template.spec.containers[0].imag"' in answer["message"]
+    deployment["spec"]["template"]["spec"]["containers"][0] = {"name": "c", "image": "x"}
+    await call(session, "POST", "/apis/apps/v1/namespaces/default/deployments", deployment)
+    # kubectl apply's strategic-merge patch: its directives are no unknown fields
+    smp = {
+        "spec": {
+            "template": {
+                "spec": {"$setElementOrder/containers": [{"name": "c"}], "containers": [{"name": "c", "image": "y"}]}
+            }
+        }
+    }
+    status, patched, _ = await call(
+        session,
+        "PATCH",
+        "/apis/apps/v1/namespaces/default/deployments/d?fieldValidation=Strict",
+        smp,
+        "application/strategic-merge-patch+json",
+    )
+    assert status == 200 and patched["spec"]["template"]["spec"] == {"containers": [{"name": "c", "image": "y"}]}
 
 
 async def test_put_replaces_the_object_and_refuses_a_stale_resource_version(api: Any) -> None:
