@@ -653,10 +653,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             answer, status = dict(dicts.patch_dict(old, request.data)), 200
             if request.subresource == "scale":
                 answer = self._as_scale(request, answer)
-        elif request.action == enums.action.DELETE:
+        else:  # DELETE
             answer, status = old, 200
-        else:
-            raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message="dryRun on a read")
         response = aiohttp.web.json_response(answer, status=status)
         for warning in warnings:
             response.headers.add("Warning", _warning(warning))
@@ -711,7 +709,9 @@ def _refuse_protobuf(request: rendering.Request) -> None:
 
 
 def _is_dry_run(request: rendering.Request) -> bool:
-    """`?dryRun=All`, or DeleteOptions' `dryRun: [All]` in a DELETE's body (as kubectl sends it)."""
+    """`?dryRun=All` on a write, or DeleteOptions' `dryRun: [All]` in a DELETE's body (as kubectl sends it)."""
+    if request.action not in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE):
+        return False  # reads ignore it, as on an API server
     if request.params.get("dryRun") == "All":
         return True
     body = request.data

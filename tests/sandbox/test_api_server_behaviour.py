@@ -135,6 +135,8 @@ async def test_dry_runs_are_validated_and_answered_but_store_nothing_and_emit_no
     assert events[-1]["object"]["spec"]["replicas"] == 1
     status, _, _ = await call(session, "GET", NPUINF + "/dry")
     assert status == 404
+    status, _, _ = await call(session, "GET", NPUINF + "/tiny-llama?dryRun=All")  # reads ignore it
+    assert status == 200
 
 
 async def test_unknown_fields_are_refused_when_strict_and_otherwise_dropped_with_a_warning(api: Any) -> None:
