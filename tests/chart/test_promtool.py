@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from npu_sandbox.prometheus import rules_file
 
 from tests.chart.helm import CHART, JSON, one, render
 
@@ -48,20 +49,6 @@ def rules_dir(tmp_path_factory: pytest.TempPathFactory, rule_groups: list[JSON])
     (folder / "rules.yaml").write_text(rules_file(rule_groups), encoding="utf-8")
     shutil.copy(TESTS, folder / TESTS.name)
     return folder
-
-
-def rules_file(groups: list[JSON]) -> str:
-    """A Prometheus rule file with the PrometheusRule's groups, expressions as readable blocks."""
-
-    class Dumper(yaml.SafeDumper):
-        pass
-
-    def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-        style = "|" if "\n" in value else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-    Dumper.add_representer(str, text)
-    return yaml.dump({"groups": groups}, Dumper=Dumper, sort_keys=False, width=1000)
 
 
 def run(promtool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
