@@ -8,6 +8,13 @@ How labels reach Prometheus: the PodMonitors (the operator's per-resource one an
 default one) copy the pod label `inference.npu.dev/name` onto every series as
 `inference_npu_dev_name` (podTargetLabels); `namespace` and `pod` are prometheus-operator's
 standard target labels. The dashboard's variables filter on those two.
+
+Why plain dicts and not grafana-foundation-sdk's typed builders: on PyPI it is one build per
+Grafana version (10.1 to 11.6) told apart by a timestamp epoch (`1769699998!10.1.0`), so an
+unpinned install picks whichever build was uploaded last (10.1's schema today); adopting it
+would rewrite this file without changing a byte users get. What breaks a dashboard in practice
+is a query that answers nothing, and tests/e2e/test_dashboard_queries.py catches that by running
+every panel's queries against a real Prometheus that scraped the sandbox.
 """
 
 from __future__ import annotations
