@@ -121,8 +121,6 @@ async def run(args: argparse.Namespace, manifest: dict[str, Any], workdir: Path)
         say(f"kubeconfig  {cluster.kubeconfig}")
         await cluster.start_operator(config)
         say(f"npu-operator running (kopf, peering on, against the API above; log {log_file})")
-        if prometheus is not None:
-            await start_prometheus(prometheus, operator_metrics_port)
 
         heading(f"kubectl apply -f {args.manifest}")
         await cluster.apply_npu_inference(manifest)
@@ -132,6 +130,8 @@ async def run(args: argparse.Namespace, manifest: dict[str, Any], workdir: Path)
         following = asyncio.Event()
         follower: asyncio.Task[None] | None = None
         try:
+            if prometheus is not None:
+                await start_prometheus(prometheus, operator_metrics_port)
             await cluster.wait_for(lambda: cluster.get("apps/v1", "deployments", namespace, name), within=60)
             heading("kubelet: running the Deployment's pod on this machine")
             (pod,) = await kubelet.start_pods()
@@ -198,7 +198,9 @@ async def start_prometheus(prometheus: prom.LocalPrometheus, operator_metrics_po
         raise SandboxFailed(f"Prometheus: {exc}") from exc
     prometheus.set_targets("operator", prom.operator_targets(operator_metrics_port))
     rules = sum(len(group["rules"]) for group in groups)
-    say(f"Prometheus  {prometheus.url} (scrapes every {prom.SCRAPE_INTERVAL_SECONDS}s; the chart's {rules} alerts)")
+    heading("Prometheus: scraping the operator and, once it runs, the pod; the chart's alerts loaded")
+    say(f"Prometheus  {prometheus.url} (scrapes every {prom.SCRAPE_INTERVAL_SECONDS}s, {rules} alerts)")
+    say(f"log         {prometheus.log_path}")
 
 
 async def prometheus_report(prometheus: prom.LocalPrometheus, since: float) -> dict[str, Any]:
