@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from npu_sandbox import prometheus
+from npu_sandbox.kubelet import free_port
 
 from tests.e2e.conftest import SandboxRun
 
@@ -44,11 +45,18 @@ def regex_escape(value: str) -> str:
     return re.sub(r"[$^*{}\[\]'+?.()|]", lambda m: "\\\\" + m.group(0), value)
 
 
-def interpolate(expr: str, variables: dict[str, list[str]], step: float, scrape: float) -> str:
-    """The expression as Grafana sends it (multi-value variables, one or more values selected)."""
+Selection = dict[str, list[str] | str]  # variable -> the values selected, or "All" (its allValue, verbatim)
+
+
+def interpolate(expr: str, variables: Selection, step: float, scrape: float, all_values: dict[str, str]) -> str:
+    """The expression as Grafana sends it (multi-value variables with "All": one or more values, or All)."""
     for name, values in variables.items():
-        escaped = [regex_escape(v) for v in values]
-        expr = expr.replace(f"${name}", escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")")
+        if values == "All":
+            value = all_values[name]
+        else:
+            escaped = [regex_escape(v) for v in values]
+            value = escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+        expr = expr.replace(f"${name}", value)
     rate_interval = max(step + scrape, 4 * scrape)
     return expr.replace("$__rate_interval", f"{rate_interval:g}s").replace("$__interval", f"{step:g}s")
 
@@ -59,49 +67,62 @@ def has_numbers(data: dict[str, Any]) -> bool:
     return any(math.isfinite(float(value)) for _, value in values)
 
 
+Answers = dict[str, dict[str, bool]]  # panel title -> {refId: has data}
+
+
 async def answer_panels(
-    board: dict[str, Any], data: Path, window: dict[str, float], variables: dict[str, list[str]], scrape: float
-) -> tuple[dict[str, dict[str, bool]], dict[str, list[str]]]:
-    """{panel title: {refId: has data}}, and what each template variable query lists."""
+    board: dict[str, Any], data: Path, window: dict[str, float], selections: list[Selection], scrape: float
+) -> tuple[list[Answers], dict[str, list[str]]]:
+    """Each panel's answers for each selection of the variables, and what each variable lists."""
+    all_values = {v["name"]: v.get("allValue", "") for v in board["templating"]["list"] if v["type"] == "query"}
     server = prometheus.LocalPrometheus(data.parent)
-    await server.start([], prometheus_free_port())
+    await server.start([], free_port())
     try:
         step = scrape
-        answers: dict[str, dict[str, bool]] = {}
-        for panel in board["panels"]:
-            if panel["type"] == "row":
-                continue
-            answers[panel["title"]] = {}
-            for target in panel["targets"]:
-                expr = interpolate(target["expr"], variables, step, scrape)
-                if target.get("instant"):
-                    result = await server.api("query", {"query": expr, "time": f"{window['end']:.3f}"})
-                else:
-                    params = {
-                        "query": expr,
-                        "start": f"{window['start']:.3f}",
-                        "end": f"{window['end']:.3f}",
-                        "step": f"{step:g}",
-                    }
-                    result = await server.api("query_range", params)
-                answers[panel["title"]][target["refId"]] = has_numbers(result)
+        every: list[Answers] = []
+        for variables in selections:
+            every.append(await _answers(server, board, window, variables, step, scrape, all_values))
         listed: dict[str, list[str]] = {}
         for variable in board["templating"]["list"]:
             if variable["type"] != "query":
                 continue
             metric, label = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["definition"]).groups()  # type: ignore[union-attr]
-            match = interpolate(metric, variables, step, scrape)
+            match = interpolate(metric, selections[0], step, scrape, all_values)
             params = {"match[]": match, "start": f"{window['start']:.3f}", "end": f"{window['end']:.3f}"}
             listed[variable["name"]] = await server.api(f"label/{label}/values", params)
-        return answers, listed
+        return every, listed
     finally:
         await server.stop()
 
 
-def prometheus_free_port() -> int:
-    from npu_sandbox.kubelet import free_port
-
-    return free_port()
+async def _answers(
+    server: prometheus.LocalPrometheus,
+    board: dict[str, Any],
+    window: dict[str, float],
+    variables: Selection,
+    step: float,
+    scrape: float,
+    all_values: dict[str, str],
+) -> Answers:
+    answers: Answers = {}
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            continue
+        answers[panel["title"]] = {}
+        for target in panel["targets"]:
+            expr = interpolate(target["expr"], variables, step, scrape, all_values)
+            if target.get("instant"):
+                result = await server.api("query", {"query": expr, "time": f"{window['end']:.3f}"})
+            else:
+                params = {
+                    "query": expr,
+                    "start": f"{window['start']:.3f}",
+                    "end": f"{window['end']:.3f}",
+                    "step": f"{step:g}",
+                }
+                result = await server.api("query_range", params)
+            answers[panel["title"]][target["refId"]] = has_numbers(result)
+    return answers
 
 
 @pytest.mark.engine
@@ -113,10 +134,11 @@ def test_every_dashboard_panel_answers_from_the_sandboxs_prometheus(sandbox_run:
     data = tmp_path / "prometheus" / "data"
     shutil.copytree(found["data"], data)  # the sandbox's own copy stays as it was
     board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    variables = {"namespace": ["default"], "npuinference": ["tiny-llama"]}
+    chosen: Selection = {"namespace": ["default"], "npuinference": ["tiny-llama"]}
+    everything: Selection = {"namespace": "All", "npuinference": "All"}  # the dashboard's default
 
-    answers, listed = asyncio.run(
-        answer_panels(board, data, found["window"], variables, float(found["scrape_interval_seconds"]))
+    (answers, answers_for_all), listed = asyncio.run(
+        answer_panels(board, data, found["window"], [chosen, everything], float(found["scrape_interval_seconds"]))
     )
 
     npu_only = generator().NPU_ONLY
@@ -132,11 +154,16 @@ def test_every_dashboard_panel_answers_from_the_sandboxs_prometheus(sandbox_run:
             assert not any(refs.values()), f"{title}: data on CPU, yet listed as NPU only\n{report}"
         else:
             assert all(refs.values()), f"{title}: no data for query {refs} on CPU\n{report}"
+    assert answers_for_all == answers, "with All selected, the panels should answer as for the one resource"
 
 
 def test_grafana_interpolation_of_a_multi_value_variable() -> None:
-    variables = {"namespace": ["llm", "research.v2"], "npuinference": ["qwen-7b"]}
+    variables: Selection = {"namespace": ["llm", "research.v2"], "npuinference": ["qwen-7b"]}
     expr = 'rate(m{namespace=~"$namespace", inference_npu_dev_name=~"$npuinference"}[$__rate_interval])'
-    assert interpolate(expr, variables, step=15, scrape=15) == (
+    assert interpolate(expr, variables, step=15, scrape=15, all_values={}) == (
         'rate(m{namespace=~"(llm|research\\\\.v2)", inference_npu_dev_name=~"qwen-7b"}[60s])'
+    )
+    everything: Selection = {"namespace": "All", "npuinference": ["qwen-7b"]}
+    assert interpolate(expr, everything, step=30, scrape=15, all_values={"namespace": ".*"}) == (
+        'rate(m{namespace=~".*", inference_npu_dev_name=~"qwen-7b"}[60s])'
     )
