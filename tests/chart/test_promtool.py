@@ -66,6 +66,26 @@ def test_prometheus_accepts_the_rendered_rule_groups(promtool: str, rules_dir: P
     assert f"SUCCESS: {count} rules found" in result.stdout
 
 
+def test_prometheus_accepts_the_rule_groups_with_other_values(promtool: str, tmp_path: Path) -> None:
+    """Thresholds, windows and extra labels other than the defaults still make valid rules."""
+    alerts = {
+        "crashLooping": {"restarts": 5, "window": "1h", "for": "0s"},
+        "eagerFallbacks": {"ratio": 0.2, "window": "5m"},
+        "replayLatencyRegression": {"factor": 2, "offset": "7d", "window": "1h"},
+        "podNotReady": {"for": "2h"},
+    }
+    values = {
+        "monitoring": {"prometheusRule": {"enabled": True, "additionalAlertLabels": {"team": "llm"}, "alerts": alerts}}
+    }
+    groups = one(render(values, tmp_path), "PrometheusRule")["spec"]["groups"]
+    (tmp_path / "rules.yaml").write_text(rules_file(groups), encoding="utf-8")
+    result = run(promtool, "check", "rules", "rules.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert all(rule["labels"]["team"] == "llm" for group in groups for rule in group["rules"])
+    crash = next(rule for group in groups for rule in group["rules"] if rule["alert"] == "NPUInferenceCrashLooping")
+    assert "[1h]) >= 5" in crash["expr"] and "at least 5 times in 1h" in crash["annotations"]["description"]
+
+
 def test_every_alert_fires_and_holds_back_as_the_unit_tests_expect(promtool: str, rules_dir: Path) -> None:
     result = run(promtool, "test", "rules", TESTS.name, cwd=rules_dir)
     assert result.returncode == 0, result.stdout + result.stderr
