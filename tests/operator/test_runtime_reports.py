@@ -111,7 +111,7 @@ async def test_a_pod_is_read_once_per_poll_interval(runtimes: tuple[Runtimes, li
     finally:
         await collector.close()
     assert first == second
-    assert first[0].report is not None and first[0].report["port"] == ports[0]
+    assert first[0].report is not None and first[0].report.effective_mode == "NONE"
     assert fake.hits[ports[0]] == 2
 
 
@@ -128,7 +128,7 @@ async def test_a_failing_pod_backs_off_and_keeps_its_last_report(runtimes: tuple
             (latest,) = await collector.collect("o", pods)
         assert fake.hits[ports[0]] == 4  # at 0, 10 (fails), 20 (fails), 41 (fails)
         assert latest.reachable is False
-        assert latest.report is not None and latest.report["effective_mode"] == "NONE"
+        assert latest.report is not None and latest.report.effective_mode == "NONE"
         fake.behaviour[ports[0]] = "hang"
         clock.now = 200
         (hung,) = await collector.collect("o", pods)
