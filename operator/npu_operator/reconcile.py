@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import kopf
 
-from npu_operator import aggregate, builders, crd, kube, status
+from npu_operator import aggregate, builders, crd, kube, ownership, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.config import OperatorConfig
 from npu_operator.runtime_reports import ReportCollector
@@ -99,7 +99,7 @@ async def reconcile(
     notes: tuple[str, ...] = ()
     if spec.pod_monitor.enabled and not capabilities.pod_monitor:
         notes = ("PodMonitor not created: the monitoring.coreos.com/v1 API is not installed",)
-    pods = await client.list(kube.PODS, namespace, builders.selector_string(name)) if live_deployment else []
+    pods = await _own_pods(client, namespace, name, live_deployment)
     reports = await collector.collect(uid, pods) if collector is not None else []
     graph = aggregate.graph_status(
         spec.graph.mode,
@@ -117,6 +117,21 @@ async def reconcile(
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
     return _result(previous, new, tuple(changes))
+
+
+async def _own_pods(
+    client: kube.KubeClient, namespace: str, name: str, deployment: Mapping[str, Any] | None
+) -> list[Mapping[str, Any]]:
+    """The pods of our Deployment's ReplicaSets: the labels select, the owner chain decides."""
+    uid = ((deployment or {}).get("metadata") or {}).get("uid")
+    if not uid:
+        return []
+    selector = builders.selector_string(name)
+    pods = await client.list(kube.PODS, namespace, selector)
+    if not pods:
+        return []
+    replica_sets = await client.list(kube.REPLICA_SETS, namespace, selector)
+    return ownership.owned_pods(pods, replica_sets, str(uid))
 
 
 def adopted_children(

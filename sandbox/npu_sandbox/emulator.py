@@ -49,6 +49,14 @@ RESOURCES: dict[str, Any] = {
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status", "scale"},
     },
+    "apps/v1/replicasets": {
+        "kind": "ReplicaSet",
+        "singular": "replicaset",
+        "shortnames": {"rs"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status", "scale"},
+    },
     "v1/services": {
         "kind": "Service",
         "singular": "service",
