@@ -21,6 +21,7 @@ import kopf
 
 from npu_operator import kube, metrics, reconcile
 from npu_operator.config import OperatorConfig, backoff_seconds
+from npu_operator.event_limiter import EventLimiter
 from npu_operator.runtime_reports import ReportCollector
 
 
@@ -61,6 +62,7 @@ async def run(
     # The status as this worker last wrote it: the live body may lag behind our own writes.
     known_status: dict[str, Any] = dict(body.get("status") or {})
     failures = 0
+    events = EventLimiter()  # a burst of Events becomes one, per reason
     try:
         while not stopped:
             wake.clear()
@@ -71,7 +73,7 @@ async def run(
                 result = await reconcile.reconcile(snapshot, client, config, utc_now(), collector)
                 if result.status_patch:
                     known_status = await _patch_status(client, body, result.status_patch)
-                for event in result.events:
+                for event in events.submit(uid, result.events, time.monotonic()):
                     kopf.event(body, type=event.type, reason=event.reason, message=event.message)
                 outcome = (
                     "invalid"
