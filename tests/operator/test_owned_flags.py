@@ -41,7 +41,7 @@ def vllm_parser() -> argparse.ArgumentParser:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser())
+    parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser())  # type: ignore[no-untyped-call]
     return parser
 
 
