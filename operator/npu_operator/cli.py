@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import kopf
 import yaml
+from npu_runtime.files import FileProblem, read_text
 
 from npu_operator import builders, crd
 from npu_operator.config import ConfigError, OperatorConfig, load_config, python_log_level
@@ -65,14 +66,23 @@ def run_operator(config: OperatorConfig, *, verbose: bool = False) -> int:
 
 def _render(path: Path, output: str, config: OperatorConfig, capabilities: builders.Capabilities) -> int:
     try:
-        documents = [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"npu-operator render: {path}: {exc}", file=sys.stderr)
+        documents = [doc for doc in yaml.safe_load_all(read_text(path)) if doc is not None]
+    except FileProblem as exc:
+        print(f"npu-operator render: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except yaml.YAMLError as exc:
+        print(f"npu-operator render: {path}: not YAML: {exc}", file=sys.stderr)
         return EXIT_INVALID
     children: list[dict[str, Any]] = []
     failed = False
     for index, document in enumerate(documents):
-        where = f"{path}[{index}] {document.get('kind')}/{document.get('metadata', {}).get('name')}"
+        if not isinstance(document, dict):
+            failed = True
+            print(f"{path}[{index}]: a YAML {type(document).__name__}, not an object", file=sys.stderr)
+            continue
+        meta = document.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        where = f"{path}[{index}] {document.get('kind')}/{name}"
         if document.get("apiVersion") != crd.API_VERSION or document.get("kind") != crd.KIND:
             print(f"{where}: skipped, not an {crd.API_VERSION} {crd.KIND}", file=sys.stderr)
             continue
