@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-import kopf
 import yaml
 from npu_runtime.files import FileProblem, read_text
 
-from npu_operator import builders, crd
+from npu_operator import builders, crd, supervision
 from npu_operator.config import ConfigError, OperatorConfig, load_config, python_log_level
 from npu_operator.reconcile import adopted_children, read_spec
 
@@ -52,16 +51,7 @@ def run_operator(config: OperatorConfig, *, verbose: bool = False) -> int:
         config = dataclasses.replace(config, log_level="DEBUG")
     logging.basicConfig(level=python_log_level(config), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
-    asyncio.run(
-        kopf.operator(
-            clusterwide=not config.namespaces,
-            namespaces=list(config.namespaces),
-            standalone=config.standalone,
-            memo=kopf.Memo(config=config),
-            liveness_endpoint=liveness,
-        )
-    )
-    return 0
+    return asyncio.run(supervision.run_supervised(config, liveness_endpoint=liveness))
 
 
 def _render(path: Path, output: str, config: OperatorConfig, capabilities: builders.Capabilities) -> int:

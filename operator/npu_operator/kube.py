@@ -81,6 +81,10 @@ class ApiError(Exception):
         return self.status in (409, 429) or self.status >= 500
 
 
+class ApiUnreachable(ConnectionError):
+    """No answer from the API server (timeout, refused, cut); the message names the request."""
+
+
 def connection_info(settings: kopf.OperatorSettings, logger: Any = None) -> kopf.ConnectionInfo:
     """In-cluster service account first, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
     info = kopf.login_with_service_account(settings=settings, logger=logger) or kopf.login_with_kubeconfig(
@@ -119,19 +123,23 @@ class KubeClient:
     ) -> JSON | None:
         headers = {"Content-Type": content_type or "application/json"} if body is not None else {}
         data = json.dumps(body) if body is not None else None
-        async with self._session.request(
-            method, self._server + path, data=data, headers=headers, params=params
-        ) as response:
-            text = await response.text()
-            if response.status == 404 and method == "GET":
-                return None
-            if response.status >= 300:
-                try:
-                    status = json.loads(text)
-                    raise ApiError(response.status, status.get("reason", ""), status.get("message", text))
-                except (ValueError, AttributeError):
-                    raise ApiError(response.status, response.reason or "", text[:500]) from None
-            return json.loads(text) if text else None
+        try:
+            async with self._session.request(
+                method, self._server + path, data=data, headers=headers, params=params
+            ) as response:
+                text = await response.text()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            why = str(exc) or ("no answer in time" if isinstance(exc, TimeoutError) else type(exc).__name__)
+            raise ApiUnreachable(f"{method} {path}: {why}") from exc
+        if response.status == 404 and method == "GET":
+            return None
+        if response.status >= 300:
+            try:
+                status = json.loads(text)
+                raise ApiError(response.status, status.get("reason", ""), status.get("message", text))
+            except (ValueError, AttributeError):
+                raise ApiError(response.status, response.reason or "", text[:500]) from None
+        return json.loads(text) if text else None
 
     async def get(self, resource: Resource, namespace: str, name: str) -> JSON | None:
         """The object, or None when it does not exist."""

@@ -41,6 +41,12 @@ class Wakeups:
         self.events.pop(uid, None)
 
 
+def describe(exc: BaseException) -> str:
+    """The exception's type and message: never empty, even for a bare TimeoutError()."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -86,7 +92,9 @@ async def run(
             except Exception as exc:  # the worker must outlive any one failure
                 failures += 1
                 transient = exc.transient if isinstance(exc, kube.ApiError) else isinstance(exc, OSError | TimeoutError)
-                (logger.warning if transient else logger.exception)(f"reconcile failed ({failures} in a row): {exc}")
+                (logger.warning if transient else logger.exception)(
+                    f"reconcile failed ({failures} in a row): {describe(exc)}"
+                )
             finally:
                 elapsed = time.perf_counter() - started
                 metrics.RECONCILES.labels(outcome).inc()
