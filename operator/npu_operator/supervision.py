@@ -18,13 +18,14 @@ extension points rather than patches:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import threading
 import time
 import warnings
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final, cast
 
 import aiohttp
 import kopf
@@ -84,6 +85,28 @@ class WatchThrottle:
         return await handler(request)
 
 
+class _SessionClosedByUs:
+    """The session as kopf sees it, with `close()` left to `run_supervised`.
+
+    kopf closes the sessions of its credentials when it stops, while a peering keep-alive that is
+    being cancelled may still PATCH through them; with a closed session that PATCH waits for new
+    credentials that no one will log in for any more, and `kopf.operator()` never returns (seen
+    after a fatal watch error). The real session is closed once `kopf.operator()` has returned.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    async def close(self) -> None:
+        """Left to `run_supervised`."""
+
+
+_SESSIONS: list[aiohttp.ClientSession] = []  # made by the login handler, closed by run_supervised
+
+
 def throttled_context(info: kopf.ConnectionInfo) -> kopf.AiohttpSession:
     """kopf's credentials as its own aiohttp session would use them, plus the watch throttle."""
     with warnings.catch_warnings():
@@ -96,13 +119,30 @@ def throttled_context(info: kopf.ConnectionInfo) -> kopf.AiohttpSession:
         trust_env=info.trust_env,
         middlewares=(WatchThrottle(),),
     )
+    _SESSIONS.append(session)
     return kopf.AiohttpSession(
         server=info.server,
         default_namespace=info.default_namespace,
         priority=info.priority,
         expiration=info.expiration,
-        aiohttp_session=session,
+        aiohttp_session=cast(aiohttp.ClientSession, _SessionClosedByUs(session)),
     )
+
+
+async def _close_sessions() -> None:
+    while _SESSIONS:
+        await _SESSIONS.pop().close()
+
+
+async def _operator_once(**kwargs: Any) -> None:
+    try:
+        await kopf.operator(**kwargs)
+    finally:
+        await _close_sessions()
+        # The failed run's abandoned streams (async generators) are finalized now, in this loop,
+        # not by a later garbage collection in whatever thread runs then.
+        gc.collect()
+        await asyncio.sleep(0)
 
 
 async def run_supervised(
@@ -119,7 +159,7 @@ async def run_supervised(
     while True:
         started = time.monotonic()
         try:
-            await kopf.operator(
+            await _operator_once(
                 clusterwide=not config.namespaces,
                 namespaces=list(config.namespaces),
                 standalone=config.standalone if standalone is None else standalone,

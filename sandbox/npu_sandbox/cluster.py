@@ -44,8 +44,10 @@ class ApiRejected(Exception):
 class LocalCluster:
     """`async with LocalCluster() as cluster:` then `await cluster.start_operator(config)`."""
 
-    def __init__(self, *, pod_monitors: bool = False, workdir: Path | None = None) -> None:
-        self.emulator = KubeEmulator()
+    def __init__(
+        self, *, pod_monitors: bool = False, workdir: Path | None = None, emulator: KubeEmulator | None = None
+    ) -> None:
+        self.emulator = emulator if emulator is not None else KubeEmulator()  # tests bring one with faults
         if pod_monitors:
             self.emulator.serve_pod_monitors()
         self._server = kmock.Server(self.emulator)
