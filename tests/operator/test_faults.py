@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, cast
 
 import aiohttp
 import aiohttp.web
@@ -64,7 +64,8 @@ class FaultyEmulator(KubeEmulator):
             return
         # aclosing: a stream left half-read would be finalized later by the garbage collector,
         # in whatever code runs then (here: an import that pytest compiles), and break it.
-        async with contextlib.aclosing(super()._serve_watch(request)) as stream:
+        inner = cast(AsyncGenerator[rendering.Payload, None], super()._serve_watch(request))
+        async with contextlib.aclosing(inner) as stream:
             async for item in stream:
                 if isinstance(item, dict) and item.get("type") == CUT["type"]:
                     return
