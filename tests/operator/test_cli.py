@@ -91,13 +91,17 @@ MALFORMED = {
 
 
 def test_every_malformed_document_is_an_error_line(tmp_path: Path) -> None:
-    for label, text in MALFORMED.items():
-        path = tmp_path / f"{label}.yaml"
-        path.write_text(text, encoding="utf-8")
-        result = render("-f", str(path))
-        assert "Traceback" not in result.stderr, (label, result.stderr)
-        assert result.returncode == 2, (label, result.returncode, result.stderr)
-        assert str(path) in result.stderr, (label, result.stderr)
+    documents = {label: text for label, text in MALFORMED.items() if label != "bad-yaml"}
+    path = tmp_path / "malformed.yaml"
+    path.write_text("---\n".join(documents.values()), encoding="utf-8")
+    result = render("-f", str(path))
+    assert "Traceback" not in result.stderr and result.returncode == 2, result.stderr
+    for index, label in enumerate(documents):
+        assert f"{path}[{index}]" in result.stderr, (label, result.stderr)
+    broken = tmp_path / "bad.yaml"
+    broken.write_text(MALFORMED["bad-yaml"], encoding="utf-8")
+    result = render("-f", str(broken))
+    assert (result.returncode, "Traceback" in result.stderr) == (2, False) and f"{broken}: not YAML" in result.stderr
 
 
 def test_binary_and_special_files_are_refused_naming_the_path(tmp_path: Path) -> None:
