@@ -427,8 +427,10 @@ async def test_cut_watch_streams_reconnect_at_a_bounded_rate(faulty: tuple[Local
     emulator.cut_watches = False
     watches = emulator.watches_between(start, end) / (end - start)
     requests = emulator.requests_between(start, end) / (end - start)
-    print(f"\nwhile every watch is cut: {watches:.1f} watch requests/s, {requests:.1f} requests/s in all")
-    assert watches <= 3.0
+    paths = len({path for when, _, path, watch in emulator.log if watch and start <= when < end})
+    print(f"\nwhile every watch is cut: {watches:.1f} watch requests/s over {paths} watched paths,")
+    print(f"{requests:.1f} requests/s in all")
+    assert watches / paths <= 0.8  # backoff from 0.5 s, doubling: about 5 reconnects per path in 10 s
     await cluster.apply_npu_inference(manifest("later"))
     await deployment(cluster, "later", within=60)
 
