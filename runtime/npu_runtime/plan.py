@@ -233,20 +233,21 @@ def make_plan(
     ceiling, candidates = _candidate_sizes(options, mode, q, warnings)
     batched_tokens = _batched_tokens(options, ceiling)
 
-    fit = _fit(
-        options,
-        device,
-        model,
-        family,
-        env,
-        mode,
-        candidates,
-        q,
-        dtype,
-        max_model_len,
-        batched_tokens,
-        resolve_mode,
+    fit_warnings: list[str] = []
+    budget = _budget(
+        options=options,
+        device=device,
+        model=model,
+        family=family,
+        env=env,
+        candidates=candidates,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        batched_tokens=batched_tokens,
+        resolve_mode=resolve_mode,
+        warnings=fit_warnings,
     )
+    fit = _fit(budget, mode, fit_warnings)
     warnings += fit.warnings
     downgrades += fit.downgrades
     mode = fit.mode
@@ -433,26 +434,84 @@ class _Fit:
     warnings: tuple[str, ...]
 
 
-def _fit(
+@dataclass(frozen=True)
+class _Budget:
+    """What one device has to give, and what is spent before any graph or KV cache. Frozen.
+
+    Invariant (checked by `_budget`): fixed + min_kv <= budget, where fixed = weights + activation
+    + margin; every later step only divides what is left.
+    """
+
+    options: PlanOptions
+    device: DeviceInfo
+    model: ModelInfo
+    family: str
+    env: Mapping[str, str]
+    candidates: tuple[int, ...]
+    max_model_len: int
+    resolve_mode: bool
+    dtype_bytes: int
+    total: int
+    budget: int
+    weights: int
+    activation: int
+    margin: int
+    kv_per_token: int
+    min_kv: int
+    """One sequence of max_model_len."""
+    full_kv: int
+    """max_num_seqs sequences of max_model_len."""
+
+    @property
+    def fixed(self) -> int:
+        return self.weights + self.activation + self.margin
+
+
+@dataclass(frozen=True)
+class _GraphChoice:
+    """The mode that fits and how many of the candidate sizes it may keep (`keep`, limited by `why`)."""
+
+    mode: str
+    keep: int
+    why: str
+    streams: StreamPlan
+    first: int
+    per_size: int
+    downgrades: tuple[Downgrade, ...]
+
+
+def _fit(b: _Budget, mode: str, warnings: list[str]) -> _Fit:
+    """Fit the candidates to the budget: the mode and its cap, the sizes, the KV cache, in that order."""
+    choice = _choose_graphs(b, mode)
+    chosen, streams, graph_bytes = _choose_sizes(b, choice, warnings)
+    kv_cache, tokens = _kv_cache(b, graph_bytes, warnings)
+    memory = _memory_plan(b, choice, graph_bytes, kv_cache, tokens, warnings)
+    return _Fit(choice.mode, chosen, memory, streams, choice.downgrades, tuple(warnings))
+
+
+def _budget(
+    *,
     options: PlanOptions,
     device: DeviceInfo,
     model: ModelInfo,
     family: str,
     env: dict[str, str],
-    mode: str,
     candidates: tuple[int, ...],
-    q: int,
     dtype: str,
     max_model_len: int,
     batched_tokens: int,
     resolve_mode: bool,
-) -> _Fit:
+    warnings: list[str],
+) -> _Budget:
+    """The fixed terms: weights, activation, margin and the KV cache one sequence needs.
+
+    Invariant: the result satisfies fixed + min_kv <= budget; otherwise DoesNotFitError with the
+    numbers (weights above the device's memory, or no room for one max_model_len sequence).
+    """
     tp, pp = options.tensor_parallel, options.pipeline_parallel
     dtype_bytes = DTYPE_BYTES.get(dtype, 2)
     total = device.total_bytes
     budget = math.floor(total * options.gpu_memory_utilization)
-    warnings: list[str] = []
-    downgrades: list[Downgrade] = []
 
     weights = _weights_per_device(model, dtype, tp, pp, warnings)
     if weights > total:
@@ -474,7 +533,6 @@ def _fit(
     margin = _margin(options, device)
     kv_per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
     min_kv = _kv_sequence_bytes(model, kv_per_token, max_model_len)
-    full_kv = min_kv * options.max_num_seqs
     fixed = weights + activation + margin
     if fixed + min_kv > budget:
         room = budget - fixed
@@ -485,14 +543,44 @@ def _fit(
             f"{format_gib(activation)} - margin {format_gib(margin)} = {format_gib(room)} < {format_gib(min_kv)}; "
             f"lower --max-model-len (about {longest} tokens fit), add tensor parallel ranks or memory"
         )
+    return _Budget(
+        options=options,
+        device=device,
+        model=model,
+        family=family,
+        env=env,
+        candidates=candidates,
+        max_model_len=max_model_len,
+        resolve_mode=resolve_mode,
+        dtype_bytes=dtype_bytes,
+        total=total,
+        budget=budget,
+        weights=weights,
+        activation=activation,
+        margin=margin,
+        kv_per_token=kv_per_token,
+        min_kv=min_kv,
+        full_kv=min_kv * options.max_num_seqs,
+    )
 
-    # Fit: a downgrade (streams first, then memory) may change the mode and so the cost; repeat.
+
+def _choose_graphs(b: _Budget, mode: str) -> _GraphChoice:
+    """The mode and the number of sizes it may keep: the smallest of every cap (memory, streams, device).
+
+    Invariant: with resolve_mode, the result keeps at least one size or its mode is NONE; a
+    downgrade (streams first, then memory) changes the mode and so the cost, so the caps are
+    recomputed until they hold. Without resolve_mode the mode is the engine's and never changes here.
+    """
+    options, family, tp = b.options, b.family, b.options.tensor_parallel
+    downgrades: list[Downgrade] = []
     while True:
-        streams = _stream_plan(options, device, model, env, mode)
-        first, per_size = _graph_cost(model, mode, max(candidates), tp, dtype_bytes) if mode != modes.NONE else (0, 0)
-        caps: list[tuple[int, str]] = [(len(candidates), "")]
+        streams = _stream_plan(options, b.device, b.model, dict(b.env), mode)
+        first, per_size = (
+            _graph_cost(b.model, mode, max(b.candidates), tp, b.dtype_bytes) if mode != modes.NONE else (0, 0)
+        )
+        caps: list[tuple[int, str]] = [(len(b.candidates), "")]
         if mode != modes.NONE:
-            room = budget - fixed - min_kv - first
+            room = b.budget - b.fixed - b.min_kv - first
             caps.append((0 if room < 0 else 1 + room // per_size, "memory"))
             if streams.max_sizes is not None:
                 caps.append((streams.max_sizes, "streams"))
@@ -501,61 +589,90 @@ def _fit(
             if family == "A5" and modes.has_piecewise_graphs(mode):
                 caps.append((_A5_PIECEWISE_MAX_SIZES, "A5"))
         keep, why = min(caps, key=lambda cap: cap[0])
-        if mode == modes.NONE or keep >= 1 or not resolve_mode:
-            break
+        if mode == modes.NONE or keep >= 1 or not b.resolve_mode:
+            return _GraphChoice(mode, keep, why, streams, first, per_size, tuple(downgrades))
         target = modes.without_piecewise(mode) if why == "streams" and modes.has_piecewise_graphs(mode) else modes.NONE
         reason = "StreamBudgetExceeded" if why == "streams" else "GraphMemoryExceedsBudget"
         detail = (
             f"one capture size needs {streams.fixed + streams.per_size} streams, budget {streams.budget}"
             if why == "streams"
             else f"the largest graph ({format_gib(first)}) does not fit beside the weights, activation and one "
-            f"sequence of KV cache in {format_gib(budget)}"
+            f"sequence of KV cache in {format_gib(b.budget)}"
         )
         downgrades.append(Downgrade(mode, target, reason, f"{mode} -> {target}: {detail}"))
         mode = target
 
-    if mode == modes.NONE:
+
+def _choose_sizes(b: _Budget, choice: _GraphChoice, warnings: list[str]) -> tuple[tuple[int, ...], StreamPlan, int]:
+    """(sizes, streams with their estimate, graph bytes): the candidates thinned to `choice.keep`.
+
+    Invariant: the sizes are a subset of the candidates that keeps the largest (sizes.thin), empty
+    only in mode NONE; graph bytes = first + (sizes - 1) x per_size.
+    """
+    candidates, streams = b.candidates, choice.streams
+    if choice.mode == modes.NONE:
         chosen: tuple[int, ...] = ()
-    elif keep < 1:
+    elif choice.keep < 1:
         # Only with resolve_mode=False: the mode is the engine's to change, so keep the ceiling and say so.
         chosen = sizes.thin(candidates, 1)
-        limit = "stream budget" if why == "streams" else "memory"
+        limit = "stream budget" if choice.why == "streams" else "memory"
         warnings.append(
             f"not even the largest capture size fits the {limit}: "
             "expect the engine to fail at capture or to run eagerly"
         )
     else:
-        chosen = sizes.thin(candidates, keep)
+        chosen = sizes.thin(candidates, choice.keep)
         if len(chosen) < len(candidates):
-            warnings.append(_thinning_message(why, len(candidates), len(chosen), streams, family))
-    graph_bytes = first + (len(chosen) - 1) * per_size if chosen else 0
+            warnings.append(_thinning_message(choice.why, len(candidates), len(chosen), streams, b.family))
+    graph_bytes = choice.first + (len(chosen) - 1) * choice.per_size if chosen else 0
     if streams.applies:  # an NPU graph mode: at least one size is chosen
         streams = dataclasses.replace(streams, estimate=streams.fixed + len(chosen) * streams.per_size)
+    return chosen, streams, graph_bytes
 
-    kv_cache = budget - fixed - graph_bytes
-    cpu_space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
-    if device.kind == "cpu" and cpu_space.isdigit() and int(cpu_space) > 0:
+
+def _kv_cache(b: _Budget, graph_bytes: int, warnings: list[str]) -> tuple[int, int]:
+    """(KV cache bytes, tokens): what remains after the fixed terms and the graphs.
+
+    Invariant: KV cache >= min_kv (one max_model_len sequence), or DoesNotFitError when the CPU
+    backend's VLLM_CPU_KVCACHE_SPACE caps it below that.
+    """
+    kv_cache = b.budget - b.fixed - graph_bytes
+    cpu_space = b.env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if b.device.kind == "cpu" and cpu_space.isdigit() and int(cpu_space) > 0:
         # vllm/platforms/cpu.py: VLLM_CPU_KVCACHE_SPACE (GiB) becomes kv_cache_memory_bytes.
         kv_cache = min(kv_cache, int(cpu_space) * GIB)
-        if kv_cache < min_kv:
+        if kv_cache < b.min_kv:
             raise DoesNotFitError(
-                f"VLLM_CPU_KVCACHE_SPACE={cpu_space} GiB cannot hold one {max_model_len}-token sequence "
-                f"({format_gib(min_kv)}); raise it or lower --max-model-len"
+                f"VLLM_CPU_KVCACHE_SPACE={cpu_space} GiB cannot hold one {b.max_model_len}-token sequence "
+                f"({format_gib(b.min_kv)}); raise it or lower --max-model-len"
             )
-    tokens = kv_cache // kv_per_token if kv_per_token else 0
-    if kv_cache < full_kv:
+    tokens = kv_cache // b.kv_per_token if b.kv_per_token else 0
+    if kv_cache < b.full_kv:
         warnings.append(
-            f"the KV cache holds about {tokens} tokens: {kv_cache // min_kv} sequences of "
-            f"{max_model_len} tokens "
-            f"at once, fewer than max_num_seqs={options.max_num_seqs} at full length"
+            f"the KV cache holds about {tokens} tokens: {kv_cache // b.min_kv} sequences of "
+            f"{b.max_model_len} tokens "
+            f"at once, fewer than max_num_seqs={b.options.max_num_seqs} at full length"
         )
-    reserved_by = _graph_reserved_by(device, env, graph_bytes)
-    engine_util = options.gpu_memory_utilization
+    return kv_cache, tokens
+
+
+def _memory_plan(
+    b: _Budget, choice: _GraphChoice, graph_bytes: int, kv_cache: int, tokens: int, warnings: list[str]
+) -> MemoryPlan:
+    """The memory plan, with the utilisation vLLM is given.
+
+    Invariant: when the plan reserves the graphs, the engine's utilisation leaves them out of its
+    budget (engine_util x total <= budget - graphs); free memory below what vLLM will request is
+    DoesNotFitError.
+    """
+    device, total = b.device, b.total
+    reserved_by = _graph_reserved_by(device, dict(b.env), graph_bytes)
+    engine_util = b.options.gpu_memory_utilization
     if reserved_by == "plan":
         # vllm-ascend's NPUWorker.determine_available_memory gives the KV cache all of
         # requested - non_kv memory and captures graphs afterwards (#8260; the pre-KV estimate of #9865
         # was reverted by #11562), so the graphs must fit in what the utilisation leaves out.
-        engine_util = math.floor((budget - graph_bytes) / total * 10_000) / 10_000
+        engine_util = math.floor((b.budget - graph_bytes) / total * 10_000) / 10_000
     if device.kind != "cpu" and device.free_bytes is not None:
         wanted = math.ceil(total * engine_util)
         if device.free_bytes < wanted:
@@ -565,32 +682,31 @@ def _fit(
                 f"vLLM will request ({engine_util} of {format_gib(total)}); lower --gpu-memory-utilization to "
                 f"{math.floor(device.free_bytes / total * 100) / 100} or free the device"
             )
-    if device.kind == "cpu" and not cpu_space:
+    if device.kind == "cpu" and not b.env.get("VLLM_CPU_KVCACHE_SPACE", ""):
         # vllm/v1/worker/cpu_worker.py: without it, --gpu-memory-utilization is the share of host memory.
         warnings.append(
             "on CPU, --gpu-memory-utilization is a share of host memory; set VLLM_CPU_KVCACHE_SPACE (GiB) "
             "to fix the KV cache size instead"
         )
-    memory = MemoryPlan(
+    return MemoryPlan(
         total_bytes=total,
-        budget_bytes=budget,
-        weights_bytes=weights,
+        budget_bytes=b.budget,
+        weights_bytes=b.weights,
         kv_cache_bytes=kv_cache,
         graph_bytes=graph_bytes,
-        activation_bytes=activation,
-        margin_bytes=margin,
+        activation_bytes=b.activation,
+        margin_bytes=b.margin,
         free_bytes=device.free_bytes,
-        weights_source=model.weight_source,
-        graph_first_capture_bytes=first,
-        graph_per_size_bytes=per_size,
-        kv_bytes_per_token=kv_per_token,
+        weights_source=b.model.weight_source,
+        graph_first_capture_bytes=choice.first,
+        graph_per_size_bytes=choice.per_size,
+        kv_bytes_per_token=b.kv_per_token,
         kv_cache_tokens=tokens,
-        min_kv_cache_bytes=min_kv,
-        full_kv_cache_bytes=full_kv,
+        min_kv_cache_bytes=b.min_kv,
+        full_kv_cache_bytes=b.full_kv,
         engine_gpu_memory_utilization=engine_util,
         graph_reserved_by=reserved_by,
     )
-    return _Fit(mode, chosen, memory, streams, tuple(downgrades), tuple(warnings))
 
 
 def _tp_hint(model: ModelInfo, all_weights: int, budget: int) -> str:
