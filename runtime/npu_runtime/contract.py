@@ -111,6 +111,8 @@ class PlanOptions:
     max_capture_size: int | None = None
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_model_len: int | None = None
+    # None: planned (at least vLLM's 2048 and the largest capture size).
+    max_num_batched_tokens: int | None = None
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
@@ -120,6 +122,15 @@ class PlanOptions:
     speculative_model: str | None = None
     dtype: str = "auto"
     enforce_eager: bool = False
+    # vLLM's --enable-expert-parallel: MoE layers split their experts over the DP x TP ranks (EP)
+    # instead of tensor-slicing every expert over them.
+    enable_expert_parallel: bool = False
+    # Nodes one replica spans; device_count stays devices per node (tensor x pipeline x data =
+    # devices per node x nodes). Each node runs data_parallel / nodes whole DP ranks.
+    nodes: int = 1
+    # vLLM's --quantization; None: detected from the checkpoint ("ascend" for ModelSlim's
+    # quant_model_description.json, else the config's quantization_config).
+    quantization: str | None = None
     # Off-device planning: each one replaces what the device probe would report.
     device_kind: str | None = None
     device_name: str | None = None
@@ -199,6 +210,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-capture-size", type=_positive_int, default=None)
     engine.add_argument("--max-num-seqs", type=_positive_int, default=DEFAULT_MAX_NUM_SEQS)
     engine.add_argument("--max-model-len", type=_positive_int, default=None)
+    engine.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive_int,
+        default=None,
+        help="tokens per scheduler step (default: planned, at least 2048 and the largest capture size)",
+    )
     engine.add_argument("--gpu-memory-utilization", type=_fraction, default=DEFAULT_GPU_MEMORY_UTILIZATION)
     engine.add_argument("--tensor-parallel", type=_positive_int, default=1)
     engine.add_argument("--pipeline-parallel", type=_positive_int, default=1)
@@ -208,6 +225,22 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--speculative-model", default=None, help="draft or EAGLE head model directory")
     engine.add_argument("--dtype", default="auto")
     engine.add_argument("--enforce-eager", action="store_true")
+    engine.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="split MoE experts over the data x tensor parallel ranks (vLLM's --enable-expert-parallel)",
+    )
+    engine.add_argument(
+        "--nodes",
+        type=_positive_int,
+        default=1,
+        help="nodes one replica spans; --device-count stays devices per node",
+    )
+    engine.add_argument(
+        "--quantization",
+        default=None,
+        help="vLLM's --quantization (default: detected from the model directory, e.g. ascend for ModelSlim)",
+    )
     device = parser.add_argument_group("device overrides (default: probe the device)")
     device.add_argument("--device-kind", choices=DEVICE_KINDS, default=None)
     device.add_argument("--device-name", default=None)
@@ -284,6 +317,10 @@ def option_name(field: str) -> str:
     return field if field.isupper() else "--" + field.replace("_", "-")
 
 
+# Written only when they differ from the default, so that one-node pods keep the args they had.
+_SINGLE_NODE_DEFAULTS: Final = frozenset({"nodes"})
+
+
 def serve_argv(options: ServeOptions) -> list[str]:
     """The `serve` arguments (without the `npu-runtime serve` prefix) that parse back to `options`.
 
@@ -304,7 +341,7 @@ def serve_argv(options: ServeOptions) -> list[str]:
         argv += ["--shutdown-timeout", f"{options.shutdown_timeout:g}"]
     for field in dataclasses.fields(PlanOptions):
         value = getattr(options.plan, field.name)
-        if value is None or value is False:
+        if value is None or value is False or (field.name in _SINGLE_NODE_DEFAULTS and value == field.default):
             continue
         if value is True:
             argv.append(option_name(field.name))
