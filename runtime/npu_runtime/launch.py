@@ -114,6 +114,8 @@ def engine_argv(options: ServeOptions, vllm_args: Sequence[str], *, python: str 
         argv += ["--served-model-name", options.served_model_name]
     argv += ["--host", options.host, "--port", str(options.port)]
     argv += list(vllm_args)
+    if options.additional_config is not None:
+        argv += ["--additional-config", options.additional_config]  # vllm-ascend's engine argument
     argv += list(options.extra_engine_args)
     return argv
 

@@ -143,3 +143,34 @@ def test_cli_json_has_the_per_rank_layout() -> None:
     assert [n["data_parallel_ranks"] for n in plan["layout"]["per_node"]] == [[0, 1], [2, 3]]
     assert plan["quantization"] == "ascend"
     assert plan["effective_mode"] == "FULL_DECODE_ONLY"
+
+
+def test_serve_adds_this_nodes_flags_and_needs_the_leaders_address() -> None:
+    from npu_runtime.contract import parse_serve_args
+    from npu_runtime.serve import ServeError, Supervisor, node_args
+
+    argv = ["--model", str(FIXTURES / "deepseek-r1-w8a8"), "--nodes", "2", "--data-parallel", "4"]
+    argv += ["--tensor-parallel", "4", "--enable-expert-parallel", "--max-model-len", "4096", "--node-rank", "1"]
+    worker = parse_serve_args([*argv, "--data-parallel-address", "r1-0.r1.llm"])
+    plan = make_plan(worker.plan, A2, load_model("deepseek-r1-w8a8"))
+    assert node_args(worker, plan) == (
+        "--data-parallel-size-local",
+        "2",
+        "--data-parallel-address",
+        "r1-0.r1.llm",
+        "--data-parallel-rpc-port",
+        "13389",
+        "--headless",
+        "--data-parallel-start-rank",
+        "2",
+    )
+    # A headless worker is ready when the leader's engine is.
+    supervisor = Supervisor(worker, environ={})
+    try:
+        assert supervisor.health_url == "http://r1-0.r1.llm:8000/health"
+    finally:
+        supervisor.close()
+    with pytest.raises(ServeError, match="--data-parallel-address"):
+        node_args(parse_serve_args(argv), plan)
+    with pytest.raises(ServeError, match="--node-rank: 2 is not a node"):
+        node_args(parse_serve_args([*argv[:-1], "2", "--data-parallel-address", "x"]), plan)
