@@ -55,7 +55,6 @@ class Capabilities:
     """What the cluster offers, found out by the caller (builders never ask the API)."""
 
     pod_monitor: bool = False
-    leader_worker_set: bool = False
 
 
 NAME_LABEL: Final = f"{crd.GROUP}/name"
