@@ -258,8 +258,8 @@ class Supervisor:
             view = plan_view(plan)
             self.status.set_plan(view)
             log("plan:\n" + describe_plan(plan))
-            node_args(self.options, plan)  # an invalid node layout fails before the engine starts
-            check_port_free(self.options.host, self.options.port, "API")
+            if "--headless" not in node_args(self.options, plan):  # an invalid layout fails here, early
+                check_port_free(self.options.host, self.options.port, "API")  # a headless worker serves none
             if self.stop_requested.is_set():
                 return 0
             return self.supervise(plan)

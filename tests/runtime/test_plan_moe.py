@@ -174,3 +174,21 @@ def test_serve_adds_this_nodes_flags_and_needs_the_leaders_address() -> None:
         node_args(parse_serve_args(argv), plan)
     with pytest.raises(ServeError, match="--node-rank: 2 is not a node"):
         node_args(parse_serve_args([*argv[:-1], "2", "--data-parallel-address", "x"]), plan)
+
+
+def test_a_headless_worker_runs_vllms_headless_launcher_not_the_api_server() -> None:
+    from npu_runtime import launch
+    from npu_runtime.contract import ServeOptions
+
+    options = ServeOptions(model="/m")
+    worker = launch.engine_argv(options, ("--data-parallel-size-local", "2", "--headless"), python="py")
+    leader = launch.engine_argv(options, ("--data-parallel-size-local", "2"), python="py")
+    assert worker[:3] == ["py", "-m", "npu_runtime.headless"]
+    assert leader[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def test_the_headless_entry_point_refuses_to_start_an_api_server() -> None:
+    pytest.importorskip("vllm")
+    from npu_runtime import headless
+
+    assert headless.main(["--model", "/m"]) == 2
