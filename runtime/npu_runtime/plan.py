@@ -1133,10 +1133,11 @@ def _stream_plan(
         # update_aclgraph_sizes: parallel_factor = 1 + groups + int(enable_expert_parallel), + 1 for a
         # MoE model with DP > 1.
         factor = 1 + groups + (1 if options.enable_expert_parallel else 0)
-        if model.is_moe and options.data_parallel > 1:
+        moe_dp = model.is_moe and options.data_parallel > 1
+        if moe_dp:
             factor += 1
         fixed = 0 if model.is_moe else factor * per_graph
-        ep_words = " + EP" if options.enable_expert_parallel else ""
+        ep_words = (" + EP" if options.enable_expert_parallel else "") + (" + MoE with DP" if moe_dp else "")
         formula = f"{shape} x (1 + {groups} comm groups{ep_words}) per size" + (
             "" if model.is_moe else " + one dense block"
         )
