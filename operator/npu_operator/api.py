@@ -45,15 +45,17 @@ class ModelSpec:
 @dataclasses.dataclass(frozen=True)
 class NPUSpec:
     resource_name: str | None  # None: the operator's default
-    count: int
+    count: int  # per node
     chip_name: str | None
+    nodes: int = 1  # per replica: more than one makes a LeaderWorkerSet
 
 
 @dataclasses.dataclass(frozen=True)
 class ParallelismSpec:
     tensor: int
     pipeline: int
-    data: int
+    data: int  # over all nodes of a replica
+    expert: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +87,9 @@ class EngineSpec:
     env: tuple[JSON, ...]
     startup_timeout_seconds: int
     shm_size: str
+    max_num_batched_tokens: int | None = None  # None: planned
+    quantization: str | None = None  # None: detected from the checkpoint by the runtime
+    additional_config: JSON | None = None  # vllm-ascend's --additional-config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +159,10 @@ def _parse(s: JSON) -> NPUInferenceSpec:
             host_path=HostPathSource(host["path"], host["type"]) if host else None,
         ),
         replicas=s["replicas"],
-        npu=NPUSpec(s["npu"].get("resourceName"), s["npu"]["count"], s["npu"].get("chipName")),
-        parallelism=ParallelismSpec(**{k: s["parallelism"][k] for k in ("tensor", "pipeline", "data")}),
+        npu=NPUSpec(s["npu"].get("resourceName"), s["npu"]["count"], s["npu"].get("chipName"), s["npu"]["nodes"]),
+        parallelism=ParallelismSpec(
+            **{k: s["parallelism"][k] for k in ("tensor", "pipeline", "data")}, expert=s["parallelism"]["expert"]
+        ),
         graph=GraphSpec(
             mode=graph["mode"],
             capture_sizes=tuple(graph["captureSizes"]) if "captureSizes" in graph else None,
@@ -179,6 +186,9 @@ def _parse(s: JSON) -> NPUInferenceSpec:
             env=tuple(engine.get("env", ())),
             startup_timeout_seconds=engine["startupTimeoutSeconds"],
             shm_size=engine["shmSize"],
+            max_num_batched_tokens=engine.get("maxNumBatchedTokens"),
+            quantization=engine.get("quantization"),
+            additional_config=engine.get("additionalConfig"),
         ),
         resources=s["resources"],
         template=PodTemplateSpec(
@@ -228,6 +238,22 @@ FLAGS_OWNED_BY_FIELDS: Final = {
     "--max-cudagraph-capture-size": "spec.graph.maxCaptureSize",
     "--enforce-eager": "spec.graph.mode (NONE)",
     "--speculative-config": "spec.engine.speculative",
+    "--max-num-batched-tokens": "spec.engine.maxNumBatchedTokens",
+    "--enable-expert-parallel": "spec.parallelism.expert",
+    "-ep": "spec.parallelism.expert",
+    "--quantization": "spec.engine.quantization",
+    "-q": "spec.engine.quantization",
+    "--additional-config": "spec.engine.additionalConfig",
+    # Multi-node data parallel: derived from spec.npu.nodes and spec.parallelism.data per pod.
+    "--data-parallel-size-local": "spec.npu.nodes",
+    "-dpl": "spec.npu.nodes",
+    "--data-parallel-start-rank": "spec.npu.nodes",
+    "-dpr": "spec.npu.nodes",
+    "--data-parallel-address": "spec.npu.nodes",
+    "-dpa": "spec.npu.nodes",
+    "--data-parallel-rpc-port": "spec.npu.nodes",
+    "-dpp": "spec.npu.nodes",
+    "--headless": "spec.npu.nodes",
 }
 
 

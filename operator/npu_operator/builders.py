@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 from typing import Any, Final
 
@@ -36,6 +37,18 @@ CHIP_LABEL: Final = "node.kubernetes.io/npu.chip.name"
 # The runtime drains in-flight requests on SIGTERM; the kubelet's grace period must cover it.
 TERMINATION_GRACE_SECONDS: Final = 120
 PROBE_PERIOD_SECONDS: Final = 10
+
+
+# LeaderWorkerSet (kubernetes-sigs/lws): the API, and what it tells each pod of a group.
+LWS_API_VERSION: Final = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND: Final = "LeaderWorkerSet"
+LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"  # the leader pod's DNS name, set in every pod of a group
+LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"  # 0 for the leader, 1.. for the workers
+LWS_WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
+# The pod's own interface for HCCL's, Gloo's and the TP socket's bootstrap traffic, as vllm-ascend's
+# multi-node tutorials export them (HCCL_IF_IP, GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME,
+# HCCL_SOCKET_IFNAME). A pod's network is eth0; spec.engine.env overrides each one.
+POD_INTERFACE: Final = "eth0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +92,17 @@ def build_children(
     config: OperatorConfig,
     capabilities: Capabilities = Capabilities(),
 ) -> list[JSON]:
-    """Every child the resource should have, in apply order."""
-    children = [build_deployment(name, namespace, spec, config), build_service(name, namespace)]
+    """Every child the resource should have, in apply order.
+
+    One node per replica: a Deployment. More: a LeaderWorkerSet, whether or not its API is
+    installed (the caller reports a missing API; see `Capabilities`).
+    """
+    workload = (
+        build_leader_worker_set(name, namespace, spec, config)
+        if spec.npu.nodes > 1
+        else build_deployment(name, namespace, spec, config)
+    )
+    children = [workload, build_service(name, namespace, leaders_only=spec.npu.nodes > 1)]
     if spec.replicas > 1:
         children.append(build_pod_disruption_budget(name, namespace))
     if spec.pod_monitor.enabled and capabilities.pod_monitor:
@@ -89,8 +111,13 @@ def build_children(
 
 
 def runtime_args(spec: NPUInferenceSpec) -> list[str]:
-    """The container's args: `npu-runtime serve` with the serve contract's flags."""
+    """The container's args: `npu-runtime serve` with the serve contract's flags.
+
+    A multi-node replica's pods all get the same args: the node rank and the leader's address
+    come from LeaderWorkerSet's variables, which the kubelet expands in args ($(NAME)).
+    """
     speculative = spec.engine.speculative
+    multi_node = spec.npu.nodes > 1
     options = ServeOptions(
         model=spec.model.path,
         served_model_name=spec.model.name,
@@ -103,6 +130,7 @@ def runtime_args(spec: NPUInferenceSpec) -> list[str]:
             stream_budget=spec.graph.stream_budget,
             max_num_seqs=spec.engine.max_num_seqs,
             max_model_len=spec.engine.max_model_len,
+            max_num_batched_tokens=spec.engine.max_num_batched_tokens,
             gpu_memory_utilization=spec.engine.gpu_memory_utilization,
             tensor_parallel=spec.parallelism.tensor,
             pipeline_parallel=spec.parallelism.pipeline,
@@ -111,12 +139,24 @@ def runtime_args(spec: NPUInferenceSpec) -> list[str]:
             speculative_tokens=speculative.num_tokens if speculative else 0,
             speculative_model=speculative.model if speculative else None,
             dtype=spec.engine.dtype,
+            enable_expert_parallel=spec.parallelism.expert,
+            nodes=spec.npu.nodes,
+            quantization=spec.engine.quantization,
         ),
         # The runtime drains for this long after SIGTERM, then kills the engine: inside the grace period.
         shutdown_timeout=TERMINATION_GRACE_SECONDS - 10,
         extra_engine_args=spec.engine.extra_args,
+        additional_config=(
+            json.dumps(spec.engine.additional_config, sort_keys=True, separators=(",", ":"))
+            if spec.engine.additional_config is not None
+            else None
+        ),
+        data_parallel_address=f"$({LWS_LEADER_ADDRESS})" if multi_node else None,
     )
-    return ["npu-runtime", "serve", *serve_argv(options)]
+    argv = serve_argv(options)
+    if multi_node:
+        argv[argv.index("--node-rank") + 1] = f"$({LWS_WORKER_INDEX})"
+    return ["npu-runtime", "serve", *argv]
 
 
 # The runtime container's hardening (docs/security.md says why each setting is safe on Ascend):
@@ -133,6 +173,55 @@ RUNTIME_SECURITY_CONTEXT: Final = {
 
 
 def build_deployment(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": _sorted(selector_labels(name))},
+            # NPUs are scarce and whole: a surge pod would wait for NPUs that the old pod holds.
+            # Replace one pod at a time instead.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            # A rollout may legitimately take a whole startup (weights plus graph capture).
+            "progressDeadlineSeconds": spec.engine.startup_timeout_seconds + 600,
+            "revisionHistoryLimit": 5,
+            "template": _pod_template(name, spec, config),
+        },
+    }
+
+
+def build_leader_worker_set(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
+    """A LeaderWorkerSet with one group of spec.npu.nodes pods per replica.
+
+    Every pod runs the same `npu-runtime serve` (see `runtime_args`): the leader (worker index 0)
+    starts vLLM's API server and its local data-parallel ranks, the workers their ranks headless.
+    The workers are created with the leader (startupPolicy LeaderCreated: the leader only becomes
+    ready once they have joined), and a group is recreated whole when one pod restarts, since the
+    engine's data-parallel group cannot take a member back.
+    """
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "replicas": spec.replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                # As for the Deployment: no surge group, whose NPUs the old group holds.
+                "rollingUpdateConfiguration": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "leaderWorkerTemplate": {
+                "size": spec.npu.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "workerTemplate": _pod_template(name, spec, config),
+            },
+        },
+    }
+
+
+def _pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
     template = spec.template
     pod_spec: JSON = {
         "containers": [_container(spec, config)],
@@ -161,22 +250,7 @@ def build_deployment(name: str, namespace: str, spec: NPUInferenceSpec, config: 
     pod_metadata: JSON = {"labels": _sorted({**template.labels, **labels(name)})}
     if template.annotations:
         pod_metadata["annotations"] = _sorted(dict(template.annotations))
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
-        "spec": {
-            "replicas": spec.replicas,
-            "selector": {"matchLabels": _sorted(selector_labels(name))},
-            # NPUs are scarce and whole: a surge pod would wait for NPUs that the old pod holds.
-            # Replace one pod at a time instead.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            # A rollout may legitimately take a whole startup (weights plus graph capture).
-            "progressDeadlineSeconds": spec.engine.startup_timeout_seconds + 600,
-            "revisionHistoryLimit": 5,
-            "template": {"metadata": pod_metadata, "spec": pod_spec},
-        },
-    }
+    return {"metadata": pod_metadata, "spec": pod_spec}
 
 
 def _container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
@@ -218,6 +292,10 @@ def _probe(path: str, *, period: int, failures: int) -> JSON:
 
 def _env(spec: NPUInferenceSpec) -> list[JSON]:
     env: dict[str, JSON] = {key: {"name": key, "value": value} for key, value in ASCEND_RECOMMENDED_ENV.items()}
+    if spec.npu.nodes > 1:
+        env["HCCL_IF_IP"] = {"name": "HCCL_IF_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+        for key in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
+            env[key] = {"name": key, "value": POD_INTERFACE}
     for var in spec.engine.env:
         env[var["name"]] = dict(var)
     return [env[key] for key in sorted(env)]
@@ -264,14 +342,19 @@ def _volume_mounts(spec: NPUInferenceSpec) -> list[JSON]:
     return [model_mount, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
 
 
-def build_service(name: str, namespace: str) -> JSON:
+def build_service(name: str, namespace: str, *, leaders_only: bool = False) -> JSON:
+    """The endpoint. For a LeaderWorkerSet only the leaders serve the API: the selector adds
+    LeaderWorkerSet's worker-index label 0."""
+    selector = selector_labels(name)
+    if leaders_only:
+        selector[LWS_WORKER_INDEX_LABEL] = "0"
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
         "spec": {
             "type": "ClusterIP",
-            "selector": _sorted(selector_labels(name)),
+            "selector": _sorted(selector),
             "ports": [
                 {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                 {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},

@@ -59,11 +59,15 @@ DEPLOYMENTS: Final = Resource("apps", "v1", "deployments", "Deployment")
 SERVICES: Final = Resource("", "v1", "services", "Service")
 POD_DISRUPTION_BUDGETS: Final = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 POD_MONITORS: Final = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
+# kubernetes-sigs/lws: one group of pods per replica of a multi-node NPUInference.
+LEADER_WORKER_SETS: Final = Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet")
 PODS: Final = Resource("", "v1", "pods", "Pod")
 REPLICA_SETS: Final = Resource("apps", "v1", "replicasets", "ReplicaSet")
 EVENTS: Final = Resource("", "v1", "events", "Event")
 NPU_INFERENCES: Final = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, crd.KIND)
-BY_KIND: Final = {r.kind: r for r in (DEPLOYMENTS, SERVICES, POD_DISRUPTION_BUDGETS, POD_MONITORS, PODS, EVENTS)}
+BY_KIND: Final = {
+    r.kind: r for r in (DEPLOYMENTS, LEADER_WORKER_SETS, SERVICES, POD_DISRUPTION_BUDGETS, POD_MONITORS, PODS, EVENTS)
+}
 
 
 class ApiError(Exception):

@@ -25,7 +25,16 @@ from npu_operator.runtime_reports import ReportCollector
 JSON = dict[str, Any]
 
 LAST_APPLIED: Final = f"{crd.GROUP}/last-applied"
-MANAGED: Final = (kube.DEPLOYMENTS, kube.SERVICES, kube.POD_DISRUPTION_BUDGETS, kube.POD_MONITORS)
+MANAGED: Final = (
+    kube.DEPLOYMENTS,
+    kube.LEADER_WORKER_SETS,
+    kube.SERVICES,
+    kube.POD_DISRUPTION_BUDGETS,
+    kube.POD_MONITORS,
+)
+# The workload that runs the pods: a Deployment (one node per replica) or a LeaderWorkerSet.
+WORKLOADS: Final = (kube.DEPLOYMENTS, kube.LEADER_WORKER_SETS)
+LWS_NOT_INSTALLED: Final = "LeaderWorkerSetNotInstalled"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,13 +92,24 @@ async def reconcile(
     capabilities = builders.Capabilities(pod_monitor=spec.pod_monitor.enabled and pod_monitors_served)
     desired = adopted_children(body, spec, config, capabilities)
     desired_by_kind = {child["kind"]: child for child in desired}
+    served = {kube.POD_MONITORS: pod_monitors_served}
+    # Asked on every reconcile (discovery is cached): a LeaderWorkerSet left from an earlier
+    # multi-node spec is deleted too. Without the API, one-node resources work as before.
+    served[kube.LEADER_WORKER_SETS] = await client.serves(kube.LEADER_WORKER_SETS)
+    blocked: tuple[str, str] | None = None
+    if spec.npu.nodes > 1 and not served[kube.LEADER_WORKER_SETS]:
+        blocked = (
+            LWS_NOT_INSTALLED,
+            f"spec.npu.nodes is {spec.npu.nodes}: a multi-node replica is a LeaderWorkerSet, but the "
+            "leaderworkerset.x-k8s.io/v1 API is not installed; install LeaderWorkerSet (kubernetes-sigs/lws)",
+        )
 
     changes: list[Change] = []
     conflicts: list[str] = []
     rejected: list[str] = []
     live_deployment: JSON | None = None
     for resource in MANAGED:
-        if resource is kube.POD_MONITORS and not pod_monitors_served:
+        if not served.get(resource, True):
             continue
         try:
             live = await client.get(resource, namespace, name)
@@ -104,7 +124,7 @@ async def reconcile(
         change = plan_child(resource, name, desired_by_kind.get(resource.kind), live)
         if change is not None:
             changes.append(change)
-        if resource is kube.DEPLOYMENTS:
+        if resource in WORKLOADS and resource.kind in desired_by_kind:
             live_deployment = live
     applied_changes: list[Change] = []
     for change in changes:
@@ -122,7 +142,7 @@ async def reconcile(
                 rejected.append(f"{where}: {_api_message(exc)}")
             continue
         applied_changes.append(change)
-        if change.resource is kube.DEPLOYMENTS:
+        if change.resource in WORKLOADS and change.action != "delete":
             live_deployment = applied
 
     if spec.pod_monitor.enabled and not capabilities.pod_monitor and not notes:
@@ -143,6 +163,7 @@ async def reconcile(
         notes=tuple(notes),
         findings=aggregate.pod_findings(pods, reports, spec.npu.resource_name or config.npu_resource_name),
         graph=graph,
+        blocked=blocked,
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
     return _result(previous, new, tuple(applied_changes))

@@ -56,6 +56,8 @@ class Observed:
     # What the pods and their runtimes say (see `aggregate`).
     findings: PodFindings = dataclasses.field(default_factory=PodFindings)
     graph: JSON = dataclasses.field(default_factory=dict)
+    # (reason, message): the workload cannot be created in this cluster, e.g. its API is missing.
+    blocked: tuple[str, str] | None = None
 
 
 def compute_status(
@@ -109,7 +111,9 @@ def invalid_status(generation: int, problems: Sequence[SpecError], previous: Map
 
 
 def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
-    """Ready, Progressing and Degraded for a valid spec, from the Deployment's own status."""
+    """Ready, Progressing and Degraded for a valid spec, from the workload's own status (a
+    Deployment's, or a LeaderWorkerSet's: the same replicas, updatedReplicas, readyReplicas and
+    observedGeneration, counted in groups)."""
     if observed.conflicts:
         message = "not owned by this NPUInference, left alone: " + ", ".join(observed.conflicts)
         return [
@@ -123,6 +127,13 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
             Condition(READY, False, CHILD_REJECTED, message),
             Condition(PROGRESSING, False, CHILD_REJECTED, message),
             Condition(DEGRADED, True, CHILD_REJECTED, message),
+        ]
+    if observed.blocked is not None:
+        reason, message = observed.blocked
+        return [
+            Condition(READY, False, reason, message),
+            Condition(PROGRESSING, False, reason, message),
+            Condition(DEGRADED, True, reason, message),
         ]
     deployment = observed.deployment
     if deployment is None:

@@ -121,6 +121,7 @@ def render_plan(plan: dict[str, Any]) -> str:
         f"model     {model['architecture']} ({model['path']}), {model['num_layers']} layers, {plan['dtype']}",
         f"device    {device['count']} x {device['name']} ({device['kind']}, {device['source']}), "
         f"tensor parallel {plan['tensor_parallel']}",
+        *_layout_lines(plan["layout"]),
         f"mode      {plan['requested_mode']} -> {plan['effective_mode']} (resolved by {plan['mode_resolved_by']})",
         f"sizes     {len(plan['capture_sizes'])}: {_short_list(plan['capture_sizes'])}",
         f"decode    max_num_seqs {plan['max_num_seqs']} x {plan['decode_query_len']} tokens, "
@@ -154,6 +155,26 @@ def render_plan(plan: dict[str, Any]) -> str:
         lines.append(f"warning   {warning}")
     lines += ["", "vllm args " + " ".join(plan["vllm_args"])]
     return "\n".join(lines)
+
+
+def _layout_lines(layout: dict[str, Any]) -> list[str]:
+    """The per-rank layout: DP x TP x PP, the MoE split, and what each node runs."""
+    line = (
+        f"layout    DP {layout['data_parallel']} x TP {layout['tensor_parallel']} x PP {layout['pipeline_parallel']}"
+        f" over {layout['nodes']} node(s) of {layout['devices_per_node']} devices"
+    )
+    if layout["moe_ranks"] > 1:
+        split = f"EP {layout['ep_size']}" if layout["expert_parallel"] else f"TP {layout['moe_tensor_parallel']}"
+        line += f"; experts over {layout['moe_ranks']} ranks ({split}, {layout['experts_per_rank']} per device)"
+    lines = [line]
+    if layout["nodes"] > 1:
+        for share in layout["per_node"]:
+            ranks = share["data_parallel_ranks"]
+            lines.append(
+                f"  node {share['node']}  {share['role']:<6} DP ranks {ranks[0]}..{ranks[-1]} on {share['devices']} "
+                f"devices" + (" + API server" if share["role"] == "leader" else " (--headless)")
+            )
+    return lines
 
 
 def _short_list(values: list[int]) -> str:

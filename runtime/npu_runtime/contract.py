@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -24,6 +25,8 @@ DEFAULT_GPU_MEMORY_UTILIZATION: Final = 0.9  # vLLM's CacheConfig default
 DEFAULT_PORT: Final = 8000
 DEFAULT_METRICS_PORT: Final = 9090
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
+# The data-parallel RPC port of vllm-ascend's multi-node DeepSeek tutorial (--data-parallel-rpc-port 13389).
+DEFAULT_DATA_PARALLEL_RPC_PORT: Final = 13389
 # How long `serve` waits for the engine after forwarding SIGTERM before it kills it. Below
 # Kubernetes' default terminationGracePeriodSeconds (30) so the runtime, not the kubelet, ends it.
 DEFAULT_SHUTDOWN_TIMEOUT: Final = 25.0
@@ -111,6 +114,8 @@ class PlanOptions:
     max_capture_size: int | None = None
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_model_len: int | None = None
+    # None: planned (at least vLLM's 2048 and the largest capture size).
+    max_num_batched_tokens: int | None = None
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
@@ -120,6 +125,15 @@ class PlanOptions:
     speculative_model: str | None = None
     dtype: str = "auto"
     enforce_eager: bool = False
+    # vLLM's --enable-expert-parallel: MoE layers split their experts over the DP x TP ranks (EP)
+    # instead of tensor-slicing every expert over them.
+    enable_expert_parallel: bool = False
+    # Nodes one replica spans; device_count stays devices per node (tensor x pipeline x data =
+    # devices per node x nodes). Each node runs data_parallel / nodes whole DP ranks.
+    nodes: int = 1
+    # vLLM's --quantization; None: detected from the checkpoint ("ascend" for ModelSlim's
+    # quant_model_description.json, else the config's quantization_config).
+    quantization: str | None = None
     # Off-device planning: each one replaces what the device probe would report.
     device_kind: str | None = None
     device_name: str | None = None
@@ -144,6 +158,13 @@ class ServeOptions:
     termination_log: str = DEFAULT_TERMINATION_LOG
     extra_engine_args: tuple[str, ...] = ()
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    # vllm-ascend's --additional-config, as JSON text; passed to the engine unchanged.
+    additional_config: str | None = None
+    # Multi-node replicas (plan.nodes > 1): this pod's node (0: the leader, which runs the API
+    # server), the leader's address and the data-parallel RPC port, for vLLM's launcher.
+    node_rank: int = 0
+    data_parallel_address: str | None = None
+    data_parallel_rpc_port: int = DEFAULT_DATA_PARALLEL_RPC_PORT
 
 
 def _positive_int(text: str) -> int:
@@ -199,6 +220,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-capture-size", type=_positive_int, default=None)
     engine.add_argument("--max-num-seqs", type=_positive_int, default=DEFAULT_MAX_NUM_SEQS)
     engine.add_argument("--max-model-len", type=_positive_int, default=None)
+    engine.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive_int,
+        default=None,
+        help="tokens per scheduler step (default: planned, at least 2048 and the largest capture size)",
+    )
     engine.add_argument("--gpu-memory-utilization", type=_fraction, default=DEFAULT_GPU_MEMORY_UTILIZATION)
     engine.add_argument("--tensor-parallel", type=_positive_int, default=1)
     engine.add_argument("--pipeline-parallel", type=_positive_int, default=1)
@@ -208,6 +235,22 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--speculative-model", default=None, help="draft or EAGLE head model directory")
     engine.add_argument("--dtype", default="auto")
     engine.add_argument("--enforce-eager", action="store_true")
+    engine.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="split MoE experts over the data x tensor parallel ranks (vLLM's --enable-expert-parallel)",
+    )
+    engine.add_argument(
+        "--nodes",
+        type=_positive_int,
+        default=1,
+        help="nodes one replica spans; --device-count stays devices per node",
+    )
+    engine.add_argument(
+        "--quantization",
+        default=None,
+        help="vLLM's --quantization (default: detected from the model directory, e.g. ascend for ModelSlim)",
+    )
     device = parser.add_argument_group("device overrides (default: probe the device)")
     device.add_argument("--device-kind", choices=DEVICE_KINDS, default=None)
     device.add_argument("--device-name", default=None)
@@ -249,8 +292,29 @@ def serve_parser() -> argparse.ArgumentParser:
         help="seconds to wait for the engine after SIGTERM before killing it (keep it below the "
         "pod's terminationGracePeriodSeconds)",
     )
+    parser.add_argument(
+        "--additional-config",
+        type=_argtype(_json_object_text),
+        default=None,
+        help="vllm-ascend's --additional-config (a JSON object), passed to the engine",
+    )
+    nodes = parser.add_argument_group("multi-node replicas (--nodes > 1)")
+    nodes.add_argument("--node-rank", type=_non_negative_int, default=0, help="this pod's node: 0 runs the API server")
+    nodes.add_argument("--data-parallel-address", default=None, help="the leader's address (LWS_LEADER_ADDRESS)")
+    nodes.add_argument("--data-parallel-rpc-port", type=_positive_int, default=DEFAULT_DATA_PARALLEL_RPC_PORT)
     add_plan_arguments(parser)
     return parser
+
+
+def _json_object_text(text: str) -> str:
+    """`text` unchanged when it is a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    return text
 
 
 def parse_serve_args(argv: Sequence[str]) -> ServeOptions:
@@ -272,6 +336,10 @@ def parse_serve_args(argv: Sequence[str]) -> ServeOptions:
         termination_log=args.termination_log,
         extra_engine_args=tuple(extra),
         shutdown_timeout=args.shutdown_timeout,
+        additional_config=args.additional_config,
+        node_rank=args.node_rank,
+        data_parallel_address=args.data_parallel_address,
+        data_parallel_rpc_port=args.data_parallel_rpc_port,
     )
 
 
@@ -282,6 +350,10 @@ def option_name(field: str) -> str:
     ASCEND_LAUNCH_BLOCKING) and stay as they are.
     """
     return field if field.isupper() else "--" + field.replace("_", "-")
+
+
+# Written only when they differ from the default, so that one-node pods keep the args they had.
+_SINGLE_NODE_DEFAULTS: Final = frozenset({"nodes"})
 
 
 def serve_argv(options: ServeOptions) -> list[str]:
@@ -302,9 +374,16 @@ def serve_argv(options: ServeOptions) -> list[str]:
         argv.append("--engine-resolves-mode")
     if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT:
         argv += ["--shutdown-timeout", f"{options.shutdown_timeout:g}"]
+    if options.additional_config is not None:
+        argv += ["--additional-config", options.additional_config]
+    if options.plan.nodes > 1:
+        argv += ["--node-rank", str(options.node_rank)]
+        if options.data_parallel_address is not None:
+            argv += ["--data-parallel-address", options.data_parallel_address]
+        argv += ["--data-parallel-rpc-port", str(options.data_parallel_rpc_port)]
     for field in dataclasses.fields(PlanOptions):
         value = getattr(options.plan, field.name)
-        if value is None or value is False:
+        if value is None or value is False or (field.name in _SINGLE_NODE_DEFAULTS and value == field.default):
             continue
         if value is True:
             argv.append(option_name(field.name))

@@ -30,6 +30,7 @@ from npu_runtime import reports
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, ServeOptions
 
 ENGINE_MODULE: Final = "vllm.entrypoints.openai.api_server"
+HEADLESS_MODULE: Final = "npu_runtime.headless"
 PROMETHEUS_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 PLUGINS_ENV: Final = "VLLM_PLUGINS"
 
@@ -108,12 +109,19 @@ def kill_adopted_children(timeout: float = 5.0) -> list[int]:
 
 
 def engine_argv(options: ServeOptions, vllm_args: Sequence[str], *, python: str | None = None) -> list[str]:
-    """The engine's command line: model, address, the plan's engine flags, then the user's extras."""
-    argv = [python or sys.executable, "-m", ENGINE_MODULE, "--model", options.model]
+    """The engine's command line: model, address, the plan's engine flags, then the user's extras.
+
+    A multi-node replica's worker (--headless among the flags) runs `npu_runtime.headless`, vLLM's
+    headless launcher, instead of the API server.
+    """
+    module = HEADLESS_MODULE if "--headless" in vllm_args else ENGINE_MODULE
+    argv = [python or sys.executable, "-m", module, "--model", options.model]
     if options.served_model_name:
         argv += ["--served-model-name", options.served_model_name]
     argv += ["--host", options.host, "--port", str(options.port)]
     argv += list(vllm_args)
+    if options.additional_config is not None:
+        argv += ["--additional-config", options.additional_config]  # vllm-ascend's engine argument
     argv += list(options.extra_engine_args)
     return argv
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,12 @@ from typing import Any, Final
 from npu_runtime import files
 
 CONFIG_NAME: Final = "config.json"
+# vllm_ascend/quantization/modelslim_config.py MODELSLIM_CONFIG_FILENAME, and the method name
+# detect_quantization_method returns for it (ASCEND_QUANTIZATION_METHOD, `--quantization ascend`).
+MODELSLIM_DESCRIPTION: Final = "quant_model_description.json"
+ASCEND_QUANTIZATION: Final = "ascend"
+# ModelSlim quant types: W8A8, W8A8_DYNAMIC, W8A16, W4A8_DYNAMIC, W4A16, W4A4_... (weight bits first).
+_SCHEME: Final = re.compile(r"^W(\d+)A")
 INDEX_NAME: Final = "model.safetensors.index.json"
 # A safetensors header larger than this is not a header (the format caps it at 100 MB).
 _MAX_HEADER_BYTES: Final = 100 * 1000 * 1000
@@ -167,9 +174,22 @@ class ModelInfo:
     """How many layers use `sliding_window` (the others keep the full context)."""
     tie_word_embeddings: bool = False
     quantization: str | None = None
+    """The method vLLM's --quantization takes: "ascend" for a ModelSlim checkpoint (a
+    quant_model_description.json), else the config's quant_method (fp8, gptq, awq, ...)."""
     quant_bits: int | None = None
+    """Bits per weight of the quantized linear layers (None: the dtype's)."""
+    quant_scheme: str | None = None
+    """ModelSlim's model_quant_type (W8A8, W8A8_DYNAMIC, W4A8_DYNAMIC, ...), when there is one."""
+    expert_quant_bits: int | None = None
+    """Bits per weight of the routed experts (None: the dtype's)."""
     draft_layers: int = 0
     """Built-in MTP draft layers (DeepSeek `num_nextn_predict_layers`)."""
+    expert_weight_bytes: int = 0
+    """The routed experts' share of weight_bytes (MoE models; split over the MoE ranks, not TP x PP)."""
+    draft_weight_bytes: int = 0
+    """The built-in MTP layers' weights, loaded only when MTP speculative decoding is on (estimated)."""
+    draft_expert_weight_bytes: int = 0
+    """The routed experts' share of draft_weight_bytes."""
     notes: tuple[str, ...] = ()
 
     def kv_bytes_per_token(self, *, tensor_parallel: int, pipeline_parallel: int, dtype_bytes: int) -> int:
@@ -179,13 +199,18 @@ class ModelInfo:
         than ranks (vLLM: max(1, num_kv_heads // tp)); an MLA latent cache (kv_lora_rank +
         qk_rope_head_dim per layer) is not split.
         """
-        layers = math.ceil(self.num_layers / pipeline_parallel)
+        return math.ceil(self.num_layers / pipeline_parallel) * self.kv_bytes_per_layer(
+            tensor_parallel=tensor_parallel, dtype_bytes=dtype_bytes
+        )
+
+    def kv_bytes_per_layer(self, *, tensor_parallel: int, dtype_bytes: int) -> int:
+        """KV cache bytes one token takes in one attention layer on one device (see kv_bytes_per_token)."""
         if self.is_mla and self.kv_lora_rank:
             per_layer = (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) * dtype_bytes
         else:
             heads = max(1, self.num_kv_heads // tensor_parallel)
             per_layer = 2 * heads * self.head_dim * dtype_bytes
-        return layers * per_layer
+        return per_layer
 
     def summary(self) -> dict[str, Any]:
         """The fields a plan reports about its model."""
@@ -206,6 +231,7 @@ class ModelInfo:
             "max_position_embeddings": self.max_position_embeddings,
             "dtype": self.dtype,
             "quantization": self.quantization,
+            "quant_scheme": self.quant_scheme,
             "weight_bytes": self.weight_bytes,
             "weight_source": self.weight_source,
             "param_count": self.param_count,
@@ -364,7 +390,7 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
         dtype = "bfloat16"
     dtype = canonical_dtype(dtype.removeprefix("torch."))
 
-    quantization, quant_bits = _quantization(config, directory)
+    quant = _quantization(config, directory)
     sliding_window, sliding_layers = _sliding_window(text, num_layers)
     encoder_decoder = top.flag("is_encoder_decoder", False)
     multimodal = any(k in config for k in ("vision_config", "audio_config", *_NESTED_TEXT_KEYS))
@@ -396,20 +422,33 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
         "sliding_window": sliding_window,
         "sliding_layers": sliding_layers,
         "tie_word_embeddings": top.flag("tie_word_embeddings", text.flag("tie_word_embeddings", False)),
-        "quantization": quantization,
-        "quant_bits": quant_bits,
+        "quantization": quant.method,
+        "quant_bits": quant.linear_bits,
+        "quant_scheme": quant.scheme,
+        "expert_quant_bits": quant.expert_bits,
         "draft_layers": text.opt_int("num_nextn_predict_layers") or 0,
     }
     params = _estimate_params(text, top, info_args)
+    estimated = params.weight_bytes(DTYPE_BYTES.get(dtype, 2), quant.linear_bits, quant.expert_bits)
     weight_bytes, weight_source = _weight_bytes(directory, notes)
     if weight_bytes is None:
-        weight_bytes = _estimated_weight_bytes(params, dtype, quant_bits)
-        weight_source = "estimated-from-shape"
+        weight_bytes, weight_source = estimated, "estimated-from-shape"
+    expert_bytes = params.expert_bytes(quant.expert_bits, DTYPE_BYTES.get(dtype, 2))
+    if weight_source != "estimated-from-shape" and estimated:
+        # Measured totals do not say which tensors are experts: keep the shape's proportion.
+        expert_bytes = weight_bytes * expert_bytes // estimated
+    draft = _draft_params(text, info_args, params)
+    # ModelSlim leaves DeepSeek's MTP layer unquantized (vllm_ascend/quantization/modelslim_config.py:
+    # "The quantized MTP layer of deepseek on the NPU is not quantized").
+    draft_bits = (None, None) if quant.method == ASCEND_QUANTIZATION else (quant.linear_bits, quant.expert_bits)
     return ModelInfo(
         **info_args,
         weight_bytes=weight_bytes,
         weight_source=weight_source,
-        param_count=params,
+        param_count=params.total,
+        expert_weight_bytes=expert_bytes,
+        draft_weight_bytes=draft.weight_bytes(DTYPE_BYTES.get(dtype, 2), *draft_bits),
+        draft_expert_weight_bytes=draft.expert_bytes(draft_bits[1], DTYPE_BYTES.get(dtype, 2)),
         notes=tuple(notes),
     )
 
@@ -451,34 +490,142 @@ def _sliding_window(text: _Fields, num_layers: int) -> tuple[int | None, int]:
     return window, num_layers
 
 
-def _quantization(config: dict[str, Any], directory: Path) -> tuple[str | None, int | None]:
+@dataclass(frozen=True)
+class _Quant:
+    """What a checkpoint's quantization means for the byte count (None everywhere: not quantized)."""
+
+    method: str | None = None
+    scheme: str | None = None
+    linear_bits: int | None = None
+    expert_bits: int | None = None
+
+
+def _quantization(config: dict[str, Any], directory: Path) -> _Quant:
+    """The quantization from quant_model_description.json (ModelSlim, vllm-ascend's "ascend" method,
+    which vllm_ascend/quantization/utils.py detect_quantization_method looks for first) or from the
+    config's quantization_config block; byte counts only, no tensor is read."""
+    description = directory / MODELSLIM_DESCRIPTION
+    if description.is_file():
+        return _modelslim(description, _read_json(description))
     qc = config.get("quantization_config")
     if isinstance(qc, dict):
         method = str(qc.get("quant_method") or qc.get("format") or "unknown")
         bits = qc.get("bits") or qc.get("w_bit") or qc.get("weight_bits")
         if not isinstance(bits, int):
-            bits = 8 if "fp8" in method or "int8" in method or "w8" in method else None
-        return method, bits
-    # vllm-ascend's ModelSlim checkpoints describe their quantisation in a separate file.
-    description = directory / "quant_model_description.json"
-    if description.is_file():
-        data = _read_json(description)
-        kind = str(data.get("model_quant_type", "ascend")) if isinstance(data, dict) else "ascend"
-        return f"ascend-{kind.lower()}", 4 if "W4" in kind.upper() else 8
-    return None, None
+            lowered = method.lower()
+            bits = 8 if "fp8" in lowered or "int8" in lowered or "w8" in lowered else None
+            bits = 4 if any(k in lowered for k in ("fp4", "w4", "int4")) else bits
+        return _Quant(method, None, bits, bits)
+    return _Quant()
+
+
+def _scheme_bits(scheme: str, where: str) -> int | None:
+    """Bits per weight of a ModelSlim quant type: W8A8_DYNAMIC -> 8, W4A8_DYNAMIC -> 4, FLOAT -> None."""
+    if scheme.upper() == "FLOAT":
+        return None
+    match = _SCHEME.match(scheme.upper())
+    if not match:
+        raise ModelError(f"{where}: unknown quantization type {scheme!r} (expected FLOAT or W<bits>A<bits>...)")
+    return int(match.group(1))
+
+
+def _modelslim(path: Path, data: Any) -> _Quant:
+    """A ModelSlim description: `model_quant_type` plus one quant type per tensor name.
+
+    The experts' width is the most common quantized type among `*.experts.*.weight` entries, the
+    other linear layers' the most common among the remaining `*proj.weight` entries (a class with
+    only FLOAT entries stays in the dtype); each class falls back to model_quant_type when the
+    file lists none. Layers a quantized class leaves in FLOAT (DeepSeek's kv_b_proj) are counted at
+    the quantized width: about 1 GB too little over DeepSeek-V3's 61 layers. A trimmed
+    description (a layer's worth of entries) gives the same answer as the full one.
+    """
+    if not isinstance(data, dict):
+        raise ModelError(f"{path}: expected a JSON object of tensor name -> quantization type")
+    scheme = data.get("model_quant_type")
+    if scheme is not None and not isinstance(scheme, str):
+        raise ModelError(f"{path}: field 'model_quant_type': expected a string, got {scheme!r}")
+    experts: dict[str, int] = {}
+    linear: dict[str, int] = {}
+    for name, kind in data.items():
+        if not name.endswith(".weight") or not isinstance(kind, str):
+            continue
+        if ".experts." in name:
+            experts[kind] = experts.get(kind, 0) + 1
+        elif name.removesuffix(".weight").endswith("proj"):
+            linear[kind] = linear.get(kind, 0) + 1
+    default = scheme or "W8A8"
+
+    def width(counts: dict[str, int]) -> str:
+        quantized = {k: n for k, n in counts.items() if k.upper() != "FLOAT"}
+        if quantized:
+            return max(quantized, key=lambda k: quantized[k])
+        return "FLOAT" if counts else default
+
+    linear_kind, expert_kind = width(linear), width(experts)
+    return _Quant(
+        method=ASCEND_QUANTIZATION,
+        scheme=scheme or linear_kind,
+        linear_bits=_scheme_bits(linear_kind, f"{path}: linear layers"),
+        expert_bits=_scheme_bits(expert_kind, f"{path}: experts"),
+    )
 
 
 # -- parameters and weight bytes -------------------------------------------------------------------
 
 
-def _estimate_params(text: _Fields, top: _Fields, f: dict[str, Any]) -> int:
+@dataclass(frozen=True)
+class _Params:
+    """Parameters by how they are stored: linear layers (quantizable), routed experts, the rest."""
+
+    linear: int
+    experts: int
+    other: int
+    """Embeddings, lm_head, norms, router gates, a vision tower: kept in the dtype when quantized."""
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.experts + self.other
+
+    def expert_bytes(self, bits: int | None, dtype_bytes: int) -> int:
+        return self.experts * bits // 8 if bits else self.experts * dtype_bytes
+
+    def weight_bytes(self, dtype_bytes: int, linear_bits: int | None, expert_bits: int | None) -> int:
+        linear = self.linear * linear_bits // 8 if linear_bits else self.linear * dtype_bytes
+        return linear + self.expert_bytes(expert_bits, dtype_bytes) + self.other * dtype_bytes
+
+
+def _estimate_params(text: _Fields, top: _Fields, f: dict[str, Any]) -> _Params:
     """Parameters from the shape (`f`: ModelInfo's fields so far): embeddings, attention, MLP or
     experts, norms, vision tower. `text` is the language model's config, `top` the whole file."""
-    hidden, layers, heads = f["hidden_size"], f["num_layers"], f["num_attention_heads"]
-    kv, hd, vocab = f["num_kv_heads"], f["head_dim"], f["vocab_size"]
-    act = str(text.raw("hidden_act") or text.raw("activation_function") or "silu")
-    mlp_mats = 3 if act in _GATED_ACTS else 2
+    hidden, layers = f["hidden_size"], f["num_layers"]
+    attn = _attention_params(text, f)
+    dense_mlp = _mlp_matrices(text) * hidden * f["intermediate_size"]
+    norms = 2 * hidden
+    linear, experts, other = layers * attn, 0, layers * norms
 
+    if f["is_moe"]:
+        routed, shared, router = _moe_params(text, f)
+        dense_layers = _dense_layer_count(text, layers)
+        linear += dense_layers * dense_mlp + (layers - dense_layers) * shared
+        experts = (layers - dense_layers) * routed
+        other += (layers - dense_layers) * router
+    else:
+        linear += layers * dense_mlp
+    if f["is_encoder_decoder"]:
+        encoder_layers = top.opt_int("encoder_layers") or layers
+        linear += encoder_layers * (attn + dense_mlp)
+        other += encoder_layers * norms
+    embeddings = f["vocab_size"] * hidden * (1 if f["tie_word_embeddings"] else 2)
+    return _Params(linear, experts, other + embeddings + hidden + _vision_params(top.data, hidden))
+
+
+def _mlp_matrices(text: _Fields) -> int:
+    act = str(text.raw("hidden_act") or text.raw("activation_function") or "silu")
+    return 3 if act in _GATED_ACTS else 2
+
+
+def _attention_params(text: _Fields, f: dict[str, Any]) -> int:
+    hidden, heads, kv, hd = f["hidden_size"], f["num_attention_heads"], f["num_kv_heads"], f["head_dim"]
     if f["is_mla"]:
         nope = text.opt_int("qk_nope_head_dim") or hd
         rope = f["qk_rope_head_dim"] or 0
@@ -486,32 +633,42 @@ def _estimate_params(text: _Fields, top: _Fields, f: dict[str, Any]) -> int:
         q_lora = text.opt_int("q_lora_rank")
         q = hidden * heads * (nope + rope) if not q_lora else hidden * q_lora + q_lora + q_lora * heads * (nope + rope)
         attn = q + hidden * (f["kv_lora_rank"] + rope) + f["kv_lora_rank"]
-        attn += f["kv_lora_rank"] * heads * (nope + v_dim) + heads * v_dim * hidden
-    else:
-        attn = hidden * heads * hd + 2 * hidden * kv * hd + heads * hd * hidden
-        if text.flag("attention_bias", f["model_type"] in _QKV_BIAS_TYPES):
-            attn += heads * hd + 2 * kv * hd
-        if f["model_type"].startswith("qwen3"):
-            attn += 2 * hd  # q_norm, k_norm
-    dense_mlp = mlp_mats * hidden * f["intermediate_size"]
-    per_layer_dense = attn + dense_mlp + 2 * hidden
+        return int(attn + f["kv_lora_rank"] * heads * (nope + v_dim) + heads * v_dim * hidden)
+    attn = hidden * heads * hd + 2 * hidden * kv * hd + heads * hd * hidden
+    if text.flag("attention_bias", f["model_type"] in _QKV_BIAS_TYPES):
+        attn += heads * hd + 2 * kv * hd
+    if f["model_type"].startswith("qwen3"):
+        attn += 2 * hd  # q_norm, k_norm
+    return int(attn)
 
+
+def _moe_params(text: _Fields, f: dict[str, Any]) -> tuple[int, int, int]:
+    """(routed experts, shared experts, router) parameters of one MoE layer."""
+    hidden, count, moe_inter = f["hidden_size"], f["num_experts"], f["moe_intermediate_size"]
+    shared = (text.opt_int("n_shared_experts") or 0) * 3 * hidden * moe_inter
+    shared_inter = text.opt_int("shared_expert_intermediate_size")
+    if shared_inter:
+        shared += 3 * hidden * shared_inter + hidden  # Qwen2-MoE shared expert and its gate
+    return count * 3 * hidden * moe_inter, shared, hidden * count
+
+
+def _draft_params(text: _Fields, f: dict[str, Any], main: _Params) -> _Params:
+    """DeepSeek's MTP layers (num_nextn_predict_layers): each one decoder layer (MoE when the model
+    is) plus eh_proj (2h -> h) and three norms; embeddings and lm_head are shared with the main
+    model (vllm/model_executor/models/deepseek_mtp.py; vLLM's proposer shares them when shapes match)."""
+    count = f["draft_layers"]
+    if not count:
+        return _Params(0, 0, 0)
+    hidden = f["hidden_size"]
+    attn = _attention_params(text, f)
     if f["is_moe"]:
-        experts, moe_inter = f["num_experts"], f["moe_intermediate_size"]
-        shared = (text.opt_int("n_shared_experts") or 0) * 3 * hidden * moe_inter
-        shared_inter = text.opt_int("shared_expert_intermediate_size")
-        if shared_inter:
-            shared += 3 * hidden * shared_inter + hidden  # Qwen2-MoE shared expert and its gate
-        moe = experts * 3 * hidden * moe_inter + hidden * experts + shared
-        dense_layers = _dense_layer_count(text, layers)
-        body = dense_layers * per_layer_dense + (layers - dense_layers) * (attn + moe + 2 * hidden)
+        routed, shared, router = _moe_params(text, f)
+        linear, experts, other = attn + shared, routed, router
     else:
-        body = layers * per_layer_dense
-    if f["is_encoder_decoder"]:
-        encoder_layers = top.opt_int("encoder_layers") or layers
-        body += encoder_layers * per_layer_dense
-    embeddings = vocab * hidden * (1 if f["tie_word_embeddings"] else 2)
-    return int(body + embeddings + hidden + _vision_params(top.data, hidden))
+        linear, experts, other = attn + _mlp_matrices(text) * hidden * f["intermediate_size"], 0, 0
+    linear += 2 * hidden * hidden
+    other += 5 * hidden  # input/post-attention norms, enorm, hnorm, shared_head.norm
+    return _Params(count * linear, count * experts, count * other)
 
 
 def _dense_layer_count(text: _Fields, layers: int) -> int:
@@ -540,12 +697,6 @@ def _vision_params(config: dict[str, Any], text_hidden: int) -> int:
     if not all(isinstance(x, int) for x in (depth, inter, out)):
         return 0
     return int(depth * (4 * h * h + 2 * h * inter) + h * out + out * text_hidden)
-
-
-def _estimated_weight_bytes(params: int, dtype: str, quant_bits: int | None) -> int:
-    if quant_bits:
-        return params * quant_bits // 8
-    return params * DTYPE_BYTES.get(dtype, 2)
 
 
 def _weight_bytes(directory: Path, notes: list[str]) -> tuple[int | None, str]:

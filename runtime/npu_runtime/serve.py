@@ -114,6 +114,25 @@ def make_serve_plan(options: ServeOptions, environ: Mapping[str, str] | None = N
         raise ServeError(Failure(failures.MODEL_DOES_NOT_FIT, str(exc)), EXIT_DOES_NOT_FIT) from exc
 
 
+def node_args(options: ServeOptions, plan: Plan) -> tuple[str, ...]:
+    """This pod's multi-node data-parallel flags (none on a one-node replica)."""
+    from npu_runtime.plan import node_engine_args
+
+    if plan.layout.nodes == 1:
+        return ()
+    if not options.data_parallel_address:
+        failure = Failure(failures.INVALID_CONFIGURATION, "--data-parallel-address: a multi-node replica needs it")
+        raise ServeError(failure, EXIT_INVALID)
+    try:
+        return node_engine_args(
+            plan.layout, options.node_rank, options.data_parallel_address, options.data_parallel_rpc_port
+        )
+    except PlanError as exc:
+        raise ServeError(
+            Failure(failures.INVALID_CONFIGURATION, f"{option_name(exc.field)}: {exc.message}"), EXIT_INVALID
+        ) from exc
+
+
 def plan_view(plan: Plan) -> PlanView:
     memory: dict[str, int] = {}
     for kind, field in _MEMORY_KINDS.items():
@@ -199,6 +218,9 @@ class Supervisor:
         self.stop_requested = threading.Event()
         self.signals_received = 0
         address = local_address(options.host)
+        if options.plan.nodes > 1 and options.node_rank > 0 and options.data_parallel_address:
+            # A headless worker serves no API: its ranks are serving when the leader's engine is.
+            address = options.data_parallel_address
         self.health_url = f"http://{address}:{options.port}/health"
 
     # signals: the handler only sets a flag; the loop does the work
@@ -236,7 +258,8 @@ class Supervisor:
             view = plan_view(plan)
             self.status.set_plan(view)
             log("plan:\n" + describe_plan(plan))
-            check_port_free(self.options.host, self.options.port, "API")
+            if "--headless" not in node_args(self.options, plan):  # an invalid layout fails here, early
+                check_port_free(self.options.host, self.options.port, "API")  # a headless worker serves none
             if self.stop_requested.is_set():
                 return 0
             return self.supervise(plan)
@@ -254,7 +277,7 @@ class Supervisor:
         failures.write_termination_message(failure, self.options.termination_log, default_path=DEFAULT_TERMINATION_LOG)
 
     def supervise(self, plan: Plan) -> int:
-        argv = launch.engine_argv(self.options, plan.vllm_args)
+        argv = launch.engine_argv(self.options, (*plan.vllm_args, *node_args(self.options, plan)))
         env = launch.engine_env(self.environ, observer_dir=self.dirs.observer, prometheus_dir=self.dirs.prometheus)
         log("starting the engine: " + " ".join(argv[1:]))
         self.engine = launch.EngineProcess(argv, env, on_line=self.scanner.feed)

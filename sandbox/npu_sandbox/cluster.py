@@ -45,11 +45,18 @@ class LocalCluster:
     """`async with LocalCluster() as cluster:` then `await cluster.start_operator(config)`."""
 
     def __init__(
-        self, *, pod_monitors: bool = False, workdir: Path | None = None, emulator: KubeEmulator | None = None
+        self,
+        *,
+        pod_monitors: bool = False,
+        leader_worker_sets: bool = False,
+        workdir: Path | None = None,
+        emulator: KubeEmulator | None = None,
     ) -> None:
         self.emulator = emulator if emulator is not None else KubeEmulator()  # tests bring one with faults
         if pod_monitors:
             self.emulator.serve_pod_monitors()
+        if leader_worker_sets:
+            self.emulator.serve_leader_worker_sets()
         self._server = kmock.Server(self.emulator)
         self._stack = contextlib.AsyncExitStack()
         self._tmp = tempfile.TemporaryDirectory(prefix="npu-cluster-") if workdir is None else None

@@ -132,6 +132,18 @@ POD_MONITORS: tuple[str, Any] = (
     },
 )
 
+LEADER_WORKER_SETS: tuple[str, Any] = (
+    "leaderworkerset.x-k8s.io/v1/leaderworkersets",
+    {
+        "kind": "LeaderWorkerSet",
+        "singular": "leaderworkerset",
+        "shortnames": {"lws"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status", "scale"},
+    },
+)
+
 _SELECTOR_TERM = re.compile(
     r"^\s*(?P<neg>!)?(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9._-]*)"
     r"|\s+(?P<setop>in|notin)\s*\((?P<values>[^)]*)\))?\s*$"
@@ -210,6 +222,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def serve_pod_monitors(self) -> None:
         """Pretend the prometheus-operator CRDs are installed."""
         key, info = POD_MONITORS
+        self.resources[key] = info
+
+    def serve_leader_worker_sets(self) -> None:
+        """Pretend the LeaderWorkerSet CRD (kubernetes-sigs/lws) is installed; no controller runs it."""
+        key, info = LEADER_WORKER_SETS
         self.resources[key] = info
 
     def _has_status(self, resource: Any) -> bool:

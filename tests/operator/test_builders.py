@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from npu_operator.config import OperatorConfig
 from npu_operator.reconcile import adopted_children
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, parse_serve_args
 
+from tests.operator import lws_schema
 from tests.operator.conftest import EXAMPLES, example
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -22,6 +24,16 @@ UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 CONFIG = OperatorConfig()
 KUBERNETES_VERSION = "1.37.0"
 EXAMPLE_FILES = sorted(path.name for path in EXAMPLES.glob("*.yaml"))
+
+
+# What LeaderWorkerSet's webhook sets in a worker pod (pkg/utils/pod/pod_utils.go); the kubelet
+# expands $(NAME) in args from the container's environment.
+LWS_POD_ENV = {"LWS_WORKER_INDEX": "1", "LWS_LEADER_ADDRESS": "x-0.x.ns"}
+
+
+def expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """Kubernetes' $(NAME) expansion of container args (unknown names stay as written)."""
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg) for arg in args]
 
 
 def render(manifest: dict[str, Any], pod_monitor: bool = True) -> list[dict[str, Any]]:
@@ -53,7 +65,10 @@ def test_rendering_is_byte_identical_across_runs(name: str) -> None:
 @pytest.mark.parametrize("name", EXAMPLE_FILES)
 def test_children_pass_kubernetes_own_schemas(name: str) -> None:
     for child in render(example(name), pod_monitor=False):
-        assert kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
+        if child["kind"] == builders.LWS_KIND:  # not a Kubernetes built-in: its own project's checks
+            lws_schema.validate(child)
+        else:
+            assert kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
 
 
 @pytest.mark.parametrize("name", EXAMPLE_FILES)
@@ -61,7 +76,7 @@ def test_runtime_parses_the_rendered_args_back_to_the_spec(name: str) -> None:
     manifest = example(name)
     spec = parse_spec(manifest["spec"])
     deployment = builders.build_deployment("x", "ns", spec, CONFIG)
-    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = expand(deployment["spec"]["template"]["spec"]["containers"][0]["args"], LWS_POD_ENV)
     assert args[:2] == ["npu-runtime", "serve"]
     options = parse_serve_args(args[2:])
     assert options.model == spec.model.path
@@ -75,6 +90,13 @@ def test_runtime_parses_the_rendered_args_back_to_the_spec(name: str) -> None:
     assert options.plan.gpu_memory_utilization == spec.engine.gpu_memory_utilization
     assert options.plan.tensor_parallel == spec.parallelism.tensor
     assert options.plan.dtype == spec.engine.dtype
+    assert options.plan.nodes == spec.npu.nodes
+    assert options.plan.data_parallel == spec.parallelism.data
+    assert options.plan.enable_expert_parallel == spec.parallelism.expert
+    assert options.plan.quantization == spec.engine.quantization
+    assert options.plan.max_num_batched_tokens == spec.engine.max_num_batched_tokens
+    if spec.npu.nodes > 1:
+        assert (options.node_rank, options.data_parallel_address) == (1, LWS_POD_ENV["LWS_LEADER_ADDRESS"])
     assert options.extra_engine_args == spec.engine.extra_args
     assert options.shutdown_timeout < builders.TERMINATION_GRACE_SECONDS
 
@@ -140,13 +162,23 @@ def test_startup_probe_covers_the_startup_timeout() -> None:
 @pytest.mark.parametrize("name", EXAMPLE_FILES)
 def test_runtime_pods_are_hardened(name: str) -> None:
     """No token, no privilege escalation, no capabilities, the runtime's seccomp profile."""
-    pod = render(example(name))[0]["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    context = pod["containers"][0]["securityContext"]
-    assert context["allowPrivilegeEscalation"] is False and context["privileged"] is False
-    assert context["capabilities"] == {"drop": ["ALL"]}
-    assert "hostNetwork" not in pod and "hostPID" not in pod and "hostIPC" not in pod
+    for pod in workload_pod_specs(render(example(name))[0]):
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        context = pod["containers"][0]["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and context["privileged"] is False
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert "hostNetwork" not in pod and "hostPID" not in pod and "hostIPC" not in pod
+
+
+def workload_pod_specs(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod specs a Deployment or a LeaderWorkerSet (leader and worker templates) runs."""
+    if workload["kind"] == "Deployment":
+        return [workload["spec"]["template"]["spec"]]
+    templates = workload["spec"]["leaderWorkerTemplate"]
+    found = [templates[key]["spec"] for key in ("leaderTemplate", "workerTemplate") if key in templates]
+    assert found, workload
+    return found
 
 
 def test_a_named_service_account_gets_its_token() -> None:

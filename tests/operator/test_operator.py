@@ -334,3 +334,79 @@ async def test_deleting_the_resource_collects_its_children(operator: LocalCluste
         )
 
     await operator.wait_for(all_gone, what="the resource (after kopf releases its finalizer) and its children")
+
+
+async def set_nodes(cluster: LocalCluster, nodes: int) -> None:
+    layout = {"npu": {"nodes": nodes}, "parallelism": {"data": nodes}}
+    await cluster.patch(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama", {"spec": layout})
+
+
+def two_node_manifest() -> dict[str, Any]:
+    """The sandbox's CPU resource as a two-node replica: one data-parallel rank per node."""
+    document = manifest()
+    document["spec"]["npu"] = {"count": 0, "nodes": 2}
+    document["spec"]["parallelism"] = {"data": 2}
+    return document
+
+
+async def test_a_multi_node_replica_without_the_lws_api_is_degraded_and_nothing_else_breaks(
+    operator: LocalCluster,
+) -> None:
+    await operator.apply_npu_inference(two_node_manifest())
+    obj = await wait_condition(operator, "tiny-llama", "Degraded", "True", "LeaderWorkerSetNotInstalled")
+    assert "leaderworkerset.x-k8s.io/v1 API is not installed" in condition(obj, "Degraded")["message"]
+    assert await child(operator, "apps/v1", "deployments", "tiny-llama") is None
+    # A one-node resource beside it is served as before.
+    other = manifest()
+    other["metadata"]["name"] = "one-node"
+    await operator.apply_npu_inference(other)
+    await wait_condition(operator, "one-node", "Progressing", "True")
+
+
+async def test_a_multi_node_replica_is_an_owned_leader_worker_set_collected_with_it() -> None:
+    async with LocalCluster(leader_worker_sets=True) as cluster:
+        await cluster.start_operator(TEST_CONFIG)
+        try:
+            created = await cluster.apply_npu_inference(two_node_manifest())
+
+            async def lws() -> Any:
+                return await child(cluster, "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "tiny-llama")
+
+            found = await cluster.wait_for(lws, what="the LeaderWorkerSet")
+            assert found["spec"]["leaderWorkerTemplate"]["size"] == 2
+            assert found["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+            assert await child(cluster, "apps/v1", "deployments", "tiny-llama") is None
+            # Play the LeaderWorkerSet controller: the one group is ready.
+            await cluster.patch(
+                "leaderworkerset.x-k8s.io/v1",
+                "leaderworkersets",
+                NS,
+                "tiny-llama",
+                {
+                    "status": {
+                        "observedGeneration": found["metadata"]["generation"],
+                        "replicas": 1,
+                        "updatedReplicas": 1,
+                        "readyReplicas": 1,
+                    }
+                },
+                subresource="status",
+            )
+            await wait_condition(cluster, "tiny-llama", "Ready", "True", "Serving")
+            # Back to one node: the LeaderWorkerSet gives way to a Deployment.
+            await set_nodes(cluster, 1)
+
+            async def swapped() -> bool:
+                return await lws() is None and await child(cluster, "apps/v1", "deployments", "tiny-llama") is not None
+
+            await cluster.wait_for(swapped, what="the Deployment in place of the LeaderWorkerSet")
+            await set_nodes(cluster, 2)
+            await cluster.wait_for(lws, what="the LeaderWorkerSet again")
+            await cluster.delete(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama")
+
+            async def all_gone() -> bool:
+                return await cluster.get(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama") is None and await lws() is None
+
+            await cluster.wait_for(all_gone, what="the resource and its LeaderWorkerSet")
+        finally:
+            await cluster.stop_operator()

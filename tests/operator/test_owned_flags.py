@@ -68,7 +68,11 @@ def test_no_vllm_option_that_is_not_owned_is_refused(vllm_parser: argparse.Argum
     options = {option for action in vllm_parser._actions for option in action.option_strings}
     refused = sorted(option for option in options if owned_flag(option) and option not in FLAGS_OWNED_BY_FIELDS)
     assert refused == []
-    assert problems(["--enable-prefix-caching", "-dpn", "1", "--kv-cache-dtype=fp8", "-q", "awq", "-1"]) == []
+    assert problems(["--enable-prefix-caching", "-dpn", "1", "--kv-cache-dtype=fp8", "--seed", "7", "-1"]) == []
+    # -q is vLLM's short form of --quantization, which spec.engine.quantization owns.
+    assert problems(["-q", "awq"]) == [
+        "spec.engine.extraArgs[0]: -q is set from spec.engine.quantization; set it there instead"
+    ]
 
 
 def test_the_message_names_the_spelling_and_the_field() -> None:

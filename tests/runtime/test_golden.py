@@ -20,7 +20,7 @@ from npu_runtime.model import ModelInfo
 from npu_runtime.plan import DoesNotFitError, PlanError, make_plan
 from npu_runtime.probe import DeviceInfo
 
-from .conftest import DEVICES, MODEL_NAMES, POD_ENV, load_model
+from .conftest import DEVICES, GIB, MODEL_NAMES, POD_ENV, load_model
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -120,3 +120,109 @@ def test_scenarios() -> None:
         else:
             results[name] = outcome(PlanOptions(**options), device, model, env)
     compare("scenarios", results)
+
+
+# vllm-ascend's DeepSeek-R1 tutorial (docs/source/tutorials/models/DeepSeek-R1.md): DP 4 x TP 4,
+# expert parallel, --quantization ascend, MTP with 3 speculative tokens, FULL_DECODE_ONLY.
+R1_TUTORIAL: dict[str, Any] = {
+    "data_parallel": 4,
+    "tensor_parallel": 4,
+    "enable_expert_parallel": True,
+    "quantization": "ascend",
+    "speculative_method": "mtp",
+    "speculative_tokens": 3,
+    "max_num_seqs": 16,
+    "max_model_len": 16384,
+    "max_num_batched_tokens": 4096,
+    "gpu_memory_utilization": 0.92,
+}
+A3_NODE = DeviceInfo("npu", "Ascend910_9392", 16, 64 * GIB, None, "override")  # Atlas 800 A3: 16 x 64 GiB
+A2_NODE = DeviceInfo("npu", "Ascend910B3", 8, 64 * GIB, None, "override")  # Atlas 800 A2: 8 x 64 GiB
+A2_32_NODE = DeviceInfo("npu", "Ascend910B4", 8, 32 * GIB, None, "override")
+MOE_LAYOUTS: dict[str, tuple[str, DeviceInfo, dict[str, Any]]] = {
+    "deepseek-r1-w8a8/a3-1node-dp4-tp4-ep-mtp3": ("deepseek-r1-w8a8", A3_NODE, R1_TUTORIAL),
+    "deepseek-r1-w8a8/a2-2nodes-dp4-tp4-ep-mtp3": ("deepseek-r1-w8a8", A2_NODE, {**R1_TUTORIAL, "nodes": 2}),
+    "deepseek-r1-w8a8/a2-1node-tp8-does-not-fit": ("deepseek-r1-w8a8", A2_NODE, {"tensor_parallel": 8}),
+    "deepseek-r1-w8a8/a2-2nodes-dp3-uneven": (
+        "deepseek-r1-w8a8",
+        A2_NODE,
+        {**R1_TUTORIAL, "nodes": 2, "data_parallel": 3},
+    ),
+    "deepseek-r1-bf16/a2-4nodes-dp8-tp4-ep": (
+        "deepseek-r1-bf16",
+        A2_NODE,
+        {
+            "nodes": 4,
+            "data_parallel": 8,
+            "tensor_parallel": 4,
+            "enable_expert_parallel": True,
+            "max_num_seqs": 32,
+            "max_model_len": 16384,
+            "speculative_method": "mtp",
+            "speculative_tokens": 1,
+        },
+    ),
+    "deepseek-r1-bf16/a3-1node-dp4-tp4-ep-does-not-fit": (
+        "deepseek-r1-bf16",
+        A3_NODE,
+        R1_TUTORIAL | {"quantization": None},
+    ),
+    "deepseek-v3-fp8/a3-2nodes-dp8-tp4-ep": (
+        "deepseek-v3",
+        A3_NODE,
+        {
+            "nodes": 2,
+            "data_parallel": 8,
+            "tensor_parallel": 4,
+            "enable_expert_parallel": True,
+            "max_num_seqs": 32,
+            "max_model_len": 32768,
+        },
+    ),
+    "qwen3-235b-a22b/a3-1node-dp4-tp4-ep": (
+        "qwen3-235b-a22b",
+        A3_NODE,
+        {
+            "data_parallel": 4,
+            "tensor_parallel": 4,
+            "enable_expert_parallel": True,
+            "max_num_seqs": 64,
+            "max_model_len": 32768,
+        },
+    ),
+    "qwen3-235b-a22b/a2-1node-tp8": ("qwen3-235b-a22b", A2_NODE, {"tensor_parallel": 8, "max_model_len": 32768}),
+    "qwen3-235b-a22b/a2-32gib-1node-dp2-tp4-ep": (
+        "qwen3-235b-a22b",
+        A2_32_NODE,
+        {"data_parallel": 2, "tensor_parallel": 4, "enable_expert_parallel": True, "max_model_len": 32768},
+    ),
+    "qwen3-30b-a3b/a2-32gib-dp2-tp2-ep": (
+        "qwen3-30b-a3b",
+        A2_32_NODE,
+        {"data_parallel": 2, "tensor_parallel": 2, "enable_expert_parallel": True, "max_num_seqs": 100},
+    ),
+    "kimi-k2-instruct/a3-2nodes-dp8-tp4-ep": (
+        "kimi-k2-instruct",
+        A3_NODE,
+        {
+            "nodes": 2,
+            "data_parallel": 8,
+            "tensor_parallel": 4,
+            "enable_expert_parallel": True,
+            "max_num_seqs": 32,
+            "max_model_len": 32768,
+        },
+    ),
+}
+
+
+def test_moe_layouts() -> None:
+    results = {
+        name: outcome(PlanOptions(**options), device, load_model(model_name), POD_ENV)
+        for name, (model_name, device, options) in MOE_LAYOUTS.items()
+    }
+    compare("moe-layouts", results)
+    # The tutorial's layouts plan in FULL_DECODE_ONLY on one A3 node and on two A2 nodes.
+    for name in ("deepseek-r1-w8a8/a3-1node-dp4-tp4-ep-mtp3", "deepseek-r1-w8a8/a2-2nodes-dp4-tp4-ep-mtp3"):
+        assert results[name]["effective_mode"] == "FULL_DECODE_ONLY", name
+        assert all(size % 4 == 0 for size in results[name]["capture_sizes"]), name

@@ -264,12 +264,36 @@ class TestHints:
         write_config(tmp_path, quantization_config={"quant_method": "gptq", "bits": 4})
         info = inspect_model(tmp_path)
         assert (info.quantization, info.quant_bits) == ("gptq", 4)
-        assert info.weight_bytes == info.param_count // 2
+        # Linear layers at 4 bits; embeddings, lm_head and norms stay bfloat16.
+        embeddings_and_norms = 2 * 100 * 64 + 2 * 2 * 64 + 64
+        linear = info.param_count - embeddings_and_norms
+        assert info.weight_bytes == linear // 2 + 2 * embeddings_and_norms
 
     def test_modelslim_description(self, tmp_path: Path) -> None:
         write_config(tmp_path)
         (tmp_path / "quant_model_description.json").write_text(json.dumps({"model_quant_type": "W8A8"}))
-        assert inspect_model(tmp_path).quantization == "ascend-w8a8"
+        info = inspect_model(tmp_path)
+        assert (info.quantization, info.quant_scheme, info.quant_bits) == ("ascend", "W8A8", 8)
+
+    def test_modelslim_types_per_tensor_class(self, tmp_path: Path) -> None:
+        write_config(tmp_path)
+        description = {
+            "model_quant_type": "W8A8_DYNAMIC",
+            "model.layers.0.self_attn.q_proj.weight": "W8A8",
+            "model.layers.0.mlp.experts.0.gate_proj.weight": "W4A8_DYNAMIC",
+            "model.layers.0.mlp.experts.0.gate_proj.weight_scale": "W4A8_DYNAMIC",
+            "model.embed_tokens.weight": "FLOAT",
+        }
+        (tmp_path / "quant_model_description.json").write_text(json.dumps(description))
+        info = inspect_model(tmp_path)
+        assert (info.quant_scheme, info.quant_bits, info.expert_quant_bits) == ("W8A8_DYNAMIC", 8, 4)
+
+    def test_an_unknown_modelslim_type_is_named(self, tmp_path: Path) -> None:
+        write_config(tmp_path)
+        description = {"model.layers.0.self_attn.q_proj.weight": "INT3_MAGIC"}
+        (tmp_path / "quant_model_description.json").write_text(json.dumps(description))
+        with pytest.raises(ModelError, match=r"quant_model_description.json: linear layers: unknown .*'INT3_MAGIC'"):
+            inspect_model(tmp_path)
 
     def test_sliding_window_everywhere(self, tmp_path: Path) -> None:
         write_config(tmp_path, model_type="mistral", sliding_window=128)

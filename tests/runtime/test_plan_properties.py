@@ -113,3 +113,68 @@ def test_every_max_num_seqs_up_to_1024_is_covered() -> None:
         plan = make_plan(PlanOptions(max_num_seqs=max_num_seqs, max_model_len=4096, tensor_parallel=2), device, model)
         assert plan.capture_sizes[-1] == max_num_seqs, max_num_seqs
         assert plan.eager_decode_batches is None
+
+
+MOE_MODELS = [name for name in MODEL_NAMES if MODELS[name].is_moe]
+ROOMY = 4096 * GIB  # enough for any fixture on one device: the properties compare plans, not fits
+
+
+def moe_plan(model: ModelInfo, **options: Any) -> Plan:
+    device = DeviceInfo("npu", "Ascend910_9392", 32, ROOMY, None, "override")
+    return make_plan(PlanOptions(**options), device, model, environ={"HCCL_OP_EXPANSION_MODE": "AIV"})
+
+
+@settings(**{**PROPERTY_SETTINGS, "max_examples": 150})
+@given(
+    name=st.sampled_from(MOE_MODELS),
+    dp=st.sampled_from((1, 2, 4, 8)),
+    tp=st.sampled_from((1, 2, 4)),
+    mtp=st.booleans(),
+)
+def test_expert_parallel_never_increases_weights_per_device(name: str, dp: int, tp: int, mtp: bool) -> None:
+    """Where the EP size divides the experts (vLLM's determine_expert_map then gives every rank the
+    same count), whole experts per rank never weigh more than every expert tensor-sliced."""
+    model = MODELS[name]
+    assume(model.num_attention_heads % tp == 0 and model.num_experts and model.num_experts % (dp * tp) == 0)
+    spec: dict[str, Any] = {"speculative_method": "mtp", "speculative_tokens": 1} if mtp else {}
+    common = {"data_parallel": dp, "tensor_parallel": tp, "max_model_len": 4096, "max_num_seqs": 16, **spec}
+    with_ep = moe_plan(model, enable_expert_parallel=True, **common)
+    without = moe_plan(model, **common)
+    assert with_ep.memory.weights_bytes <= without.memory.weights_bytes
+
+
+@settings(**{**PROPERTY_SETTINGS, "max_examples": 150})
+@given(
+    name=st.sampled_from(MODEL_NAMES),
+    local=st.sampled_from((1, 2, 4)),
+    tp=st.sampled_from((1, 2, 4)),
+    nodes=st.integers(1, 4),
+    ep=st.booleans(),
+    memory=st.integers(24, 160),
+)
+def test_more_nodes_never_remove_a_capture_size(
+    name: str, local: int, tp: int, nodes: int, ep: bool, memory: int
+) -> None:
+    """Per-node layout fixed (DP ranks per node x TP), one more node: the experts spread over more
+    ranks and nothing else grows, so every capture size stays. From DP 1 to DP 2 the replica gains
+    its DP and EP communication groups, which cost memory and streams: that step is excluded."""
+    model = MODELS[name]
+    assume(model.num_attention_heads % tp == 0 and local * tp <= 16 and local * nodes >= 2)
+    device = DeviceInfo("npu", "Ascend910_9392", 16, memory * GIB, None, "override")
+
+    def sizes_for(n: int) -> tuple[int, ...] | None:
+        options = PlanOptions(
+            nodes=n,
+            data_parallel=local * n,
+            tensor_parallel=tp,
+            enable_expert_parallel=ep,
+            max_model_len=4096,
+            max_num_seqs=64,
+        )
+        plan = try_plan(options, device, model, {"HCCL_OP_EXPANSION_MODE": "AIV"})
+        return plan.capture_sizes if plan else None
+
+    fewer, more = sizes_for(nodes), sizes_for(nodes + 1)
+    if fewer is not None:
+        assert more is not None, "a layout that fits stops fitting with one more node"
+        assert set(fewer) <= set(more)

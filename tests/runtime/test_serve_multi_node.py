@@ -1,0 +1,67 @@
+"""Two `npu-runtime serve` processes as the two pods of a LeaderWorkerSet group, on CPU.
+
+Each gets the args the operator renders for a two-node replica (one data-parallel rank per
+node), expanded as the kubelet expands $(LWS_WORKER_INDEX) and $(LWS_LEADER_ADDRESS): the leader
+starts vLLM's API server with its local rank, the worker vLLM's headless launcher
+(`npu_runtime.headless`) from data-parallel rank 1, and the leader answers completions served
+by both. Dense model, eager: vLLM's CPU build has no all_gatherv for expert parallelism
+(CpuCommunicator), so DP + EP is not run here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from npu_operator import builders
+from npu_operator.api import parse_spec
+from npu_runtime.contract import parse_serve_args
+from npu_sandbox.kubelet import free_port
+
+from tests.operator.conftest import example
+from tests.operator.test_builders import expand
+from tests.runtime.serve_helpers import ServeRun
+
+READY_TIMEOUT = 280.0
+
+
+def rendered_args(index: str, rpc_port: int) -> list[str]:
+    manifest = example("sandbox-cpu.yaml")
+    manifest["spec"]["npu"] = {"count": 0, "nodes": 2}
+    manifest["spec"]["parallelism"] = {"data": 2}
+    args = builders.runtime_args(parse_spec(manifest["spec"]))
+    env = {"LWS_WORKER_INDEX": index, "LWS_LEADER_ADDRESS": "127.0.0.1"}
+    expanded = expand(args, env)[2:]
+    options = parse_serve_args(expanded)  # the runtime's own parser takes what the operator renders
+    assert (options.plan.nodes, options.node_rank) == (2, int(index))
+    # Model and ports come from ServeRun; the operator's --data-parallel-rpc-port is replaced by a free one.
+    cut = expanded.index("--shutdown-timeout")
+    rest = expanded[cut:]
+    port_at = rest.index("--data-parallel-rpc-port") + 1
+    rest[port_at] = str(rpc_port)
+    return rest[: rest.index("--")] if "--" in rest else rest
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(600)
+def test_a_two_node_replica_serves_through_its_leader(tiny_model: Path, tmp_path: Path) -> None:
+    rpc_port = free_port()
+    (tmp_path / "leader").mkdir()
+    (tmp_path / "worker").mkdir()
+    small = ["--max-num-seqs", "4", "--max-model-len", "256"]
+    leader = ServeRun(tiny_model, [*rendered_args("0", rpc_port), *small], tmp_path / "leader")
+    worker = ServeRun(
+        tiny_model, [*rendered_args("1", rpc_port), *small, "--port", str(leader.api_port)], tmp_path / "worker"
+    )
+    try:
+        leader.wait_ready(READY_TIMEOUT)
+        worker.wait_ready(READY_TIMEOUT)  # its readiness follows the leader's engine
+        answers = [leader.complete(f"Hello {n}", max_tokens=4) for n in range(4)]
+        assert all(a["usage"]["completion_tokens"] == 4 for a in answers)
+        leader_plan, worker_plan = leader.status()["plan"], worker.status()["plan"]
+        assert [n["role"] for n in leader_plan["layout"]["per_node"]] == ["leader", "worker"]
+        assert worker_plan["layout"] == leader_plan["layout"]
+        assert "Launching 1 data parallel engine(s) in headless mode" in worker.log_tail(400)
+    finally:
+        worker.cleanup()
+        leader.cleanup()
