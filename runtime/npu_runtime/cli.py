@@ -30,6 +30,7 @@ EXIT_DOES_NOT_FIT: Final = 3
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "probe": ("npu_runtime.cli:probe_command", "show the accelerator this pod sees"),
     "plan": ("npu_runtime.cli:plan_command", "plan graph mode, capture sizes and memory for a model"),
+    "fetch": ("npu_runtime.fetch:fetch_command", "download a model repository into the shared cache, once"),
     "serve": ("npu_runtime.serve:serve_command", "plan, start vLLM with the plan, report what the engine did"),
 }
 
