@@ -60,6 +60,7 @@ SERVICES: Final = Resource("", "v1", "services", "Service")
 POD_DISRUPTION_BUDGETS: Final = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 POD_MONITORS: Final = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
 PODS: Final = Resource("", "v1", "pods", "Pod")
+PERSISTENT_VOLUME_CLAIMS: Final = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 EVENTS: Final = Resource("", "v1", "events", "Event")
 NPU_INFERENCES: Final = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, crd.KIND)
 BY_KIND: Final = {r.kind: r for r in (DEPLOYMENTS, SERVICES, POD_DISRUPTION_BUDGETS, POD_MONITORS, PODS, EVENTS)}

@@ -91,6 +91,8 @@ async def reconcile(
             changes.append(change)
         if resource is kube.DEPLOYMENTS:
             live_deployment = live
+    if (claim := builders.build_cache_claim(namespace, spec)) is not None:
+        changes += await ensure_cache_claim(client, namespace, claim)
     for change in changes:
         applied = await _execute(change, client, namespace)
         if change.resource is kube.DEPLOYMENTS:
@@ -117,6 +119,15 @@ async def reconcile(
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
     return _result(previous, new, tuple(changes))
+
+
+async def ensure_cache_claim(client: kube.KubeClient, namespace: str, claim: JSON) -> list[Change]:
+    """Create the shared model cache's claim when it is missing; never change or delete one that exists
+    (other resources share it, and a bound claim's spec is immutable)."""
+    name = claim["metadata"]["name"]
+    if await client.get(kube.PERSISTENT_VOLUME_CLAIMS, namespace, name) is not None:
+        return []
+    return [Change("create", kube.PERSISTENT_VOLUME_CLAIMS, name, claim)]
 
 
 def adopted_children(

@@ -302,8 +302,17 @@ def serve_argv(options: ServeOptions) -> list[str]:
         argv.append("--engine-resolves-mode")
     if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT:
         argv += ["--shutdown-timeout", f"{options.shutdown_timeout:g}"]
+    argv += plan_argv(options.plan)
+    if options.extra_engine_args:
+        argv += ["--", *options.extra_engine_args]
+    return argv
+
+
+def plan_argv(plan: PlanOptions) -> list[str]:
+    """The planner's flags (shared by `serve` and `plan`) that parse back to `plan`."""
+    argv: list[str] = []
     for field in dataclasses.fields(PlanOptions):
-        value = getattr(options.plan, field.name)
+        value = getattr(plan, field.name)
         if value is None or value is False:
             continue
         if value is True:
@@ -312,6 +321,4 @@ def serve_argv(options: ServeOptions) -> list[str]:
             argv += [option_name(field.name), ",".join(str(v) for v in value)]
         else:
             argv += [option_name(field.name), str(value)]
-    if options.extra_engine_args:
-        argv += ["--", *options.extra_engine_args]
     return argv

@@ -188,6 +188,7 @@ NAMESPACED_RULES = {
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("monitoring.coreos.com", "podmonitors"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch"},
+    ("", "persistentvolumeclaims"): {"get", "create"},
     ("", "events"): {"create"},
 }
 
