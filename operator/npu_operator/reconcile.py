@@ -19,6 +19,7 @@ import kopf
 from npu_operator import aggregate, builders, crd, kube, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.config import OperatorConfig
+from npu_operator.model_status import model_status
 from npu_operator.runtime_reports import ReportCollector
 
 JSON = dict[str, Any]
@@ -116,6 +117,7 @@ async def reconcile(
         notes=notes,
         findings=aggregate.pod_findings(pods, reports, spec.npu.resource_name or config.npu_resource_name),
         graph=graph,
+        model=model_status(spec.model.hub, pods, reports, previous.get("model", {})),
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
     return _result(previous, new, tuple(changes))

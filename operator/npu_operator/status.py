@@ -53,6 +53,8 @@ class Observed:
     # What the pods and their runtimes say (see `aggregate`).
     findings: PodFindings = dataclasses.field(default_factory=PodFindings)
     graph: JSON = dataclasses.field(default_factory=dict)
+    # The download of a hub source (see `model_status`); None for a volume source.
+    model: JSON | None = None
 
 
 def compute_status(
@@ -78,6 +80,8 @@ def compute_status(
         "graph": observed.graph or {**previous.get("graph", {}), "requestedMode": spec.graph.mode},
         "conditions": merge_conditions(previous.get("conditions", ()), conditions, now=now, generation=generation),
     }
+    if observed.model is not None:
+        status["model"] = observed.model
     status["phase"], status["reason"] = summarize(conditions, created=observed.deployment is not None)
     return status
 

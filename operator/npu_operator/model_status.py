@@ -1,0 +1,94 @@
+"""`status.model`: the download of a Hugging Face or ModelScope source, folded from the pods. Pure.
+
+While a pod's init container (`npu-runtime fetch`) runs, its `/status` answers `{"model": {...}}`
+with the phase, the revision it resolved to, and bytes and files done and total; every replica
+shows the same download (the ones waiting on the cache's lock copy the downloader's progress), so
+the fold takes the most advanced report. A fetch that failed leaves `<Reason>: <message>` in the
+init container's termination message (see `aggregate.fetch_cause`); one that finished is
+`terminated` with exit code 0 and the model is Ready. Figures seen before stay when no pod
+reports any (a restart does not make the total disappear).
+
+`progress` is what `kubectl get npuinf` prints: `Downloading 41%`, `Ready`, `Failed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from npu_operator.aggregate import PodReport, fetch_cause, fetch_finished
+from npu_operator.api import HubSource
+
+JSON = dict[str, Any]
+
+SOURCE_FIELDS: Final = {"huggingface": "huggingFace", "modelscope": "modelScope"}
+DOWNLOADING: Final = "Downloading"
+READY: Final = "Ready"
+FAILED: Final = "Failed"
+PENDING: Final = "Pending"
+_FIGURES: Final = ("bytesDone", "bytesTotal", "filesDone", "filesTotal")
+
+
+def model_status(
+    hub: HubSource | None,
+    pods: Sequence[Mapping[str, Any]],
+    reports: Sequence[PodReport],
+    previous: Mapping[str, Any],
+) -> JSON | None:
+    """The new `status.model`, or None for a source that is not a hub repository."""
+    if hub is None:
+        return None
+    source = SOURCE_FIELDS[hub.hub]
+    same = previous.get("source") == source and previous.get("repository") == hub.repository
+    before: Mapping[str, Any] = previous if same else {}
+    status: JSON = {"source": source, "repository": hub.repository}
+    if revision := before.get("revision") or hub.revision:
+        status["revision"] = revision
+    status.update({key: before[key] for key in _FIGURES if key in before})
+
+    seen = [
+        r.report["model"]
+        for r in reports
+        if r.report is not None
+        and isinstance(r.report.get("model"), Mapping)
+        and r.report["model"].get("repository") == hub.repository
+    ]
+    failed = [cause for pod in pods if (cause := fetch_cause(pod)) is not None]
+    fetched = any(_fetched(pod) for pod in pods)
+    running = [m for m in seen if m.get("phase") not in (READY, FAILED)]
+    latest = max(seen, key=lambda m: (int(m.get("bytesDone", 0)), int(m.get("filesDone", 0))), default=None)
+    if latest is not None:
+        if latest.get("revision"):
+            status["revision"] = str(latest["revision"])
+        status.update({key: int(latest[key]) for key in _FIGURES if isinstance(latest.get(key), int)})
+
+    if failed and not fetched:
+        reason, message = failed[0]
+        status.update(phase=FAILED, reason=reason, message=message)
+    elif running:
+        status["phase"] = DOWNLOADING
+    elif fetched or any(m.get("phase") == READY for m in seen) or (before.get("phase") == READY):
+        status["phase"] = READY
+        if "bytesTotal" in status:
+            status["bytesDone"] = status["bytesTotal"]
+        if "filesTotal" in status:
+            status["filesDone"] = status["filesTotal"]
+    else:
+        status["phase"] = PENDING
+    status["progress"] = progress_text(status)
+    return status
+
+
+def progress_text(status: Mapping[str, Any]) -> str:
+    """The printer column: `Downloading 41%` (rounded down: 100% only when complete), or the phase."""
+    phase = str(status.get("phase", PENDING))
+    total = int(status.get("bytesTotal", 0))
+    if phase == DOWNLOADING and total > 0:
+        return f"{DOWNLOADING} {int(status.get('bytesDone', 0)) * 100 // total}%"
+    if phase == FAILED and status.get("reason"):
+        return f"{FAILED} ({status['reason']})"
+    return phase
+
+
+def _fetched(pod: Mapping[str, Any]) -> bool:
+    return any(fetch_finished(entry) for entry in pod.get("status", {}).get("initContainerStatuses", []))
