@@ -3,18 +3,23 @@
 While a pod's init container (`npu-runtime fetch`) runs, its `/status` answers `{"model": {...}}`
 with the phase, the revision it resolved to, and bytes and files done and total; every replica
 shows the same download (the ones waiting on the cache's lock copy the downloader's progress), so
-the fold takes the most advanced report. A fetch that failed leaves `<Reason>: <message>` in the
-init container's termination message (see `aggregate.fetch_cause`); one that finished is
-`terminated` with exit code 0 and the model is Ready. Figures seen before stay when no pod
-reports any (a restart does not make the total disappear).
+the fold takes the most advanced report. A fetch that finished leaves its final progress in the
+init container's termination message (`ModelReady: {...}`), so even a download shorter than a
+poll (or none: the cache was complete) shows its revision and size. A fetch that failed leaves
+`<Reason>: <message>` there instead (see `aggregate.fetch_cause`). Figures seen before stay when
+no pod reports any (a restart does not make the total disappear).
 
-`progress` is what `kubectl get npuinf` prints: `Downloading 41%`, `Ready`, `Failed`.
+`progress` is what `kubectl get npuinf` prints: `Downloading 41%`, `Ready`, `Failed (Reason)`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
+
+from npu_runtime import fetch
 
 from npu_operator.aggregate import PodReport, fetch_cause, fetch_finished
 from npu_operator.api import HubSource
@@ -47,12 +52,9 @@ def model_status(
     status.update({key: before[key] for key in _FIGURES if key in before})
 
     seen = [
-        r.report["model"]
-        for r in reports
-        if r.report is not None
-        and isinstance(r.report.get("model"), Mapping)
-        and r.report["model"].get("repository") == hub.repository
-    ]
+        r.report["model"] for r in reports if r.report is not None and isinstance(r.report.get("model"), Mapping)
+    ] + [result for pod in pods if (result := fetch_result(pod)) is not None]
+    seen = [m for m in seen if m.get("repository") == hub.repository]
     failed = [cause for pod in pods if (cause := fetch_cause(pod)) is not None]
     fetched = any(_fetched(pod) for pod in pods)
     running = [m for m in seen if m.get("phase") not in (READY, FAILED)]
@@ -88,6 +90,19 @@ def progress_text(status: Mapping[str, Any]) -> str:
     if phase == FAILED and status.get("reason"):
         return f"{FAILED} ({status['reason']})"
     return phase
+
+
+def fetch_result(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The final progress a finished download left in its termination message (`ModelReady: {...}`)."""
+    for entry in pod.get("status", {}).get("initContainerStatuses", []):
+        if fetch_finished(entry):
+            message = str((entry["state"]["terminated"]).get("message", ""))
+            head, _, payload = message.strip().partition(": ")
+            if head == fetch.READY:
+                with contextlib.suppress(ValueError):
+                    result = json.loads(payload)
+                    return result if isinstance(result, dict) else None
+    return None
 
 
 def _fetched(pod: Mapping[str, Any]) -> bool:

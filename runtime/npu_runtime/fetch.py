@@ -26,9 +26,10 @@ HTTP Range, their retries. This module adds what a shared cache volume needs aro
   the given flags) before gigabytes of weights arrive: a model that cannot fit fails in seconds.
 - **Progress** (`--status-port`): `/status` answers `{"model": {...}}` with the phase, bytes
   done/total and files, which the operator folds into `status.model`.
-- **Failures** end with one line `<Reason>: <message>` naming the repository, on stderr and in
-  the termination message: ModelAccessDenied (401/403), ModelNotFound (repository, revision or
-  file), ModelCacheFull (no space on the cache volume), ModelHashMismatch, ModelDownloadFailed.
+- **The end** is one line in the termination message: `ModelReady: {...}` (the final progress,
+  resolved revision included), or `<Reason>: <message>` naming the repository, also on stderr:
+  ModelAccessDenied (401/403), ModelNotFound (repository, revision or file), ModelCacheFull (no
+  space on the cache volume), ModelHashMismatch, ModelDownloadFailed.
 
 The token comes from the environment variable `NPU_MODEL_TOKEN` (a Secret, set by the operator
 with `valueFrom`), is handed to the library only, and is never printed.
@@ -37,6 +38,7 @@ with `valueFrom`), is handed to the library only, and is never printed.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import errno
@@ -69,6 +71,7 @@ CACHE_FULL: Final = "ModelCacheFull"
 HASH_MISMATCH: Final = "ModelHashMismatch"
 DOWNLOAD_FAILED: Final = "ModelDownloadFailed"
 REASONS: Final = (ACCESS_DENIED, NOT_FOUND, CACHE_FULL, HASH_MISMATCH, DOWNLOAD_FAILED)
+READY: Final = "ModelReady"  # the success line: `ModelReady: {progress as JSON}`
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -395,7 +398,10 @@ def _complete(marker: Path, listing: Listing) -> bool:
 
 
 def _mismatched(snapshot: Path, listing: Listing) -> list[str]:
-    return [f.path for f in listing.files if not file_matches(snapshot / f.path, f)]
+    """The files whose size or hash differs, checked in parallel (hashlib releases the GIL)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        matches = list(pool.map(lambda f: file_matches(snapshot / f.path, f), listing.files))
+    return [f.path for f, ok in zip(listing.files, matches, strict=True) if not ok]
 
 
 def file_matches(path: Path, remote: RemoteFile) -> bool:
@@ -594,7 +600,18 @@ def fetch_command(argv: list[str]) -> int:
         f"{progress.bytes_total} bytes ready in {seconds:.1f}s at {snapshot}",
         flush=True,
     )
+    # The kubelet keeps a finished container's termination message too: the operator learns the
+    # resolved revision and the figures from it even when the download took less than a poll.
+    _write_result(args.termination_message_path, progress)
     return EXIT_OK
+
+
+def _write_result(path: str, progress: Progress) -> None:
+    target = Path(path)
+    if path == DEFAULT_TERMINATION_LOG and not target.exists():
+        return
+    with contextlib.suppress(OSError):
+        target.write_text(f"{READY}: {json.dumps(progress.to_dict(), sort_keys=True)}\n", encoding="utf-8")
 
 
 def link_snapshot(link: Path, snapshot: Path) -> None:

@@ -25,6 +25,7 @@ import http.server
 import json
 import re
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any, Final
@@ -84,6 +85,7 @@ class LocalHub:
     def __init__(self, repos: list[Repo], port: int = 0) -> None:
         self.repos = {repo.repo_id: repo for repo in repos}
         self.faults = Faults()
+        self.rate: float | None = None  # bytes per second per file body (to watch progress); None: as fast as it goes
         self.served: collections.Counter[str] = collections.Counter()  # "repo_id/path" -> file bodies sent
         self.bytes_served = 0
         self.ranges: list[tuple[str, int]] = []  # (path, first byte) of every Range request for a file
@@ -244,8 +246,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)  # the client sees a short read, as after a dropped connection
             return
-        self.wfile.write(body)
+        self._send(body)
         self.owner.count(repo.repo_id, path, len(body))
+
+    def _send(self, body: bytes) -> None:
+        rate = self.owner.rate
+        if not rate:
+            self.wfile.write(body)
+            return
+        step = 64 << 10
+        for offset in range(0, len(body), step):
+            self.wfile.write(body[offset : offset + step])
+            time.sleep(min(len(body) - offset, step) / rate)
 
     def _json(self, payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload).encode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from npu_operator import aggregate
@@ -108,3 +109,16 @@ def test_progress_text() -> None:
     assert progress_text({"phase": "Downloading", "bytesDone": 0, "bytesTotal": 0}) == "Downloading"
     assert progress_text({"phase": "Downloading", "bytesDone": 1, "bytesTotal": 3}) == "Downloading 33%"
     assert progress_text({"phase": "Failed"}) == "Failed"
+
+
+def test_a_download_shorter_than_a_poll_is_known_from_its_termination_message() -> None:
+    result = report("Ready", 1000, files=(5, 5))["model"]
+    finished = {"terminated": {"exitCode": 0, "message": "ModelReady: " + json.dumps(result) + "\n"}}
+    status = model_status(HUB, [pod("a", finished)], [PodReport("a", {"state": "loading"})], {})
+    assert status is not None
+    assert (status["phase"], status["revision"], status["bytesDone"], status["filesTotal"]) == (
+        "Ready",
+        COMMIT,
+        1000,
+        5,
+    )

@@ -208,3 +208,16 @@ def test_status_serves_the_progress(tmp_path: Path) -> None:
         "filesDone": 0,
         "filesTotal": 0,
     }
+
+
+def test_a_finished_fetch_leaves_its_result_in_the_termination_message(
+    hub: LocalHub, repo: Repo, tmp_path: Path
+) -> None:
+    message = tmp_path / "termination-log"
+    replica = _cli(hub, tmp_path / "cache", "--termination-message-path", str(message))
+    _, err = replica.communicate(timeout=120)
+    assert replica.returncode == 0, err
+    head, _, payload = message.read_text().strip().partition(": ")
+    assert head == fetch.READY
+    result = json.loads(payload)
+    assert (result["phase"], result["revision"], result["filesDone"]) == ("Ready", repo.commit, len(repo.files))
