@@ -64,17 +64,19 @@ def model_status(
             status["revision"] = str(latest["revision"])
         status.update({key: int(latest[key]) for key in _FIGURES if isinstance(latest.get(key), int)})
 
+    # One finished fetch means the revision is complete in the shared cache (a pod's last fetch report,
+    # which the collector keeps while the pod does not answer, may still say Downloading).
     if failed and not fetched:
         reason, message = failed[0]
         status.update(phase=FAILED, reason=reason, message=message)
-    elif running:
-        status["phase"] = DOWNLOADING
-    elif fetched or any(m.get("phase") == READY for m in seen) or (before.get("phase") == READY):
+    elif fetched or (not running and (any(m.get("phase") == READY for m in seen) or before.get("phase") == READY)):
         status["phase"] = READY
         if "bytesTotal" in status:
             status["bytesDone"] = status["bytesTotal"]
         if "filesTotal" in status:
             status["filesDone"] = status["filesTotal"]
+    elif running:
+        status["phase"] = DOWNLOADING
     else:
         status["phase"] = PENDING
     status["progress"] = progress_text(status)

@@ -122,3 +122,9 @@ def test_a_download_shorter_than_a_poll_is_known_from_its_termination_message() 
         1000,
         5,
     )
+
+
+def test_a_stale_downloading_report_does_not_hide_a_finished_fetch() -> None:
+    finished = pod("a", {"terminated": {"exitCode": 0}})
+    status = model_status(HUB, [finished], [PodReport("a", report("Downloading", 400), reachable=False)], {})
+    assert status is not None and status["phase"] == "Ready" and status["bytesDone"] == 1000
