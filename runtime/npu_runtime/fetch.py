@@ -209,7 +209,9 @@ class HuggingFaceHub:
             return FetchError(NOT_FOUND, "revision not found")
         if isinstance(exc, errors.RepositoryNotFoundError):
             return FetchError(NOT_FOUND, "repository not found")
-        if isinstance(exc, errors.RemoteEntryNotFoundError):
+        # RemoteEntryNotFoundError from huggingface_hub 1.0; EntryNotFoundError before.
+        entry_not_found = getattr(errors, "RemoteEntryNotFoundError", None) or errors.EntryNotFoundError
+        if isinstance(exc, entry_not_found):
             return FetchError(NOT_FOUND, "a file of the repository was not found")
         return None
 
