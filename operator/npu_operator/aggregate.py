@@ -39,7 +39,11 @@ FAILURE_CONDITIONS: Final = {
 }
 # The model download's causes (the fetch init container's termination message) are the reasons
 # themselves: ModelAccessDenied, ModelNotFound, ModelCacheFull, ModelHashMismatch, ModelDownloadFailed.
-FETCH_CONDITIONS: Final = {reason: reason for reason in fetch.REASONS}
+# A model planned from its config.json before the weights come fails like the server would.
+FETCH_CONDITIONS: Final = {
+    **{reason: reason for reason in fetch.REASONS},
+    **{reason: FAILURE_CONDITIONS[reason] for reason in fetch.PLAN_REASONS},
+}
 # When several pods fail differently, the most specific cause is reported first.
 DEGRADED_PRIORITY: Final = (
     *fetch.REASONS,

@@ -48,13 +48,13 @@ import http.server
 import json
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from npu_runtime import failures
 from npu_runtime.failures import Failure, write_termination_message
 
 HUGGING_FACE: Final = "huggingface"
@@ -76,6 +76,16 @@ READY: Final = "ModelReady"  # the success line: `ModelReady: {progress as JSON}
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_INVALID: Final = 2  # access denied, not found: retrying does not help
+EXIT_DOES_NOT_FIT: Final = 3  # as `npu-runtime plan`
+# Besides its own reasons, a fetch that plans ends with the planner's (they are the runtime's failures).
+PLAN_REASONS: Final = (failures.MODEL_DOES_NOT_FIT, failures.INVALID_CONFIGURATION, failures.MODEL_INVALID)
+EXIT_CODES: Final = {
+    ACCESS_DENIED: EXIT_INVALID,
+    NOT_FOUND: EXIT_INVALID,
+    failures.INVALID_CONFIGURATION: EXIT_INVALID,
+    failures.MODEL_INVALID: EXIT_INVALID,
+    failures.MODEL_DOES_NOT_FIT: EXIT_DOES_NOT_FIT,
+}
 _CHUNK: Final = 8 << 20
 
 
@@ -592,7 +602,7 @@ def fetch_command(argv: list[str]) -> int:
         write_termination_message(
             Failure(exc.reason, exc.message), args.termination_message_path, default_path=DEFAULT_TERMINATION_LOG
         )
-        return EXIT_INVALID if exc.reason in (ACCESS_DENIED, NOT_FOUND) else EXIT_FAILED
+        return EXIT_CODES.get(exc.reason, EXIT_FAILED)
     finally:
         if server is not None:
             server.close()
@@ -625,15 +635,24 @@ def link_snapshot(link: Path, snapshot: Path) -> None:
 
 
 def _planner(flags: list[str]) -> Any:
-    """Called with the snapshot once config.json is there: the plan, or a FetchError-free exit 3."""
+    """Called with the snapshot once config.json is there: plans it, and stops the fetch when it cannot fit."""
     flags = flags[1:] if flags and flags[0] == "--" else flags
 
     def check(snapshot: Path) -> None:
-        from npu_runtime.cli import EXIT_OK as PLAN_OK
-        from npu_runtime.cli import plan_command
+        from npu_runtime.cli import plan_parser, render_plan
+        from npu_runtime.contract import option_name, plan_options_from_args
+        from npu_runtime.model import ModelError
+        from npu_runtime.plan import DoesNotFitError, PlanError, plan_for
 
-        code = plan_command(["--model", str(snapshot / CONFIG_FILE), *flags])
-        if code != PLAN_OK:
-            sys.exit(code)
+        args = plan_parser().parse_args(["--model", str(snapshot / CONFIG_FILE), *flags])
+        try:
+            plan = plan_for(plan_options_from_args(args), args.model)
+        except DoesNotFitError as exc:
+            raise FetchError(failures.MODEL_DOES_NOT_FIT, f"planned from config.json: {exc}") from exc
+        except PlanError as exc:
+            raise FetchError(failures.INVALID_CONFIGURATION, f"{option_name(exc.field)}: {exc.message}") from exc
+        except ModelError as exc:
+            raise FetchError(failures.MODEL_INVALID, f"config.json: {exc}") from exc
+        print(render_plan(plan.to_dict()), flush=True)
 
     return check

@@ -221,3 +221,14 @@ def test_a_finished_fetch_leaves_its_result_in_the_termination_message(
     assert head == fetch.READY
     result = json.loads(payload)
     assert (result["phase"], result["revision"], result["filesDone"]) == ("Ready", repo.commit, len(repo.files))
+
+
+def test_a_model_that_cannot_fit_stops_before_its_weights(hub: LocalHub, tmp_path: Path) -> None:
+    message = tmp_path / "termination-log"
+    plan = ["--plan", "--device-kind", "npu", "--device-memory", "1MiB", "--max-model-len", "256"]
+    replica = _cli(hub, tmp_path / "cache", "--termination-message-path", str(message), *plan)
+    _, err = replica.communicate(timeout=120)
+    assert replica.returncode == fetch.EXIT_DOES_NOT_FIT, err
+    assert message.read_text().startswith("ModelDoesNotFit: planned from config.json: ")
+    assert hub.served[f"{REPO}/config.json"] == 1
+    assert hub.served[f"{REPO}/{WEIGHTS}"] == 0  # the weights were never asked for
