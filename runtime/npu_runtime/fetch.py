@@ -50,7 +50,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -87,6 +87,9 @@ EXIT_CODES: Final = {
     failures.MODEL_DOES_NOT_FIT: EXIT_DOES_NOT_FIT,
 }
 _CHUNK: Final = 8 << 20
+
+
+OnConfig = Callable[[Path], None]  # called with the snapshot directory once config.json is in it
 
 
 class FetchError(Exception):
@@ -321,7 +324,7 @@ def cache_key(listing: Listing) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", listing.commit)
 
 
-def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: Any = None) -> Path:
+def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: OnConfig | None = None) -> Path:
     """The snapshot directory of the revision, downloaded (once, under the lock) and checked."""
     import filelock
 
@@ -357,16 +360,7 @@ def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: Any
             return snapshot
         progress.phase = "Downloading"
         with _watch(progress, folder, listing, progress_file):
-            try:
-                snapshot = _download(hub, options, listing, on_config)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise FetchError(CACHE_FULL, f"{_name(options)}: no space left on the cache volume") from exc
-                raise _failure(hub, exc, options) from exc
-            except FetchError:
-                raise
-            except Exception as exc:
-                raise _failure(hub, exc, options) from exc
+            snapshot = _download(hub, options, listing, on_config)
             progress.phase = "Verifying"
             bad = _mismatched(snapshot, listing)
             if bad:  # fetched again once: a cut or a corrupt proxy answer; twice wrong is the hub's
@@ -384,11 +378,17 @@ def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: Any
         lock.release()
 
 
-def _download(hub: Hub, options: FetchOptions, listing: Listing, on_config: Any) -> Path:
+def _download(hub: Hub, options: FetchOptions, listing: Listing, on_config: OnConfig | None) -> Path:
+    """The library's download of the listed files (config.json first when it is to be planned)."""
     names = {f.path for f in listing.files}
-    if on_config is not None and CONFIG_FILE in names:
-        on_config(hub.download(options, listing.commit, [CONFIG_FILE]))
-    return hub.download(options, listing.commit, sorted(names))
+    try:
+        if on_config is not None and CONFIG_FILE in names:
+            on_config(hub.download(options, listing.commit, [CONFIG_FILE]))
+        return hub.download(options, listing.commit, sorted(names))
+    except FetchError:
+        raise
+    except Exception as exc:
+        raise _failure(hub, exc, options) from exc
 
 
 def _snapshot_dir(hub: Hub, options: FetchOptions, listing: Listing) -> Path:
@@ -446,6 +446,8 @@ def _remove(path: Path) -> None:
 def _failure(hub: Hub, exc: BaseException, options: FetchOptions) -> FetchError:
     if isinstance(exc, FetchError):
         return exc
+    if any(isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT) for cause in _chain(exc)):
+        return FetchError(CACHE_FULL, f"{_name(options)}: no space left on the cache volume")
     found = hub.classify(exc)
     if found is not None:
         return FetchError(found.reason, f"{_name(options)}: {found.message}")
@@ -634,7 +636,7 @@ def link_snapshot(link: Path, snapshot: Path) -> None:
     os.replace(tmp, link)
 
 
-def _planner(flags: list[str]) -> Any:
+def _planner(flags: list[str]) -> OnConfig:
     """Called with the snapshot once config.json is there: plans it, and stops the fetch when it cannot fit."""
     flags = flags[1:] if flags and flags[0] == "--" else flags
 

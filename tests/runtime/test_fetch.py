@@ -7,6 +7,7 @@ connection, wrong bytes, a required token, unknown repositories and revisions.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -118,12 +119,9 @@ def test_wrong_bytes_are_never_marked_complete(which: str, hub: LocalHub, tmp_pa
     assert not list(cache.rglob(".npu-complete/*.json"))
     hub.faults.corrupt.clear()  # the hub is right again: the next start completes
     snapshot, progress = run_fetch(options(hub, cache, which))
-    assert progress.phase == "Ready" and fetch.file_matches(snapshot / WEIGHTS, _remote(snapshot, which, hub))
-
-
-def _remote(snapshot: Path, which: str, hub: LocalHub) -> fetch.RemoteFile:
     entry = hub.repos[REPO].files[WEIGHTS]
-    return fetch.RemoteFile(WEIGHTS, entry.size, entry.sha256, None)
+    assert progress.phase == "Ready"
+    assert fetch.file_matches(snapshot / WEIGHTS, fetch.RemoteFile(WEIGHTS, entry.size, entry.sha256, None))
 
 
 @pytest.mark.parametrize("which", HUBS)
@@ -232,3 +230,15 @@ def test_a_model_that_cannot_fit_stops_before_its_weights(hub: LocalHub, tmp_pat
     assert message.read_text().startswith("ModelDoesNotFit: planned from config.json: ")
     assert hub.served[f"{REPO}/config.json"] == 1
     assert hub.served[f"{REPO}/{WEIGHTS}"] == 0  # the weights were never asked for
+
+
+@pytest.mark.parametrize("which", HUBS)
+def test_no_space_left_anywhere_in_the_library_is_cache_full(which: str, hub: LocalHub, tmp_path: Path) -> None:
+    # A full disk cannot be provoked here without privileges; the library's wrapped OSError stands in for it.
+    wrapped = RuntimeError("download failed")
+    wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    failure = fetch._failure(fetch.hub_for(which), wrapped, options(hub, tmp_path, which))
+    assert (failure.reason, failure.message) == (
+        fetch.CACHE_FULL,
+        f"{which} {REPO}@{fetch.hub_for(which).default_revision}: no space left on the cache volume",
+    )
