@@ -6,8 +6,10 @@ Runs as the pod's init container (the runtime image), before `npu-runtime serve`
         --cache /models [--allow PATTERN]... [--ignore PATTERN]... [--endpoint URL] --link /run/npu-model/model
 
 The download itself is the hub's own client library (`huggingface_hub.snapshot_download`,
-`modelscope.snapshot_download`): their cache layout, their resume of `.incomplete` files with
-HTTP Range, their retries. This module adds what a shared cache volume needs around them:
+`modelscope.snapshot_download`): their cache layout, their resume with HTTP Range (both within a
+process; modelscope also across processes, huggingface_hub 1.x never reuses a killed process's
+partial file, which the next holder of the lock removes), their retries. This module adds what a
+shared cache volume needs around them:
 
 - **One download per revision.** The revision is first resolved with the hub (Hugging Face: to
   its commit), then a file lock on the cache volume, `<cache>/.npu/locks/<hub>/<repo>/<key>.lock`,
@@ -16,7 +18,7 @@ HTTP Range, their retries. This module adds what a shared cache volume needs aro
   per revision: no extra controller, objects or RBAC, and it works for every resource and
   replica that mounts the same volume, across namespaces' PVCs that bind one volume. The
   kernel drops the lock when its holder dies, so a killed pod never blocks the next one,
-  which resumes the partial files.
+  which takes the download over.
 - **Complete means checked.** After the library returns, every file's size and hash is checked
   against the hub's listing (sha256 for LFS files and every ModelScope file, the git blob sha1
   for the rest). A file that does not match is deleted and fetched again once; twice wrong is
@@ -170,6 +172,7 @@ class Hub(Protocol):
     default_revision: str
 
     def repo_folder(self, options: FetchOptions) -> Path: ...
+    def drop_orphans(self, options: FetchOptions) -> None: ...
     def resolve(self, options: FetchOptions) -> Listing: ...
     def download(self, options: FetchOptions, commit: str, allow: Sequence[str] | None) -> Path: ...
     def classify(self, exc: BaseException) -> FetchError | None: ...
@@ -182,6 +185,12 @@ class HuggingFaceHub:
 
     def repo_folder(self, options: FetchOptions) -> Path:
         return options.cache / HUGGING_FACE / ("models--" + options.repo.replace("/", "--"))
+
+    def drop_orphans(self, options: FetchOptions) -> None:
+        """Partial files of killed downloads: huggingface_hub 1.x writes to a file unique to the process
+        and never reuses it (huggingface_hub#4228), so under our lock nobody else's is in flight."""
+        for orphan in (self.repo_folder(options) / "blobs").glob("*.incomplete"):
+            orphan.unlink(missing_ok=True)
 
     def resolve(self, options: FetchOptions) -> Listing:
         from huggingface_hub import HfApi
@@ -241,6 +250,9 @@ class ModelScopeHub:
 
     def repo_folder(self, options: FetchOptions) -> Path:
         return options.cache / MODEL_SCOPE / "models" / options.repo.replace("/", "--")
+
+    def drop_orphans(self, options: FetchOptions) -> None:
+        """Nothing: modelscope resumes its `<file>.incomplete` with a Range request."""
 
     def _api(self, options: FetchOptions) -> Any:
         from modelscope_hub.api import HubApi
@@ -359,6 +371,7 @@ def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: OnC
             _finish(progress, listing)
             return snapshot
         progress.phase = "Downloading"
+        hub.drop_orphans(options)
         with _watch(progress, folder, listing, progress_file):
             snapshot = _download(hub, options, listing, on_config)
             progress.phase = "Verifying"

@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,12 +155,14 @@ def test_config_json_arrives_before_the_weights(hub: LocalHub, tmp_path: Path) -
     assert seen == [{"config.json"}]
 
 
-def _cli(hub: LocalHub, cache: Path, *extra: str, token: str | None = None) -> subprocess.Popen[str]:
+def _cli(
+    hub: LocalHub, cache: Path, *extra: str, token: str | None = None, hub_name: str = fetch.HUGGING_FACE
+) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     if token is not None:
         env[fetch.TOKEN_ENV] = token
     return subprocess.Popen(
-        [sys.executable, "-m", "npu_runtime.cli", "fetch", "--hub", "huggingface", "--repo", REPO,
+        [sys.executable, "-m", "npu_runtime.cli", "fetch", "--hub", hub_name, "--repo", REPO,
          "--cache", str(cache), "--endpoint", hub.url, *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -242,3 +245,36 @@ def test_no_space_left_anywhere_in_the_library_is_cache_full(which: str, hub: Lo
         fetch.CACHE_FULL,
         f"{which} {REPO}@{fetch.hub_for(which).default_revision}: no space left on the cache volume",
     )
+
+
+@pytest.mark.parametrize("which", HUBS)
+def test_a_killed_download_is_taken_over_by_the_next_pod(which: str, big_repo: Repo, tmp_path: Path) -> None:
+    """The kernel frees a killed holder's lock. ModelScope resumes its `.incomplete` file with a Range
+    request; huggingface_hub 1.x downloads to a file unique to the process and never reuses it
+    (huggingface_hub#4228), so the next pod removes the orphan and fetches the file again."""
+    cache, size = tmp_path / "cache", big_repo.files[BIG].size
+    with LocalHub([big_repo]) as hub:
+        hub.rate = 8 << 20  # 24 MiB in 3 s: a first 10 MiB chunk is on disk before the kill
+
+        def partial() -> int:
+            return sum(p.stat().st_size for p in cache.rglob("*.incomplete")) if cache.exists() else 0
+
+        first = _cli(hub, cache, hub_name=which)
+        deadline = time.monotonic() + 60
+        while partial() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        first.kill()  # SIGKILL: no cleanup, the lock is the kernel's to release
+        first.communicate(timeout=30)
+        kept = partial()
+        assert 0 < kept < size
+        hub.rate = None
+        second = _cli(hub, cache, hub_name=which)
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 0, err
+        resumed = [start for path, start in hub.ranges if path == BIG]
+        if which == fetch.MODEL_SCOPE:
+            assert resumed and resumed[-1] > 0  # the next pod asked for the rest only
+        else:
+            assert resumed == [] and hub.served[f"{REPO}/{BIG}"] == 1  # the body the killed pod cut is not counted
+        assert partial() == 0  # no orphan left on the cache volume
