@@ -54,7 +54,8 @@ def plain(hub: str, endpoint: str, cache: Path) -> None:
 
         snapshot_download(REPO, cache_dir=cache, endpoint=endpoint, token=False)
     else:
-        from modelscope import snapshot_download as ms_snapshot_download
+        # What `modelscope.snapshot_download` calls (modelscope >= 1.40 is a shim), as fetch does.
+        from modelscope_hub.compat.snapshot_download import snapshot_download as ms_snapshot_download
 
         ms_snapshot_download(repo_id=REPO, cache_dir=str(cache), endpoint=endpoint)
 

@@ -269,7 +269,9 @@ class ModelScopeHub:
         return Listing(revision, tuple(files))
 
     def download(self, options: FetchOptions, commit: str, allow: Sequence[str] | None) -> Path:
-        from modelscope import snapshot_download
+        # modelscope >= 1.40 is a shim over modelscope_hub; its package import pulls in torch, which
+        # an init container has no use for. The same download function, without that.
+        from modelscope_hub.compat.snapshot_download import snapshot_download
 
         return Path(
             snapshot_download(
