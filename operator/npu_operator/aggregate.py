@@ -1,16 +1,19 @@
 """What the pods and their runtimes say, folded into one picture of an NPUInference. Pure.
 
 Two inputs: the Pod objects (scheduling, restarts, termination messages) and the runtimes'
-`/status` reports (graph mode, captures, downgrades, replay latency, failures). Two outputs:
-`status.graph` (what the engines really did) and `PodFindings` (why pods are not serving),
-which `status.assess` turns into conditions. Reports from older runtimes may lack fields; every
-read has a default. Figures are rounded so that live traffic does not cause a status write per
-poll: Prometheus has the exact numbers.
+`/status` reports, already checked and bounded by `report_schema` (graph mode, captures,
+downgrades, replay latency, failures). Two outputs: `status.graph` (what the engines really did)
+and `PodFindings` (why pods are not serving), which `status.assess` turns into conditions.
+Figures are rounded so that live traffic does not cause a status write per poll: Prometheus has
+the exact numbers. The fold has hard bounds (distinct downgrades, replay rows, modes, pods named
+in a message), so the status stays small whatever the pods report, and downgrades no pod
+reports any more age out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,6 +23,7 @@ from npu_runtime import failures, fetch
 
 from npu_operator.api import condition, is_true
 from npu_operator.builders import CONTAINER_NAME, FETCH_CONTAINER_NAME
+from npu_operator.report_schema import RuntimeReport, one_line
 
 JSON = dict[str, Any]
 
@@ -54,13 +58,21 @@ DEGRADED_PRIORITY: Final = (
     "CrashLoop",
 )
 
+# Bounds of status.graph and of the findings, whatever the pods report.
+MAX_DOWNGRADES: Final = 16  # distinct (from, to, reason, stage) entries listed
+MAX_REPLAY_ROWS: Final = 32
+MAX_MODES: Final = 8
+MAX_PODS_NAMED: Final = 5  # pods named in one finding's message; the rest are counted
+# A downgrade that no current pod reports is dropped once it was first seen this long ago.
+DOWNGRADE_RETENTION_SECONDS: Final = 3600.0
+
 
 @dataclasses.dataclass(frozen=True)
 class PodReport:
-    """One pod's runtime /status (None when it could not be read), with the pod's identity."""
+    """One pod's checked runtime /status (None when it could not be read), with the pod's identity."""
 
     pod: str
-    report: Mapping[str, Any] | None
+    report: RuntimeReport | None
     reachable: bool = True
 
 
@@ -86,11 +98,11 @@ class PodFindings:
 # --- pods -----------------------------------------------------------------------------------------
 
 
-def runtime_failure(report: Mapping[str, Any]) -> tuple[str, str] | None:
+def runtime_failure(report: RuntimeReport | None) -> tuple[str, str] | None:
     """The cause in a runtime's /status, when it is one this operator knows: (Reason, message)."""
-    failure = report.get("failure")
-    if isinstance(failure, Mapping) and failure.get("reason") in FAILURE_CONDITIONS:
-        return str(failure["reason"]), str(failure.get("message", ""))
+    failure = report.failure if report is not None else None
+    if failure is not None and failure.reason in FAILURE_CONDITIONS:
+        return failure.reason, failure.message
     return None
 
 
@@ -114,7 +126,7 @@ def _cause(statuses: Sequence[Mapping[str, Any]], name: str, known: Mapping[str,
                 line = message.strip().splitlines()[0]
                 reason, _, text = line.partition(": ")
                 if reason in known:
-                    return reason, text
+                    return reason, one_line(text)
     return None
 
 
@@ -132,7 +144,7 @@ def pod_findings(
     starting: Counter[str] = Counter()
     for pod in pods:
         name = pod["metadata"]["name"]
-        report = by_pod.get(name) or {}
+        report = by_pod.get(name)
         # While the model download fails, the server never starts: its cause comes first.
         if (cause := fetch_cause(pod)) is not None:
             problems.setdefault(FETCH_CONDITIONS[cause[0]], []).append(f"{name}: {cause[0]}: {cause[1]}")
@@ -147,17 +159,23 @@ def pod_findings(
         if (why := _crash_looping(pod)) is not None:
             problems.setdefault("CrashLoop", []).append(f"{name}: {why}")
             continue
-        if not is_true(pod, "Ready") and report.get("state") in ("fetching", "starting", "loading", "capturing"):
-            starting[report["state"]] += 1
-    findings = tuple(Finding(reason, "; ".join(messages)) for reason, messages in sorted(problems.items()))
+        starting_states = ("fetching", "starting", "loading", "capturing")
+        if not is_true(pod, "Ready") and report is not None and report.state in starting_states:
+            starting[report.state] += 1
+    findings = tuple(Finding(reason, _pods_message(messages)) for reason, messages in sorted(problems.items()))
     return PodFindings(problems=findings, starting=dict(sorted(starting.items())))
+
+
+def _pods_message(messages: Sequence[str]) -> str:
+    shown = "; ".join(messages[:MAX_PODS_NAMED])
+    return shown + (f"; and {len(messages) - MAX_PODS_NAMED} more pods" if len(messages) > MAX_PODS_NAMED else "")
 
 
 def _unschedulable_for_npus(pod: Mapping[str, Any], npu_resource: str | None) -> str | None:
     scheduled = condition(pod, "PodScheduled")
-    message = str(scheduled.get("message", ""))
-    if scheduled.get("reason") == "Unschedulable" and npu_resource and f"Insufficient {npu_resource}" in message:
-        return message
+    text = str(scheduled.get("message", ""))
+    if scheduled.get("reason") == "Unschedulable" and npu_resource and f"Insufficient {npu_resource}" in text:
+        return one_line(text)
     return None
 
 
@@ -165,7 +183,7 @@ def _crash_looping(pod: Mapping[str, Any]) -> str | None:
     for status in pod.get("status", {}).get("containerStatuses", []):
         waiting = status.get("state", {}).get("waiting") or {}
         if waiting.get("reason") == "CrashLoopBackOff":
-            return f"restarted {status.get('restartCount', 0)} times: {waiting.get('message', '')}".strip()
+            return one_line(f"restarted {status.get('restartCount', 0)} times: {waiting.get('message', '')}")
     return None
 
 
@@ -184,16 +202,18 @@ def graph_status(
 
     Sticky where reports are missing, so a pod restart does not make things disappear and come
     back: the effective mode and the downgrades of the previous status are kept while the spec's
-    generation is unchanged. A downgrade no pod reports any more stays listed with `pods: 0`.
+    generation is unchanged. A downgrade no pod reports any more stays listed with `pods: 0`
+    until DOWNGRADE_RETENTION_SECONDS after it was first seen.
     """
     readable = [r.report for r in reports if r.report is not None]
     graph: JSON = {"requestedMode": requested_mode}
-    modes = Counter(str(r["effective_mode"]) for r in readable if r.get("effective_mode"))
+    modes = Counter(r.effective_mode for r in readable if r.effective_mode)
     if modes:
         graph["effectiveMode"] = _most_common(modes)
         if len(modes) > 1:
-            graph["modes"] = dict(sorted(modes.items()))
-    elif same_generation and previous.get("effectiveMode"):
+            top = sorted(modes.items(), key=lambda item: (-item[1], item[0]))[:MAX_MODES]
+            graph["modes"] = dict(sorted(top))
+    elif same_generation and isinstance(previous.get("effectiveMode"), str):
         graph["effectiveMode"] = previous["effectiveMode"]
     if sizes := _capture_sizes(readable):
         graph["captureSizes"] = sizes
@@ -201,7 +221,8 @@ def graph_status(
         graph["captureMemory"] = memory
     if replay := _replay(readable):
         graph["replay"] = replay
-    if downgrades := _downgrades(readable, previous.get("downgrades", []) if same_generation else [], now):
+    old = previous.get("downgrades") if same_generation else None
+    if downgrades := _downgrades(readable, old if isinstance(old, list) else [], now):
         graph["downgrades"] = downgrades
     if (rate := _eager_fallback_rate(readable)) is not None:
         graph["eagerFallbackRate"] = rate
@@ -213,8 +234,8 @@ def graph_status(
 
 
 def new_downgrades(previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[JSON]:
-    """Downgrades in `current` that `previous` did not list: one Warning Event each."""
-    seen = {_downgrade_key(d) for d in previous.get("downgrades", [])}
+    """Downgrades in `current` that `previous` did not list: announced by a Warning Event."""
+    seen = {_downgrade_key(d) for d in previous.get("downgrades", []) if isinstance(d, Mapping)}
     return [d for d in current.get("downgrades", []) if _downgrade_key(d) not in seen]
 
 
@@ -223,58 +244,64 @@ def _most_common(counts: Counter[str]) -> str:
     return min(counts.items(), key=lambda item: (-item[1], item[0]))[0]
 
 
-def _capture_sizes(reports: Iterable[Mapping[str, Any]]) -> list[int]:
+def _capture_sizes(reports: Iterable[RuntimeReport]) -> list[int]:
     """The sizes the most pods captured (or planned to, before capture has been observed)."""
     lists: Counter[tuple[int, ...]] = Counter()
     for report in reports:
-        captured = sorted({int(c["size"]) for c in report.get("captures") or [] if "size" in c})
-        planned = [int(s) for s in (report.get("plan") or {}).get("capture_sizes") or []]
-        if captured or planned:
-            lists[tuple(captured or planned)] += 1
+        captured = tuple(sorted({c.size for c in report.captures}))
+        if captured or report.planned_sizes:
+            lists[captured or report.planned_sizes] += 1
     if not lists:
         return []
     # Ties go to the longer list: a pod still capturing has captured fewer sizes so far.
     return list(min(lists.items(), key=lambda item: (-item[1], -len(item[0]), item[0]))[0])
 
 
-def _capture_memory(reports: Iterable[Mapping[str, Any]]) -> JSON:
-    per_pod = [sum(int(c.get("memory_bytes") or 0) for c in report.get("captures") or []) for report in reports]
+def _capture_memory(reports: Iterable[RuntimeReport]) -> JSON:
+    per_pod = [sum(c.memory_bytes or 0 for c in report.captures) for report in reports]
     per_pod = [total for total in per_pod if total > 0]
     if not per_pod:
         return {}
     return {"maxPodBytes": _round_bytes(max(per_pod)), "totalBytes": _round_bytes(sum(per_pod))}
 
 
-def _replay(reports: Iterable[Mapping[str, Any]]) -> list[JSON]:
+def _replay(reports: Iterable[RuntimeReport]) -> list[JSON]:
     """Per (mode, size): the worst p50 and p99 over pods, in seconds, 2 significant digits."""
     worst: dict[tuple[str, int], tuple[float, float]] = {}
     for report in reports:
-        for entry in report.get("replay") or []:
-            if not entry.get("count"):
+        for entry in report.replay:
+            if not entry.count:
                 continue
-            key = (str(entry.get("mode", "")), int(entry["size"]))
-            p50, p99 = float(entry.get("p50_seconds") or 0.0), float(entry.get("p99_seconds") or 0.0)
+            key = (entry.mode, entry.size)
             old = worst.get(key, (0.0, 0.0))
-            worst[key] = (max(old[0], p50), max(old[1], p99))
+            worst[key] = (max(old[0], entry.p50_seconds), max(old[1], entry.p99_seconds))
+    rows = sorted(worst.items(), key=lambda item: (item[0][1], item[0][0]))[:MAX_REPLAY_ROWS]
     return [
         {"mode": mode, "size": size, "p50Seconds": _significant(p50), "p99Seconds": _significant(p99)}
-        for (mode, size), (p50, p99) in sorted(worst.items(), key=lambda item: (item[0][1], item[0][0]))
+        for (mode, size), (p50, p99) in rows
     ]
 
 
-def _downgrades(reports: Iterable[Mapping[str, Any]], previous: Sequence[Mapping[str, Any]], now: str) -> list[JSON]:
+def _downgrades(reports: Iterable[RuntimeReport], previous: Sequence[Any], now: str) -> list[JSON]:
+    """Known entries first (their pod counts refreshed), then new ones, MAX_DOWNGRADES in all."""
     pods: Counter[tuple[str, str, str, str]] = Counter()
     messages: dict[tuple[str, str, str, str], str] = {}
     for report in reports:
-        for key, entry in {_report_key(d): d for d in report.get("downgrades") or []}.items():
-            pods[key] += 1
-            messages.setdefault(key, str(entry.get("message", "")))
+        for downgrade in report.downgrades:
+            pods[downgrade.key] += 1
+            messages.setdefault(downgrade.key, downgrade.message)
     merged: dict[tuple[str, str, str, str], JSON] = {}
     for old in previous:
+        if not isinstance(old, Mapping):
+            continue
         key = _downgrade_key(old)
-        merged[key] = {**old, "pods": pods.get(key, 0)}
-    for key, count in pods.items():
-        if key not in merged:
+        count = pods.get(key, 0)
+        if count == 0 and _age_seconds(old.get("firstSeen"), now) > DOWNGRADE_RETENTION_SECONDS:
+            continue  # no pod reports it any more, and it has been shown long enough
+        if key not in merged and len(merged) < MAX_DOWNGRADES:
+            merged[key] = {**old, "message": one_line(old.get("message")), "pods": count}
+    for key, count in sorted(pods.items()):
+        if key not in merged and len(merged) < MAX_DOWNGRADES:
             from_mode, to_mode, reason, stage = key
             merged[key] = {
                 "fromMode": from_mode,
@@ -288,13 +315,14 @@ def _downgrades(reports: Iterable[Mapping[str, Any]], previous: Sequence[Mapping
     return [merged[key] for key in sorted(merged)]
 
 
-def _report_key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
-    return (
-        str(entry.get("from_mode", "")),
-        str(entry.get("to_mode", "")),
-        str(entry.get("reason", "")),
-        str(entry.get("stage", "engine")),
-    )
+def _age_seconds(then: Any, now: str) -> float:
+    """Seconds from `then` to `now` (RFC 3339); an unreadable `then` counts as very old."""
+    try:
+        start = datetime.datetime.fromisoformat(str(then).replace("Z", "+00:00"))
+        end = datetime.datetime.fromisoformat(now.replace("Z", "+00:00"))
+        return (end - start).total_seconds()
+    except (TypeError, ValueError):
+        return math.inf
 
 
 def _downgrade_key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
@@ -306,11 +334,9 @@ def _downgrade_key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
     )
 
 
-def _eager_fallback_rate(reports: Iterable[Mapping[str, Any]]) -> float | None:
-    steps = fallbacks = 0
-    for report in reports:
-        steps += int(report.get("decode_steps") or 0)
-        fallbacks += sum(int(v) for v in (report.get("eager_fallbacks") or {}).values())
+def _eager_fallback_rate(reports: Iterable[RuntimeReport]) -> float | None:
+    steps = sum(report.decode_steps for report in reports)
+    fallbacks = sum(report.eager_fallbacks for report in reports)
     if steps <= 0:
         return None
     return round(min(fallbacks / steps, 1.0), 3)

@@ -276,12 +276,14 @@ def _cache(cache: JSON | None) -> CacheSpec | None:
 _DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _EXTENDED_RESOURCE = re.compile(rf"^(?P<domain>{_DNS_SUBDOMAIN})/(?P<name>[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
 
-# vLLM flags that a spec field sets; in engine.extraArgs they would fight the plan.
+# vLLM flags that a spec field (or the operator) sets; in engine.extraArgs they would override the
+# plan, since the extras come last and argparse keeps the last value. Long and short spellings.
 FLAGS_OWNED_BY_FIELDS: Final = {
     "--model": "spec.model.path",
     "--served-model-name": "spec.model.name",
     "--host": "(set by the operator)",
     "--port": "(set by the operator)",
+    "--config": "the spec (a --config file would override every engine option)",
     "--max-num-seqs": "spec.engine.maxNumSeqs",
     "--max-model-len": "spec.engine.maxModelLen",
     "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
@@ -293,12 +295,48 @@ FLAGS_OWNED_BY_FIELDS: Final = {
     "--data-parallel-size": "spec.parallelism.data",
     "-dp": "spec.parallelism.data",
     "--compilation-config": "spec.graph",
+    "-cc": "spec.graph",
+    "--optimization-level": "spec.graph",
     "-O": "spec.graph",
     "--cuda-graph-sizes": "spec.graph.captureSizes",
+    "--cudagraph-capture-sizes": "spec.graph.captureSizes",
     "--max-cudagraph-capture-size": "spec.graph.maxCaptureSize",
     "--enforce-eager": "spec.graph.mode (NONE)",
     "--speculative-config": "spec.engine.speculative",
 }
+
+
+def engine_flag(arg: str) -> str | None:
+    """The option `arg` names, spelled as vLLM's FlexibleArgumentParser reads it; None for a value.
+
+    That parser turns underscores into dashes in a long option's name (up to the first `.`),
+    reads `--name.key value` as a JSON field of `--name`, reads `-O3`, `-O=3` and `-Odecode` as
+    `--optimization-level`, and, being an argparse parser, accepts `--name=value` and `-xy=value`.
+    """
+    if arg.startswith("--") and len(arg) > 2:
+        name = arg[2:].split("=", 1)[0].split(".", 1)[0]
+        return "--" + name.replace("_", "-")
+    if arg.startswith("-O"):
+        return "-O"
+    if arg.startswith("-") and len(arg) > 1 and not arg[1].isdigit() and arg[1] != ".":
+        return arg.split("=", 1)[0].split(".", 1)[0]
+    return None
+
+
+def owned_flag(arg: str) -> str | None:
+    """The owned flag `arg` sets, in any spelling vLLM accepts, abbreviations included.
+
+    argparse (allow_abbrev, on in vLLM) takes a unique prefix of an option for the option, and
+    refuses an ambiguous one: so a prefix of an owned flag is refused too (it is the owned flag,
+    or it would fail anyway).
+    """
+    flag = engine_flag(arg)
+    if flag is None or flag in ("-", "--"):
+        return None
+    if flag == "-O":
+        return flag
+    return next((owned for owned in FLAGS_OWNED_BY_FIELDS if owned.startswith(flag)), None)
+
 
 # Variables the NPU device plugin sets per pod; overriding them breaks device isolation.
 ENV_OWNED_BY_DEVICE_PLUGIN: Final = ("ASCEND_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
@@ -322,13 +360,16 @@ def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
     problems: list[SpecError] = []
     if spec.npu.resource_name is not None and (why := extended_resource_problem(spec.npu.resource_name)):
         problems.append(SpecError("spec.npu.resourceName", why))
+    if spec.model.name.startswith("-"):
+        why = f"{spec.model.name!r} would be read as a flag; start it otherwise"
+        problems.append(SpecError("spec.model.name", why))
     for index, arg in enumerate(spec.engine.extra_args):
-        flag = arg.split("=", 1)[0]
-        if flag in FLAGS_OWNED_BY_FIELDS:
+        if (flag := owned_flag(arg)) is not None:
+            spelled = "" if arg.split("=", 1)[0] == flag else f"{arg.split('=', 1)[0]!r} is {flag}: "
             problems.append(
                 SpecError(
                     f"spec.engine.extraArgs[{index}]",
-                    f"{flag} is set from {FLAGS_OWNED_BY_FIELDS[flag]}; set it there instead",
+                    f"{spelled}{flag} is set from {FLAGS_OWNED_BY_FIELDS[flag]}; set it there instead",
                 )
             )
     for index, var in enumerate(spec.engine.env):

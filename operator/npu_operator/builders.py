@@ -7,6 +7,7 @@ children are applied (`reconcile`), because they need the owner's uid.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import Any, Final
@@ -127,6 +128,19 @@ def runtime_args(spec: NPUInferenceSpec) -> list[str]:
     return ["npu-runtime", "serve", *serve_argv(options)]
 
 
+# The runtime container's hardening (docs/security.md says why each setting is safe on Ascend):
+# NPUs reach the container as device nodes that the device plugin allocates (device cgroup), which
+# needs no capability; vllm-ascend's own container instructions pass `--device` only, never
+# `--privileged` or `--cap-add`. Root stays allowed (the vllm-ascend images run as root, caches
+# under /root) and the root filesystem stays writable (vLLM and CANN write caches and kernels).
+RUNTIME_SECURITY_CONTEXT: Final = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "privileged": False,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
 def build_deployment(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
     template = spec.template
     pod_spec: JSON = {
@@ -136,6 +150,9 @@ def build_deployment(name: str, namespace: str, spec: NPUInferenceSpec, config: 
         # Service links put one variable per Service into every pod; vLLM reads VLLM_PORT, which a
         # Service named "vllm" would set to tcp://..., so keep them out.
         "enableServiceLinks": False,
+        # The runtime never calls the Kubernetes API: no token unless the spec names an account.
+        "automountServiceAccountToken": template.service_account_name is not None,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
     node_selector = dict(template.node_selector)
     if spec.npu.chip_name:
@@ -194,6 +211,7 @@ def _container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
         # Liveness asks the runtime (alive, engine process alive), never the busy engine itself.
         "livenessProbe": _probe("/healthz", period=15, failures=4),
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": copy.deepcopy(RUNTIME_SECURITY_CONTEXT),
     }
     if spec.engine.image_pull_policy:
         container["imagePullPolicy"] = spec.engine.image_pull_policy
@@ -242,6 +260,7 @@ def _fetch_container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
             {"name": MODEL_LINK_VOLUME, "mountPath": HUB_MODEL_DIR},
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": copy.deepcopy(RUNTIME_SECURITY_CONTEXT),
     }
     if spec.engine.image_pull_policy:
         container["imagePullPolicy"] = spec.engine.image_pull_policy

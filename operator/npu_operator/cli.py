@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-import kopf
 import yaml
+from npu_runtime.files import FileProblem, read_text
 
-from npu_operator import builders, crd
+from npu_operator import builders, crd, supervision
 from npu_operator.config import ConfigError, OperatorConfig, load_config, python_log_level
 from npu_operator.reconcile import adopted_children, read_spec
 
@@ -51,28 +51,28 @@ def run_operator(config: OperatorConfig, *, verbose: bool = False) -> int:
         config = dataclasses.replace(config, log_level="DEBUG")
     logging.basicConfig(level=python_log_level(config), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
-    asyncio.run(
-        kopf.operator(
-            clusterwide=not config.namespaces,
-            namespaces=list(config.namespaces),
-            standalone=config.standalone,
-            memo=kopf.Memo(config=config),
-            liveness_endpoint=liveness,
-        )
-    )
-    return 0
+    return asyncio.run(supervision.run_supervised(config, liveness_endpoint=liveness))
 
 
 def _render(path: Path, output: str, config: OperatorConfig, capabilities: builders.Capabilities) -> int:
     try:
-        documents = [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"npu-operator render: {path}: {exc}", file=sys.stderr)
+        documents = [doc for doc in yaml.safe_load_all(read_text(path)) if doc is not None]
+    except FileProblem as exc:
+        print(f"npu-operator render: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except yaml.YAMLError as exc:
+        print(f"npu-operator render: {path}: not YAML: {exc}", file=sys.stderr)
         return EXIT_INVALID
     children: list[dict[str, Any]] = []
     failed = False
     for index, document in enumerate(documents):
-        where = f"{path}[{index}] {document.get('kind')}/{document.get('metadata', {}).get('name')}"
+        if not isinstance(document, dict):
+            failed = True
+            print(f"{path}[{index}]: a YAML {type(document).__name__}, not an object", file=sys.stderr)
+            continue
+        meta = document.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        where = f"{path}[{index}] {document.get('kind')}/{name}"
         if document.get("apiVersion") != crd.API_VERSION or document.get("kind") != crd.KIND:
             print(f"{where}: skipped, not an {crd.API_VERSION} {crd.KIND}", file=sys.stderr)
             continue

@@ -75,6 +75,9 @@ def admit(obj: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     Errors read `path: message`. The schema is checked first; CEL rules only run on an object
     that passes it, since the API server's rules may assume the schema holds.
     """
+    errors = list(_metadata_errors(obj))
+    if errors:
+        return dict(obj), errors
     defaulted = apply_defaults(obj)
     errors = list(_schema_errors(defaulted))
     if not errors:
@@ -84,6 +87,24 @@ def admit(obj: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 def validate(obj: Mapping[str, Any]) -> list[str]:
     return admit(obj)[1]
+
+
+def _metadata_errors(obj: Mapping[str, Any]) -> Iterator[str]:
+    """ObjectMeta's own checks, which the API server makes before the CRD's schema."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        yield f"metadata: Required value: an object with a name, got {type(meta).__name__}"
+        return
+    name, generate = meta.get("name"), meta.get("generateName")
+    if not (isinstance(name, str) and name) and not (isinstance(generate, str) and generate):
+        yield "metadata.name: Required value: a non-empty string"
+    for key in ("name", "generateName", "namespace", "uid", "resourceVersion"):
+        if key in meta and meta[key] is not None and not isinstance(meta[key], str):
+            yield f"metadata.{key}: Invalid value: must be a string"
+    for key in ("labels", "annotations"):
+        value = meta.get(key)
+        if value is not None and not (isinstance(value, Mapping) and all(isinstance(v, str) for v in value.values())):
+            yield f"metadata.{key}: Invalid value: must be a map of strings"
 
 
 def _schema_errors(obj: Mapping[str, Any]) -> Iterator[str]:
@@ -114,6 +135,8 @@ def _list_type_errors(obj: Mapping[str, Any]) -> Iterator[str]:
         keys = schema.get("x-kubernetes-list-map-keys", [])
         seen: list[Any] = []
         for index, item in enumerate(value):
+            if list_type == "map" and not isinstance(item, Mapping):
+                continue  # the schema check reports the item's type
             identity = item if list_type == "set" else tuple(item.get(k) for k in keys)
             if identity in seen and list_type == "set":
                 yield f"{path}[{index}]: duplicate value {item!r} in a set"
@@ -146,10 +169,15 @@ def _cel_errors(obj: Mapping[str, Any]) -> Iterator[str]:
         return
     for value, schema, path in _nodes(obj, openapi_schema()):
         for rule in schema.get("x-kubernetes-validations", []):
-            if _evaluate(rule["rule"], value) is not True:
-                where = path + rule.get("fieldPath", "") if path else rule.get("fieldPath", "").lstrip(".")
+            where = path + rule.get("fieldPath", "") if path else rule.get("fieldPath", "").lstrip(".")
+            try:
+                if _evaluate(rule["rule"], value) is True:
+                    continue
                 message = _evaluate(rule["messageExpression"], value) if "messageExpression" in rule else None
-                yield f"{where or '<root>'}: {message or rule.get('message') or 'failed rule: ' + rule['rule']}"
+            except Exception as exc:  # the API server reports a rule that cannot be evaluated as invalid
+                yield f"{where or '<root>'}: rule evaluation error ({type(exc).__name__}): {rule['rule']}"
+                continue
+            yield f"{where or '<root>'}: {message or rule.get('message') or 'failed rule: ' + rule['rule']}"
 
 
 def _evaluate(expression: str, value: Any) -> Any:

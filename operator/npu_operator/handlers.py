@@ -1,7 +1,7 @@
 """kopf handlers: decorators and wiring only; the work happens in `worker` and `reconcile`.
 
 - startup: every kopf setting in one place, the API client, the metrics endpoint;
-- login: the same credentials for kopf and for our client;
+- login: the same credentials for kopf and for our client (kopf's session with a watch throttle);
 - create/update/resume: refuse a spec that can never be served (PermanentError), else wake the
   resource's worker so a change is applied at once;
 - daemon: the per-resource worker (children, status, Events).
@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from npu_operator import crd, kube, reconcile, worker
+from npu_operator import crd, kube, reconcile, supervision, worker
 from npu_operator.config import OperatorConfig, python_log_level
 from npu_operator.runtime_reports import ReportCollector
 
@@ -56,6 +56,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
+    # A re-list after 410 Gone or a failed list waits this long; reopening a stream that ended
+    # early backs off in the login session's WatchThrottle (see `supervision`).
+    settings.watching.reconnect_backoff = 1.0
     # The worker is the only status writer: no finalizers needed, children go by owner references.
     memo.wakeups = worker.Wakeups()
     memo.client = kube.KubeClient(kube.connection_info(settings, logger))
@@ -76,8 +79,8 @@ async def close(memo: Any, **_: Any) -> None:
 
 
 @kopf.on.login()
-def login(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> kopf.ConnectionInfo:
-    return kube.connection_info(settings, logger)
+async def login(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> kopf.AiohttpSession:
+    return supervision.throttled_context(kube.connection_info(settings, logger))
 
 
 @kopf.on.resume(*RESOURCE)

@@ -61,6 +61,7 @@ POD_DISRUPTION_BUDGETS: Final = Resource("policy", "v1", "poddisruptionbudgets",
 POD_MONITORS: Final = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
 PODS: Final = Resource("", "v1", "pods", "Pod")
 PERSISTENT_VOLUME_CLAIMS: Final = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+REPLICA_SETS: Final = Resource("apps", "v1", "replicasets", "ReplicaSet")
 EVENTS: Final = Resource("", "v1", "events", "Event")
 NPU_INFERENCES: Final = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, crd.KIND)
 BY_KIND: Final = {r.kind: r for r in (DEPLOYMENTS, SERVICES, POD_DISRUPTION_BUDGETS, POD_MONITORS, PODS, EVENTS)}
@@ -79,6 +80,10 @@ class ApiError(Exception):
     def transient(self) -> bool:
         """Worth retrying: conflicts, throttling, server-side trouble."""
         return self.status in (409, 429) or self.status >= 500
+
+
+class ApiUnreachable(ConnectionError):
+    """No answer from the API server (timeout, refused, cut); the message names the request."""
 
 
 def connection_info(settings: kopf.OperatorSettings, logger: Any = None) -> kopf.ConnectionInfo:
@@ -119,19 +124,23 @@ class KubeClient:
     ) -> JSON | None:
         headers = {"Content-Type": content_type or "application/json"} if body is not None else {}
         data = json.dumps(body) if body is not None else None
-        async with self._session.request(
-            method, self._server + path, data=data, headers=headers, params=params
-        ) as response:
-            text = await response.text()
-            if response.status == 404 and method == "GET":
-                return None
-            if response.status >= 300:
-                try:
-                    status = json.loads(text)
-                    raise ApiError(response.status, status.get("reason", ""), status.get("message", text))
-                except (ValueError, AttributeError):
-                    raise ApiError(response.status, response.reason or "", text[:500]) from None
-            return json.loads(text) if text else None
+        try:
+            async with self._session.request(
+                method, self._server + path, data=data, headers=headers, params=params
+            ) as response:
+                text = await response.text()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            why = str(exc) or ("no answer in time" if isinstance(exc, TimeoutError) else type(exc).__name__)
+            raise ApiUnreachable(f"{method} {path}: {why}") from exc
+        if response.status == 404 and method == "GET":
+            return None
+        if response.status >= 300:
+            try:
+                status = json.loads(text)
+                raise ApiError(response.status, status.get("reason", ""), status.get("message", text))
+            except (ValueError, AttributeError):
+                raise ApiError(response.status, response.reason or "", text[:500]) from None
+        return json.loads(text) if text else None
 
     async def get(self, resource: Resource, namespace: str, name: str) -> JSON | None:
         """The object, or None when it does not exist."""

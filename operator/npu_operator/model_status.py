@@ -23,6 +23,7 @@ from npu_runtime import fetch
 
 from npu_operator.aggregate import PodReport, fetch_cause, fetch_finished
 from npu_operator.api import HubSource
+from npu_operator.report_schema import ModelProgress, parse_model_progress
 
 JSON = dict[str, Any]
 
@@ -51,25 +52,29 @@ def model_status(
         status["revision"] = revision
     status.update({key: before[key] for key in _FIGURES if key in before})
 
-    seen = [
-        r.report["model"] for r in reports if r.report is not None and isinstance(r.report.get("model"), Mapping)
-    ] + [result for pod in pods if (result := fetch_result(pod)) is not None]
-    seen = [m for m in seen if m.get("repository") == hub.repository]
+    seen = [r.report.model for r in reports if r.report is not None and r.report.model is not None]
+    seen += [result for pod in pods if (result := fetch_result(pod)) is not None]
+    seen = [m for m in seen if m.repository == hub.repository]
     failed = [cause for pod in pods if (cause := fetch_cause(pod)) is not None]
     fetched = any(_fetched(pod) for pod in pods)
-    running = [m for m in seen if m.get("phase") not in (READY, FAILED)]
-    latest = max(seen, key=lambda m: (int(m.get("bytesDone", 0)), int(m.get("filesDone", 0))), default=None)
+    running = [m for m in seen if m.phase not in (READY, FAILED)]
+    latest = max(seen, key=lambda m: (m.bytes_done, m.files_done), default=None)
     if latest is not None:
-        if latest.get("revision"):
-            status["revision"] = str(latest["revision"])
-        status.update({key: int(latest[key]) for key in _FIGURES if isinstance(latest.get(key), int)})
+        if latest.revision:
+            status["revision"] = latest.revision
+        status.update(
+            bytesDone=latest.bytes_done,
+            bytesTotal=latest.bytes_total,
+            filesDone=latest.files_done,
+            filesTotal=latest.files_total,
+        )
 
     # One finished fetch means the revision is complete in the shared cache (a pod's last fetch report,
     # which the collector keeps while the pod does not answer, may still say Downloading).
     if failed and not fetched:
         reason, message = failed[0]
         status.update(phase=FAILED, reason=reason, message=message)
-    elif fetched or (not running and (any(m.get("phase") == READY for m in seen) or before.get("phase") == READY)):
+    elif fetched or (not running and (any(m.phase == READY for m in seen) or before.get("phase") == READY)):
         status["phase"] = READY
         if "bytesTotal" in status:
             status["bytesDone"] = status["bytesTotal"]
@@ -94,7 +99,7 @@ def progress_text(status: Mapping[str, Any]) -> str:
     return phase
 
 
-def fetch_result(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def fetch_result(pod: Mapping[str, Any]) -> ModelProgress | None:
     """The final progress a finished download left in its termination message (`ModelReady: {...}`)."""
     for entry in pod.get("status", {}).get("initContainerStatuses", []):
         if fetch_finished(entry):
@@ -102,8 +107,7 @@ def fetch_result(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
             head, _, payload = message.strip().partition(": ")
             if head == fetch.READY:
                 with contextlib.suppress(ValueError):
-                    result = json.loads(payload)
-                    return result if isinstance(result, dict) else None
+                    return parse_model_progress(json.loads(payload))
     return None
 
 

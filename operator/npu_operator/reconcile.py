@@ -16,10 +16,11 @@ from typing import Any, Final
 
 import kopf
 
-from npu_operator import aggregate, builders, crd, kube, status
+from npu_operator import aggregate, builders, crd, kube, ownership, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.config import OperatorConfig
 from npu_operator.model_status import model_status
+from npu_operator.report_schema import one_line
 from npu_operator.runtime_reports import ReportCollector
 
 JSON = dict[str, Any]
@@ -72,18 +73,32 @@ async def reconcile(
         return _result(previous, new, (), tuple(problems))
 
     # Asked whether or not the spec wants a PodMonitor: one it no longer wants must be deleted.
-    pod_monitors_served = await client.serves(kube.POD_MONITORS)
+    # PodMonitors are optional: whatever stops us from managing them never blocks the rest.
+    notes: list[str] = []
+    try:
+        pod_monitors_served = await client.serves(kube.POD_MONITORS)
+    except kube.ApiError as exc:
+        pod_monitors_served = False
+        if spec.pod_monitor.enabled:
+            notes.append(f"PodMonitor not managed: {_api_message(exc)}")
     capabilities = builders.Capabilities(pod_monitor=spec.pod_monitor.enabled and pod_monitors_served)
     desired = adopted_children(body, spec, config, capabilities)
     desired_by_kind = {child["kind"]: child for child in desired}
 
     changes: list[Change] = []
     conflicts: list[str] = []
+    rejected: list[str] = []
     live_deployment: JSON | None = None
     for resource in MANAGED:
         if resource is kube.POD_MONITORS and not pod_monitors_served:
             continue
-        live = await client.get(resource, namespace, name)
+        try:
+            live = await client.get(resource, namespace, name)
+        except kube.ApiError as exc:
+            if resource is not kube.POD_MONITORS or exc.transient:
+                raise
+            notes.append(f"PodMonitor not managed: {_api_message(exc)}")
+            continue
         if live is not None and not _owned_by(live, uid):
             conflicts.append(f"{resource.kind} {namespace}/{name}")
             continue
@@ -94,15 +109,28 @@ async def reconcile(
             live_deployment = live
     if (claim := builders.build_cache_claim(namespace, spec)) is not None:
         changes += await ensure_cache_claim(client, namespace, claim)
+    applied_changes: list[Change] = []
     for change in changes:
-        applied = await _execute(change, client, namespace)
+        try:
+            applied = await _execute(change, client, namespace)
+        except kube.ApiError as exc:
+            if exc.transient:
+                raise  # retried with backoff by the worker
+            # A quota, an admission policy, an invalid field: retrying the same write cannot help
+            # until something changes, so it becomes status (Degraded/ChildRejected) instead.
+            where = f"{change.action} {change.resource.kind} {namespace}/{change.name}"
+            if change.resource is kube.POD_MONITORS:
+                notes.append(f"PodMonitor not managed: {where}: {_api_message(exc)}")
+            else:
+                rejected.append(f"{where}: {_api_message(exc)}")
+            continue
+        applied_changes.append(change)
         if change.resource is kube.DEPLOYMENTS:
             live_deployment = applied
 
-    notes: tuple[str, ...] = ()
-    if spec.pod_monitor.enabled and not capabilities.pod_monitor:
-        notes = ("PodMonitor not created: the monitoring.coreos.com/v1 API is not installed",)
-    pods = await client.list(kube.PODS, namespace, builders.selector_string(name)) if live_deployment else []
+    if spec.pod_monitor.enabled and not capabilities.pod_monitor and not notes:
+        notes.append("PodMonitor not created: the monitoring.coreos.com/v1 API is not installed")
+    pods = await _own_pods(client, namespace, name, live_deployment)
     reports = await collector.collect(uid, pods) if collector is not None else []
     graph = aggregate.graph_status(
         spec.graph.mode,
@@ -114,13 +142,29 @@ async def reconcile(
     observed = status.Observed(
         deployment=live_deployment,
         conflicts=tuple(conflicts),
-        notes=notes,
+        rejected=tuple(rejected),
+        notes=tuple(notes),
         findings=aggregate.pod_findings(pods, reports, spec.npu.resource_name or config.npu_resource_name),
         graph=graph,
         model=model_status(spec.model.hub, pods, reports, previous.get("model", {})),
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
-    return _result(previous, new, tuple(changes))
+    return _result(previous, new, tuple(applied_changes))
+
+
+async def _own_pods(
+    client: kube.KubeClient, namespace: str, name: str, deployment: Mapping[str, Any] | None
+) -> list[Mapping[str, Any]]:
+    """The pods of our Deployment's ReplicaSets: the labels select, the owner chain decides."""
+    uid = ((deployment or {}).get("metadata") or {}).get("uid")
+    if not uid:
+        return []
+    selector = builders.selector_string(name)
+    pods = await client.list(kube.PODS, namespace, selector)
+    if not pods:
+        return []
+    replica_sets = await client.list(kube.REPLICA_SETS, namespace, selector)
+    return ownership.owned_pods(pods, replica_sets, str(uid))
 
 
 async def ensure_cache_claim(client: kube.KubeClient, namespace: str, claim: JSON) -> list[Change]:
@@ -256,6 +300,11 @@ def _quantity(value: Any) -> Decimal | None:
         return Decimal(number) * factor
     except InvalidOperation:
         return None
+
+
+def _api_message(exc: kube.ApiError) -> str:
+    """The API server's answer in one bounded line: status, reason and its message."""
+    return one_line(f"{exc.status} {exc.reason}: {exc.message}")
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:

@@ -4,30 +4,49 @@ One collector serves the whole operator: a semaphore bounds the reads in flight 
 NPUInference, each read has a short timeout, a pod is read at most once per poll interval, and a
 pod that does not answer is retried with exponential backoff while its last good report is kept.
 Pod IPs and ports come from the Pod objects (the container port named `metrics`).
+
+What a pod answers is untrusted: redirects are never followed, the body is cut at MAX_BODY_BYTES
+(a longer one makes the pod unreachable, with the reason logged), the whole read, body included,
+has one deadline, and the JSON is parsed into a checked `RuntimeReport` (`report_schema`). Which
+pods are read at all is the caller's decision: only pods the resource's own workloads own
+(`ownership.owned_pods`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 
 from npu_operator.aggregate import PodReport
 from npu_operator.builders import CONTAINER_NAME, METRICS_PORT
 from npu_operator.config import backoff_seconds
+from npu_operator.report_schema import RuntimeReport, parse_report
+
+# A runtime's /status is a few KiB; this leaves room for many captures and still bounds memory.
+MAX_BODY_BYTES: Final = 256 * 1024
+
+logger = logging.getLogger(__name__)
+
+
+class Unreadable(Exception):
+    """Why a pod's /status could not be taken: the message says it in words."""
 
 
 @dataclasses.dataclass
 class _Entry:
     address: str
-    report: Mapping[str, Any] | None = None
+    report: RuntimeReport | None = None
     reachable: bool = True
     failures: int = 0
     next_read: float = 0.0
+    problem: str = ""
 
 
 def runtime_address(pod: Mapping[str, Any]) -> str | None:
@@ -55,6 +74,7 @@ class ReportCollector:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._semaphore = asyncio.Semaphore(concurrency)
+        self._seconds = timeout
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._poll = poll_seconds
         self._clock = clock
@@ -83,28 +103,49 @@ class ReportCollector:
             if uid not in entries or entries[uid].address != address:
                 entries[uid] = _Entry(address)
         now = self._clock()
-        due = [entry for entry in (entries[uid] for uid in current) if entry.next_read <= now]
-        await asyncio.gather(*(self._read(entry) for entry in due))
+        due = [(name, entries[uid]) for uid, (name, _) in current.items() if entries[uid].next_read <= now]
+        await asyncio.gather(*(self._read(name, entry) for name, entry in due))
         return [
             PodReport(pod=name, report=entries[uid].report, reachable=entries[uid].reachable)
             for uid, (name, _) in sorted(current.items(), key=lambda item: item[1][0])
         ]
 
-    async def _read(self, entry: _Entry) -> None:
+    async def _read(self, pod: str, entry: _Entry) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         async with self._semaphore:
             self.reads += 1
             try:
-                async with self._session.get(f"http://{entry.address}/status") as response:
-                    response.raise_for_status()
-                    report = await response.json(content_type=None)
-                if not isinstance(report, dict):
-                    raise ValueError("/status did not answer a JSON object")
-            except (TimeoutError, aiohttp.ClientError, ValueError, OSError):
+                async with asyncio.timeout(self._seconds):
+                    document = await self._fetch(f"http://{entry.address}/status")
+            except (TimeoutError, aiohttp.ClientError, OSError, Unreadable) as exc:
+                problem = str(exc) or f"{type(exc).__name__} after {self._seconds:g} s"
+                if problem != entry.problem:
+                    logger.warning("pod %s: /status at %s not taken: %s", pod, entry.address, problem)
                 entry.failures += 1
-                entry.reachable = False
+                entry.reachable, entry.problem = False, problem
                 entry.next_read = self._clock() + backoff_seconds(self._poll, entry.failures)
                 return
-        entry.report, entry.reachable, entry.failures = report, True, 0
+        entry.report, entry.reachable, entry.failures, entry.problem = parse_report(document), True, 0, ""
         entry.next_read = self._clock() + self._poll
+
+    async def _fetch(self, url: str) -> Any:
+        """The JSON value at `url`: no redirects, at most MAX_BODY_BYTES, any JSON value."""
+        assert self._session is not None
+        async with self._session.get(url, allow_redirects=False) as response:
+            if response.status != 200:
+                raise Unreadable(f"answered HTTP {response.status}, not 200 (redirects are not followed)")
+            if (response.content_length or 0) > MAX_BODY_BYTES:
+                raise Unreadable(f"body of {response.content_length} bytes, over the {MAX_BODY_BYTES} limit")
+            body = bytearray()
+            while chunk := await response.content.read(MAX_BODY_BYTES + 1 - len(body)):
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise Unreadable(f"body over the {MAX_BODY_BYTES} byte limit")
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise Unreadable(f"not JSON: {type(exc).__name__}") from None
+        if not isinstance(document, dict):
+            raise Unreadable(f"a JSON {type(document).__name__}, not an object")
+        return document

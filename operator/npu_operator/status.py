@@ -24,6 +24,7 @@ PROGRESSING: Final = "Progressing"
 DEGRADED: Final = "Degraded"
 INVALID_SPEC: Final = "InvalidSpec"
 GRAPH_MODE_DOWNGRADED: Final = "GraphModeDowngraded"
+CHILD_REJECTED: Final = "ChildRejected"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Observed:
     deployment: JSON | None = None
     # Children that exist under our name but belong to someone else: "Service default/x".
     conflicts: tuple[str, ...] = ()
+    # Child writes the API server refused for good (403, 422, quota): "create Deployment ns/x: 403 ...".
+    rejected: tuple[str, ...] = ()
     # Things the user asked for that the cluster cannot give, e.g. a PodMonitor without its CRD.
     notes: tuple[str, ...] = ()
     # What the pods and their runtimes say (see `aggregate`).
@@ -117,6 +120,13 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
             Condition(READY, False, "ChildConflict", message),
             Condition(PROGRESSING, False, "ChildConflict", message),
             Condition(DEGRADED, True, "ChildConflict", message),
+        ]
+    if observed.rejected:
+        message = "the API server refused: " + "; ".join(observed.rejected)
+        return [
+            Condition(READY, False, CHILD_REJECTED, message),
+            Condition(PROGRESSING, False, CHILD_REJECTED, message),
+            Condition(DEGRADED, True, CHILD_REJECTED, message),
         ]
     deployment = observed.deployment
     if deployment is None:

@@ -21,6 +21,7 @@ import kopf
 
 from npu_operator import kube, metrics, reconcile
 from npu_operator.config import OperatorConfig, backoff_seconds
+from npu_operator.event_limiter import EventLimiter
 from npu_operator.runtime_reports import ReportCollector
 
 
@@ -38,6 +39,12 @@ class Wakeups:
 
     def forget(self, uid: str) -> None:
         self.events.pop(uid, None)
+
+
+def describe(exc: BaseException) -> str:
+    """The exception's type and message: never empty, even for a bare TimeoutError()."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
 
 
 def utc_now() -> str:
@@ -61,6 +68,7 @@ async def run(
     # The status as this worker last wrote it: the live body may lag behind our own writes.
     known_status: dict[str, Any] = dict(body.get("status") or {})
     failures = 0
+    events = EventLimiter()  # a burst of Events becomes one, per reason
     try:
         while not stopped:
             wake.clear()
@@ -71,7 +79,7 @@ async def run(
                 result = await reconcile.reconcile(snapshot, client, config, utc_now(), collector)
                 if result.status_patch:
                     known_status = await _patch_status(client, body, result.status_patch)
-                for event in result.events:
+                for event in events.submit(uid, result.events, time.monotonic()):
                     kopf.event(body, type=event.type, reason=event.reason, message=event.message)
                 outcome = (
                     "invalid"
@@ -84,7 +92,9 @@ async def run(
             except Exception as exc:  # the worker must outlive any one failure
                 failures += 1
                 transient = exc.transient if isinstance(exc, kube.ApiError) else isinstance(exc, OSError | TimeoutError)
-                (logger.warning if transient else logger.exception)(f"reconcile failed ({failures} in a row): {exc}")
+                (logger.warning if transient else logger.exception)(
+                    f"reconcile failed ({failures} in a row): {describe(exc)}"
+                )
             finally:
                 elapsed = time.perf_counter() - started
                 metrics.RECONCILES.labels(outcome).inc()

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from npu_runtime import files
+
 CONFIG_NAME: Final = "config.json"
 INDEX_NAME: Final = "model.safetensors.index.json"
 # A safetensors header larger than this is not a header (the format caps it at 100 MB).
@@ -234,11 +236,9 @@ def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
 
 def _read_json(path: Path) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ModelError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: cannot read: {exc}") from None
+        text = files.read_text(path)
+    except files.FileProblem as exc:
+        raise ModelError(str(exc)) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -581,7 +581,7 @@ def _index_entries(index: Path, data: Any) -> tuple[int | None, list[str]]:
 def safetensors_data_bytes(path: Path) -> int:
     """Bytes of tensor data in one .safetensors file, from its header alone."""
     try:
-        with path.open("rb") as handle:
+        with files.open_regular(path) as handle:
             head = handle.read(8)
             if len(head) != 8:
                 raise ModelError(f"{path}: too short for a safetensors header")
@@ -589,6 +589,8 @@ def safetensors_data_bytes(path: Path) -> int:
             if length > _MAX_HEADER_BYTES:
                 raise ModelError(f"{path}: header length {length} is not plausible")
             raw = handle.read(length)
+    except files.FileProblem as exc:
+        raise ModelError(str(exc)) from None
     except OSError as exc:
         raise ModelError(f"{path}: cannot read: {exc}") from None
     if len(raw) != length:

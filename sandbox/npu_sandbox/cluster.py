@@ -44,8 +44,10 @@ class ApiRejected(Exception):
 class LocalCluster:
     """`async with LocalCluster() as cluster:` then `await cluster.start_operator(config)`."""
 
-    def __init__(self, *, pod_monitors: bool = False, workdir: Path | None = None) -> None:
-        self.emulator = KubeEmulator()
+    def __init__(
+        self, *, pod_monitors: bool = False, workdir: Path | None = None, emulator: KubeEmulator | None = None
+    ) -> None:
+        self.emulator = emulator if emulator is not None else KubeEmulator()  # tests bring one with faults
         if pod_monitors:
             self.emulator.serve_pod_monitors()
         self._server = kmock.Server(self.emulator)
@@ -96,10 +98,11 @@ class LocalCluster:
         """Run the real operator until `stop_operator`, in its own thread and event loop.
 
         kopf owns its loop (on exit it cancels every task the loop has), as in production where
-        it is alone in its process; the API stays here and the two talk only over HTTP.
+        it is alone in its process; the API stays here and the two talk only over HTTP. It runs
+        under the same supervisor as in production (`npu_operator.supervision.run_supervised`).
         """
-        import kopf
         import npu_operator.handlers  # noqa: F401  (registers the handlers)
+        from npu_operator import supervision
 
         if self._operator is not None:
             raise RuntimeError("the operator is already running")
@@ -115,13 +118,8 @@ class LocalCluster:
         def serve() -> None:
             try:
                 asyncio.run(
-                    kopf.operator(
-                        clusterwide=not config.namespaces,
-                        namespaces=list(config.namespaces),
-                        standalone=config.standalone or not peering,
-                        memo=kopf.Memo(config=config),
-                        stop_flag=stop,
-                        ready_flag=ready,
+                    supervision.run_supervised(
+                        config, standalone=config.standalone or not peering, stop_flag=stop, ready_flag=ready
                     )
                 )
             except BaseException as exc:  # reported by stop_operator

@@ -3,7 +3,8 @@
 kmock stores objects and serves list/watch/get/create/patch/delete. This subclass adds, as a
 kube-apiserver would: uid, resourceVersion, generation (bumped by changes outside metadata and
 status), creationTimestamp, generateName; the status subresource kept apart from the rest;
-label selectors on lists; background garbage collection through owner references; and
+label selectors on lists; watches that honour resourceVersion and timeoutSeconds (and answer
+410 Gone below `compacted_before`); background garbage collection through owner references; and
 admission of NPUInference objects against the CRD (defaults, schema, CEL rules), with the
 API server's 422 answer. For kubectl (and any client-go client) it also serves what they read and
 negotiate: OpenAPI v3 and v2 (`openapi`), field validation (`fieldValidation=Strict` refuses
@@ -15,6 +16,7 @@ the namespaces every cluster has. It is for tests and the sandbox only; no produ
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import json
@@ -52,6 +54,14 @@ RESOURCES: dict[str, Any] = {
         "singular": "deployment",
         "shortnames": {"deploy"},
         "categories": {"all"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status", "scale"},
+    },
+    "apps/v1/replicasets": {
+        "kind": "ReplicaSet",
+        "singular": "replicaset",
+        "shortnames": {"rs"},
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status", "scale"},
@@ -194,6 +204,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with the API-server behaviour listed in the module docstring."""
 
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _last_version: int = attrs.field(default=0, init=False)
+    # Watches from a resourceVersion below this get 410 Gone, as after an etcd compaction.
+    compacted_before: int = attrs.field(default=0, init=False)
     _openapi_cache: dict[str, Any] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -261,7 +274,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         meta = data["metadata"]
         meta.update(
             uid=str(uuid.uuid4()),
-            resourceVersion=str(next(self._versions)),
+            resourceVersion=self._next_version(),
             generation=1,
             creationTimestamp=utc_now(),
         )
@@ -293,11 +306,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
         meta = new.setdefault("metadata", {})
         old_meta = old.get("metadata", {})
         meta.update(uid=old_meta.get("uid"), creationTimestamp=old_meta.get("creationTimestamp"))
-        meta["resourceVersion"] = str(next(self._versions))
+        meta["resourceVersion"] = self._next_version()
         generation = int(old_meta.get("generation", 1))
         meta["generation"] = generation + 1 if _body(old) != _body(new) else generation
         data.clear()
         data.update(merge_patch(old, new))
+
+    def _next_version(self) -> str:
+        self._last_version = next(self._versions)
+        return str(self._last_version)
 
     def _is_npu_inference(self, request: rendering.Request) -> bool:
         resource = request.resource
@@ -367,10 +384,60 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if resource is not None and resource in self.resources and self.resources[resource].kind:
             payload["kind"] = f"{self.resources[resource].kind}List"
             payload["apiVersion"] = f"{resource.group}/{resource.version}" if resource.group else resource.version
+        payload["metadata"] = {"resourceVersion": str(self._last_version)}  # where a watch continues
         if self._wants_table(request):
             payload = self._as_table(payload["items"], request, str(payload["metadata"].get("resourceVersion", "1")))
         result: rendering.Payload = payload
         return result
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+        """A watch as the API server serves it: from `resourceVersion`, ended after `timeoutSeconds`.
+
+        Without a resourceVersion every object comes as ADDED, then the changes. With one, only
+        objects changed after it come first, so a resource created between a list and the watch
+        that follows it is never missed; one below `compacted_before` gets an in-stream 410 Gone.
+        The bus is marked before the objects are read, so no change falls between the two.
+        """
+        yield b""  # the headers, at once
+        assert request.resource is not None
+        bus = self._buses[request.resource]
+        since = request.params.get("resourceVersion") or ""
+        seconds = request.params.get("timeoutSeconds") or ""
+        async with self._lock:
+            marker = await bus.mark()
+            objects = [(obj.deleted, copy.deepcopy(obj.raw)) for obj in self._objects_for(request)]
+        try:
+            async with asyncio.timeout(float(seconds) if seconds.isdigit() and int(seconds) > 0 else None):
+                for event in self._catch_up(objects, since):
+                    yield event
+                    if event["type"] == "ERROR":
+                        return
+                async for event in bus.stream(since=marker):
+                    meta = event.get("object", {}).get("metadata", {})
+                    if self._matches(request, meta.get("namespace"), meta.get("name")):
+                        yield event
+        except TimeoutError:
+            return  # the server's timeout: the client re-watches from its last resourceVersion
+        finally:
+            await bus.unmark(marker)
+
+    def _catch_up(self, objects: list[tuple[bool, dict[str, Any]]], since: str) -> list[dict[str, Any]]:
+        if since in ("", "0"):
+            return [{"type": "ADDED", "object": raw} for deleted, raw in objects if not deleted]
+        if not since.isdigit() or int(since) < self.compacted_before:
+            message = f"too old resource version: {since} ({self.compacted_before})"
+            gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message}
+            return [{"type": "ERROR", "object": {**gone, "reason": "Expired", "code": 410}}]
+        newer = [(deleted, raw) for deleted, raw in objects if _version(raw) > int(since)]
+        return [{"type": "DELETED" if deleted else "ADDED", "object": raw} for deleted, raw in newer]
+
+    def _objects_for(self, request: rendering.Request) -> list[Any]:
+        found: list[Any] = self._KubernetesEmulator__get_objs(request, strict=False)  # type: ignore[attr-defined]
+        return found
+
+    def _matches(self, request: rendering.Request, namespace: str | None, name: str | None) -> bool:
+        check = self._KubernetesEmulator__check  # type: ignore[attr-defined]
+        return bool(check(request, request.resource, namespace, name, strict=False))
 
     # --- what kubectl and client-go read and negotiate ----------------------------------------
 
@@ -389,7 +456,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 "metadata": {
                     "name": name,
                     "uid": str(uuid.uuid4()),
-                    "resourceVersion": str(next(self._versions)),
+                    "resourceVersion": self._next_version(),
                     "creationTimestamp": utc_now(),
                     "labels": {"kubernetes.io/metadata.name": name},
                 },
@@ -498,7 +565,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 and request.namespace in (None, namespace)
                 and request.name in (None, name)
             ]
-            version = str(next(self._versions))
+            version = self._next_version()
         for raw in existing:
             yield {"type": "ADDED", "object": raw}
         api_version = f"{resource.group}/{resource.version}" if resource.group else resource.version
@@ -686,6 +753,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     raw = self.objects[key].raw
                     self.objects[key].delete()
                     await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+
+
+def _version(obj: Mapping[str, Any]) -> int:
+    text = str(obj.get("metadata", {}).get("resourceVersion", "0"))
+    return int(text) if text.isdigit() else 0
 
 
 def _cause(error: str) -> dict[str, str]:

@@ -2,7 +2,8 @@
 
 It reads the Deployment the operator created, starts the pod template's container args as a
 local process (the real `npu-runtime serve`), and keeps a Pod object and the Deployment's status
-up to date through the API, as the kubelet and the deployment controller would: the pod's IP,
+up to date through the API, as the kubelet and the deployment controller would (a ReplicaSet
+owned by the Deployment, pods owned by the ReplicaSet), the pod's IP,
 its Ready condition (from the runtime's /readyz, like the readiness probe), and on exit the
 container's termination message and CrashLoopBackOff. The only liberty: each pod has its own IP
 in a cluster; here the pod's ports are mapped to free local ports, and the Pod object says so.
@@ -65,6 +66,46 @@ def map_paths(args: list[str], mounted: list[tuple[str, Path]]) -> list[str]:
     return result
 
 
+async def replica_set_owner(cluster: LocalCluster, namespace: str, deployment: str) -> dict[str, Any]:
+    """The deployment controller's part: a ReplicaSet the Deployment controls (made when missing).
+
+    Returns the controller owner reference that pods of this ReplicaSet carry.
+    """
+    found = await cluster.get("apps/v1", "deployments", namespace, deployment)
+    if found is None:
+        raise LookupError(f"Deployment {namespace}/{deployment} does not exist")
+    template = found["spec"]["template"]
+    name = f"{deployment}-{str(found['metadata']['uid'])[:8]}"
+    replica_set = await cluster.get("apps/v1", "replicasets", namespace, name)
+    if replica_set is None:
+        replica_set = await cluster.create(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": dict(template["metadata"].get("labels", {})),
+                    "ownerReferences": [_controller_reference(found)],
+                },
+                "spec": {"replicas": found["spec"].get("replicas", 1), "template": template},
+            },
+            "replicasets",
+        )
+    return _controller_reference(replica_set)
+
+
+def _controller_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 class LocalPod:
     """One pod of the Deployment, running as a local process."""
 
@@ -94,7 +135,9 @@ class LocalPod:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['http']}"
 
-    async def start(self, template: dict[str, Any], labels: dict[str, str], environ: dict[str, str]) -> None:
+    async def start(
+        self, template: dict[str, Any], labels: dict[str, str], environ: dict[str, str], owner: dict[str, Any]
+    ) -> None:
         spec = template["spec"]
         container = next(c for c in spec["containers"] if c["name"] == CONTAINER_NAME)
         self.ports = {"http": free_port(), "metrics": free_port()}
@@ -116,7 +159,12 @@ class LocalPod:
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": self.name, "namespace": self.namespace, "labels": labels},
+                "metadata": {
+                    "name": self.name,
+                    "namespace": self.namespace,
+                    "labels": labels,
+                    "ownerReferences": [owner],
+                },
                 "spec": spec,
             },
             "pods",
@@ -329,10 +377,11 @@ class LocalKubelet:
         template = deployment["spec"]["template"]
         labels = dict(template["metadata"].get("labels", {}))
         suffix = secrets.token_hex(4)
+        owner = await replica_set_owner(self.cluster, self.namespace, self.deployment)
         for index in range(int(deployment["spec"].get("replicas", 1))):
             pod = LocalPod(self.cluster, self.namespace, f"{self.deployment}-{suffix}-{index}", self.workdir)
             self.pods.append(pod)
-            await pod.start(template, labels, self.environ)
+            await pod.start(template, labels, self.environ, owner)
         await self.report_deployment()
         return self.pods
 

@@ -19,7 +19,7 @@ from npu_operator import crd
 from npu_operator.api import condition
 from npu_operator.config import OperatorConfig
 from npu_sandbox.cluster import LocalCluster
-from npu_sandbox.kubelet import LocalKubelet
+from npu_sandbox.kubelet import LocalKubelet, replica_set_owner
 
 from tests.operator.conftest import example
 
@@ -174,7 +174,12 @@ async def test_a_capture_oom_termination_message_is_graph_capture_failed(operato
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": f"{NAME}-abc-1", "namespace": NS, "labels": template["metadata"]["labels"]},
+            "metadata": {
+                "name": f"{NAME}-abc-1",
+                "namespace": NS,
+                "labels": template["metadata"]["labels"],
+                "ownerReferences": [await replica_set_owner(operator, NS, NAME)],
+            },
             "spec": template["spec"],
         },
         "pods",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from npu_operator.aggregate import PodReport, graph_status, new_downgrades, pod_findings, termination_cause
+from npu_operator.report_schema import RuntimeReport, parse_report
 
 NOW, LATER = "2026-12-01T00:00:00Z", "2026-12-01T01:00:00Z"
 CPU_DOWNGRADE = {
@@ -16,8 +17,10 @@ CPU_DOWNGRADE = {
 }
 
 
-def report(mode: str = "NONE", **extra: Any) -> dict[str, Any]:
-    return {"schema": 1, "state": "ready", "requested_mode": "FULL_DECODE_ONLY", "effective_mode": mode, **extra}
+def report(mode: str = "NONE", **extra: Any) -> RuntimeReport:
+    return parse_report(
+        {"schema": 1, "state": "ready", "requested_mode": "FULL_DECODE_ONLY", "effective_mode": mode, **extra}
+    )
 
 
 def pod(name: str, *, ready: bool = True, **status: Any) -> dict[str, Any]:
@@ -98,7 +101,8 @@ def test_a_new_downgrade_is_new_once() -> None:
 
 
 def test_old_runtime_reports_without_optional_fields() -> None:
-    reports = [PodReport("a", {"effective_mode": "FULL_DECODE_ONLY"}), PodReport("b", {"schema": 1})]
+    old = [parse_report({"effective_mode": "FULL_DECODE_ONLY"}), parse_report({"schema": 1})]
+    reports = [PodReport("a", old[0]), PodReport("b", old[1])]
     graph = graph_status("FULL_DECODE_ONLY", reports, {}, now=NOW, same_generation=True)
     assert graph == {"requestedMode": "FULL_DECODE_ONLY", "effectiveMode": "FULL_DECODE_ONLY", "reportingPods": 2}
 

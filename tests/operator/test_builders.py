@@ -220,3 +220,22 @@ def test_the_cache_claim_is_built_only_when_asked_and_never_owned() -> None:
     del without["spec"]["model"]["cache"]["create"]
     assert builders.build_cache_claim("llm", parse_spec(without["spec"])) is None
     assert builders.build_cache_claim("llm", parse_spec(example("qwen2.5-7b-910b.yaml")["spec"])) is None
+
+
+@pytest.mark.parametrize("name", EXAMPLE_FILES)
+def test_runtime_pods_are_hardened(name: str) -> None:
+    """No token, no privilege escalation, no capabilities, the runtime's seccomp profile."""
+    pod = render(example(name))[0]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    context = pod["containers"][0]["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False and context["privileged"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert "hostNetwork" not in pod and "hostPID" not in pod and "hostIPC" not in pod
+
+
+def test_a_named_service_account_gets_its_token() -> None:
+    manifest = example("qwen2.5-7b-910b.yaml")
+    manifest["spec"].setdefault("template", {})["serviceAccountName"] = "model-reader"
+    pod = render(manifest)[0]["spec"]["template"]["spec"]
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("model-reader", True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,49 @@ def test_a_bad_operator_setting_exits_with_its_name(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "NPU_OPERATOR_RESYNC_SECONDS" in result.stderr
+
+
+GOOD = (EXAMPLES / "sandbox-cpu.yaml").read_text(encoding="utf-8")
+HEAD = "apiVersion: inference.npu.dev/v1alpha1\nkind: NPUInference\n"
+# Document shapes that printed a traceback; each must be an error line naming the file, exit 2.
+MALFORMED = {
+    "scalar": "42\n",
+    "string": "just text\n",
+    "list": "- a\n- b\n",
+    "metadata-null": GOOD.replace("metadata:", "metadata: null\nx_old_metadata:", 1),
+    "metadata-list": HEAD + "metadata: []\nspec: {}\n",
+    "metadata-name-list": HEAD + "metadata: {name: [1]}\nspec: {}\n",
+    "spec-null": HEAD + "metadata: {name: x}\nspec: null\n",
+    "spec-list": HEAD + "metadata: {name: x}\nspec: [1, 2]\n",
+    "env-item-string": GOOD.replace("- name: VLLM_CPU_KVCACHE_SPACE", "- FOO=bar\n      - name: X", 1),
+    "extra-args-not-strings": GOOD.replace("engine:", "engine:\n    extraArgs: [{a: 1}, 3]", 1),
+    "bad-yaml": "a: [\n",
+    "no-metadata": HEAD + GOOD[GOOD.index("spec:") :],
+    "metadata-no-name": HEAD + "metadata: {}\n" + GOOD[GOOD.index("spec:") :],
+    "metadata-name-not-string": HEAD + "metadata: {name: [1], namespace: 5}\n" + GOOD[GOOD.index("spec:") :],
+}
+
+
+def test_every_malformed_document_is_an_error_line(tmp_path: Path) -> None:
+    documents = {label: text for label, text in MALFORMED.items() if label != "bad-yaml"}
+    path = tmp_path / "malformed.yaml"
+    path.write_text("---\n".join(documents.values()), encoding="utf-8")
+    result = render("-f", str(path))
+    assert "Traceback" not in result.stderr and result.returncode == 2, result.stderr
+    for index, label in enumerate(documents):
+        assert f"{path}[{index}]" in result.stderr, (label, result.stderr)
+    broken = tmp_path / "bad.yaml"
+    broken.write_text(MALFORMED["bad-yaml"], encoding="utf-8")
+    result = render("-f", str(broken))
+    assert (result.returncode, "Traceback" in result.stderr) == (2, False) and f"{broken}: not YAML" in result.stderr
+
+
+def test_binary_and_special_files_are_refused_naming_the_path(tmp_path: Path) -> None:
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for path, why in ((binary, "not UTF-8"), (fifo, "is a FIFO"), (Path("/dev/zero"), "is a character device")):
+        result = render("-f", str(path))
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"{path}: {why}" in result.stderr

@@ -9,12 +9,17 @@ from npu_operator import aggregate
 from npu_operator.aggregate import PodReport
 from npu_operator.api import HubSource
 from npu_operator.model_status import model_status, progress_text
+from npu_operator.report_schema import RuntimeReport, parse_report
 
 HUB = HubSource("huggingface", "org/model", None, (), (), None, None)
 COMMIT = "c" * 40
 
 
-def report(phase: str, done: int, total: int = 1000, files: tuple[int, int] = (1, 5)) -> dict[str, Any]:
+def report(phase: str, done: int, total: int = 1000, files: tuple[int, int] = (1, 5)) -> RuntimeReport:
+    return parse_report(document(phase, done, total, files))
+
+
+def document(phase: str, done: int, total: int = 1000, files: tuple[int, int] = (1, 5)) -> dict[str, Any]:
     return {
         "state": "fetching",
         "model": {
@@ -60,7 +65,9 @@ def test_a_finished_init_container_makes_the_model_ready_with_the_figures_seen_b
     before = model_status(HUB, [pod("a")], [PodReport("a", report("Downloading", 999))], {})
     assert before is not None
     assert before["progress"] == "Downloading 99%"  # rounded down: 100% only when complete
-    after = model_status(HUB, [pod("a", {"terminated": {"exitCode": 0}})], [PodReport("a", {"state": "ready"})], before)
+    after = model_status(
+        HUB, [pod("a", {"terminated": {"exitCode": 0}})], [PodReport("a", parse_report({"state": "ready"}))], before
+    )
     assert after is not None
     assert (after["phase"], after["progress"], after["bytesDone"], after["filesDone"], after["revision"]) == (
         "Ready",
@@ -112,9 +119,9 @@ def test_progress_text() -> None:
 
 
 def test_a_download_shorter_than_a_poll_is_known_from_its_termination_message() -> None:
-    result = report("Ready", 1000, files=(5, 5))["model"]
+    result = document("Ready", 1000, files=(5, 5))["model"]
     finished = {"terminated": {"exitCode": 0, "message": "ModelReady: " + json.dumps(result) + "\n"}}
-    status = model_status(HUB, [pod("a", finished)], [PodReport("a", {"state": "loading"})], {})
+    status = model_status(HUB, [pod("a", finished)], [PodReport("a", parse_report({"state": "loading"}))], {})
     assert status is not None
     assert (status["phase"], status["revision"], status["bytesDone"], status["filesTotal"]) == (
         "Ready",

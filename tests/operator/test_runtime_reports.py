@@ -28,6 +28,27 @@ class Runtimes:
         self.most_in_flight = 0
         self.hits: dict[int, int] = {}
         self.sites: dict[int, aiohttp.web.TCPSite] = {}
+        self.redirect_to = 0
+        self.streamed = 0
+
+    async def _stream(self, request: aiohttp.web.Request, mode: str) -> aiohttp.web.StreamResponse:
+        """A body that never ends, ends after 50 MB, or comes a few bytes at a time, forever."""
+        response = aiohttp.web.StreamResponse()
+        await response.prepare(request)
+        chunk = b" " * (1 if mode == "drip" else 64 * 1024)
+        await response.write(b'{"effective_mode": "FULL", "padding": "')
+        sent = 0
+        try:
+            while mode != "huge" or sent < 50 * 2**20:
+                await response.write(chunk)
+                sent += len(chunk)
+                self.streamed += len(chunk)
+                if mode == "drip":
+                    await asyncio.sleep(0.01)
+            await response.write(b'"}')
+        except (ConnectionError, RuntimeError):
+            pass  # the reader hung up, as it should
+        return response
 
     async def status(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
@@ -43,6 +64,12 @@ class Runtimes:
                 await asyncio.sleep(5)
             if mode == "garbage":
                 return aiohttp.web.Response(text="[1, 2]")
+            if mode == "redirect":
+                raise aiohttp.web.HTTPFound(f"http://127.0.0.1:{self.redirect_to}/status")
+            if mode in ("endless", "drip", "huge"):
+                return await self._stream(request, mode)
+            if mode == "nested":
+                return aiohttp.web.Response(text="[" * 100_000 + "]" * 100_000)
             return aiohttp.web.json_response({"schema": 1, "effective_mode": "NONE", "port": port})
         finally:
             self.in_flight -= 1
@@ -111,7 +138,7 @@ async def test_a_pod_is_read_once_per_poll_interval(runtimes: tuple[Runtimes, li
     finally:
         await collector.close()
     assert first == second
-    assert first[0].report is not None and first[0].report["port"] == ports[0]
+    assert first[0].report is not None and first[0].report.effective_mode == "NONE"
     assert fake.hits[ports[0]] == 2
 
 
@@ -128,7 +155,7 @@ async def test_a_failing_pod_backs_off_and_keeps_its_last_report(runtimes: tuple
             (latest,) = await collector.collect("o", pods)
         assert fake.hits[ports[0]] == 4  # at 0, 10 (fails), 20 (fails), 41 (fails)
         assert latest.reachable is False
-        assert latest.report is not None and latest.report["effective_mode"] == "NONE"
+        assert latest.report is not None and latest.report.effective_mode == "NONE"
         fake.behaviour[ports[0]] = "hang"
         clock.now = 200
         (hung,) = await collector.collect("o", pods)
@@ -150,3 +177,20 @@ async def test_pods_that_are_gone_are_forgotten(runtimes: tuple[Runtimes, list[i
         assert await collector.collect("o", [pod("c", ports[2], phase="Succeeded")]) == []
     finally:
         await collector.close()
+
+
+@pytest.mark.parametrize("mode", ["endless", "huge", "drip", "nested", "redirect"])
+async def test_what_a_hostile_pod_answers_is_not_taken(runtimes: tuple[Runtimes, list[int]], mode: str) -> None:
+    fake, ports = runtimes
+    fake.behaviour[ports[0]] = mode
+    fake.redirect_to = ports[1]  # answers a good report: a followed redirect would be read as ports[0]'s
+    collector = ReportCollector(concurrency=4, timeout=1.0, poll_seconds=10)
+    started = asyncio.get_running_loop().time()
+    try:
+        (taken,) = await collector.collect("o", [pod("a", ports[0])])
+    finally:
+        await collector.close()
+    assert taken.reachable is False and taken.report is None
+    assert asyncio.get_running_loop().time() - started < 2.5  # one deadline for the whole read
+    assert fake.hits.get(ports[1], 0) == 0
+    assert fake.streamed < 16 * 2**20  # cut near the cap (plus socket buffers), not at the pod's end

@@ -206,3 +206,27 @@ def test_every_plan_field_names_its_option() -> None:
     known = {option for action in cli.plan_parser()._actions for option in action.option_strings}
     assert {option_name(field.name) for field in dataclasses.fields(PlanOptions)} <= known
     assert option_name("ASCEND_LAUNCH_BLOCKING") == "ASCEND_LAUNCH_BLOCKING"  # environment variables stay
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [("fifo", "is a FIFO, not a regular file"), ("device", "is a character device"), ("binary", "not UTF-8")],
+)
+def test_plan_and_serve_refuse_special_and_binary_config_files_up_front(tmp_path: Any, kind: str, why: str) -> None:
+    """A FIFO config.json hung `serve` (liveness OK) until the startup probe gave up."""
+    config = tmp_path / "config.json"
+    if kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "device":
+        config.symlink_to("/dev/zero")
+    else:
+        config.write_bytes(b'{"architectures": ["\xff\xfe"]}')
+    plan = run("plan", "--model", str(tmp_path), *NPU_64)
+    assert (plan.returncode, "Traceback" in plan.stderr) == (2, False), plan.stderr
+    assert f"{config}: {why}" in plan.stderr
+    log = tmp_path / "termination-log"
+    serve = run(
+        "serve", "--model", str(tmp_path), "--port", "1", "--metrics-port", "1", "--termination-log", str(log), *NPU_64
+    )
+    assert serve.returncode != 0 and "Traceback" not in serve.stderr, serve.stderr
+    assert log.read_text(encoding="utf-8").startswith(f"ModelInvalid: {config}: {why}")
