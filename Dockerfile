@@ -95,7 +95,7 @@ RUN python3 -m pip list --format=freeze \
         | grep -iE '^(torch|torch[-_]npu|vllm|vllm[-_]ascend|triton[-_]ascend)==' | sort > /tmp/engine-before.txt \
     && python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/npu_inference-*.whl \
     && python3 -m pip install --no-cache-dir --index-url "${PIP_INDEX_URL}" \
-        "prometheus-client>=0.20" "aiohttp>=3.9" "pyyaml>=6" \
+        "prometheus-client>=0.20" "aiohttp>=3.9" "huggingface_hub>=0.34" "modelscope>=1.40" "pyyaml>=6" \
     && python3 -m pip list --format=freeze \
         | grep -iE '^(torch|torch[-_]npu|vllm|vllm[-_]ascend|triton[-_]ascend)==' | sort > /tmp/engine-after.txt \
     && diff /tmp/engine-before.txt /tmp/engine-after.txt \

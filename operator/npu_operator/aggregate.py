@@ -19,10 +19,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from npu_runtime import failures
+from npu_runtime import failures, fetch
 
 from npu_operator.api import condition, is_true
-from npu_operator.builders import CONTAINER_NAME
+from npu_operator.builders import CONTAINER_NAME, FETCH_CONTAINER_NAME
 from npu_operator.report_schema import RuntimeReport, one_line
 
 JSON = dict[str, Any]
@@ -41,8 +41,16 @@ FAILURE_CONDITIONS: Final = {
     failures.PORT_IN_USE: "CrashLoop",
     failures.ENGINE_EXITED: "CrashLoop",
 }
+# The model download's causes (the fetch init container's termination message) are the reasons
+# themselves: ModelAccessDenied, ModelNotFound, ModelCacheFull, ModelHashMismatch, ModelDownloadFailed.
+# A model planned from its config.json before the weights come fails like the server would.
+FETCH_CONDITIONS: Final = {
+    **{reason: reason for reason in fetch.REASONS},
+    **{reason: FAILURE_CONDITIONS[reason] for reason in fetch.PLAN_REASONS},
+}
 # When several pods fail differently, the most specific cause is reported first.
 DEGRADED_PRIORITY: Final = (
+    *fetch.REASONS,
     "GraphCaptureFailed",
     "ModelLoadFailed",
     "InvalidConfiguration",
@@ -100,17 +108,32 @@ def runtime_failure(report: RuntimeReport | None) -> tuple[str, str] | None:
 
 def termination_cause(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """The runtime's one-line cause from the container's termination message: (Reason, message)."""
-    for status in pod.get("status", {}).get("containerStatuses", []):
-        if status.get("name") != CONTAINER_NAME:
+    return _cause(pod.get("status", {}).get("containerStatuses", []), CONTAINER_NAME, FAILURE_CONDITIONS)
+
+
+def fetch_cause(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Why the model download (init container) failed, from its termination message, unless it since finished."""
+    return _cause(pod.get("status", {}).get("initContainerStatuses", []), FETCH_CONTAINER_NAME, FETCH_CONDITIONS)
+
+
+def _cause(statuses: Sequence[Mapping[str, Any]], name: str, known: Mapping[str, str]) -> tuple[str, str] | None:
+    for entry in statuses:
+        if entry.get("name") != name or fetch_finished(entry):
             continue
-        for state in (status.get("state", {}), status.get("lastState", {})):
+        for state in (entry.get("state", {}), entry.get("lastState", {})):
             message = (state.get("terminated") or {}).get("message", "")
             if message:
                 line = message.strip().splitlines()[0]
                 reason, _, text = line.partition(": ")
-                if reason in FAILURE_CONDITIONS:
+                if reason in known:
                     return reason, one_line(text)
     return None
+
+
+def fetch_finished(entry: Mapping[str, Any]) -> bool:
+    """Whether this container status is the model download, finished well (earlier failures are history)."""
+    terminated = entry.get("state", {}).get("terminated") or {}
+    return entry.get("name") == FETCH_CONTAINER_NAME and terminated.get("exitCode", 1) == 0
 
 
 def pod_findings(
@@ -122,6 +145,10 @@ def pod_findings(
     for pod in pods:
         name = pod["metadata"]["name"]
         report = by_pod.get(name)
+        # While the model download fails, the server never starts: its cause comes first.
+        if (cause := fetch_cause(pod)) is not None:
+            problems.setdefault(FETCH_CONDITIONS[cause[0]], []).append(f"{name}: {cause[0]}: {cause[1]}")
+            continue
         cause = runtime_failure(report) or termination_cause(pod)
         if cause is not None:
             problems.setdefault(FAILURE_CONDITIONS[cause[0]], []).append(f"{name}: {cause[0]}: {cause[1]}")
@@ -132,7 +159,8 @@ def pod_findings(
         if (why := _crash_looping(pod)) is not None:
             problems.setdefault("CrashLoop", []).append(f"{name}: {why}")
             continue
-        if not is_true(pod, "Ready") and report is not None and report.state in ("starting", "loading", "capturing"):
+        starting_states = ("fetching", "starting", "loading", "capturing")
+        if not is_true(pod, "Ready") and report is not None and report.state in starting_states:
             starting[report.state] += 1
     findings = tuple(Finding(reason, _pods_message(messages)) for reason, messages in sorted(problems.items()))
     return PodFindings(problems=findings, starting=dict(sorted(starting.items())))

@@ -34,12 +34,52 @@ class HostPathSource:
 
 
 @dataclasses.dataclass(frozen=True)
+class SecretKey:
+    name: str
+    key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HubSource:
+    """A repository on Hugging Face (hub "huggingface") or ModelScope (hub "modelscope")."""
+
+    hub: str
+    repository: str
+    revision: str | None  # None: the hub's main branch
+    allow_patterns: tuple[str, ...]
+    ignore_patterns: tuple[str, ...]
+    token: SecretKey | None
+    endpoint: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheClaimTemplate:
+    storage_class_name: str | None
+    size: str
+    access_mode: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSpec:
+    claim_name: str
+    create: CacheClaimTemplate | None
+
+
+# With a hub source the init container links the downloaded revision here (an emptyDir per pod).
+HUB_MODEL_DIR: Final = "/var/run/npu-model"
+HUB_MODEL_PATH: Final = f"{HUB_MODEL_DIR}/model"
+HUB_SOURCE_FIELDS: Final = {"huggingFace": "huggingface", "modelScope": "modelscope"}
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
-    path: str
+    path: str  # with a hub source: HUB_MODEL_PATH
     mount_path: str
     claim: ClaimSource | None
     host_path: HostPathSource | None
+    hub: HubSource | None = None
+    cache: CacheSpec | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,16 +187,19 @@ def _parse(s: JSON) -> NPUInferenceSpec:
     model, source = s["model"], s["model"].get("source", {})
     claim = source.get("persistentVolumeClaim")
     host = source.get("hostPath")
+    hub = _hub_source(source)
     engine, graph, template = s["engine"], s["graph"], s["template"]
     speculative = engine.get("speculative")
     monitor = s["metrics"]["podMonitor"]
     return NPUInferenceSpec(
         model=ModelSpec(
             name=model["name"],
-            path=model["path"],
+            path=HUB_MODEL_PATH if hub else model["path"],
             mount_path=model["mountPath"],
             claim=ClaimSource(claim["claimName"], claim.get("subPath"), claim["readOnly"]) if claim else None,
             host_path=HostPathSource(host["path"], host["type"]) if host else None,
+            hub=hub,
+            cache=_cache(model.get("cache")),
         ),
         replicas=s["replicas"],
         npu=NPUSpec(s["npu"].get("resourceName"), s["npu"]["count"], s["npu"].get("chipName"), s["npu"]["nodes"]),
@@ -203,6 +246,38 @@ def _parse(s: JSON) -> NPUInferenceSpec:
             image_pull_secrets=tuple(secret["name"] for secret in template.get("imagePullSecrets", ())),
         ),
         pod_monitor=PodMonitorSpec(monitor["enabled"], monitor["interval"], monitor.get("labels", {})),
+    )
+
+
+def _hub_source(source: JSON) -> HubSource | None:
+    for field, hub in HUB_SOURCE_FIELDS.items():
+        if (repo := source.get(field)) is not None:
+            token = repo.get("tokenSecretRef")
+            return HubSource(
+                hub=hub,
+                repository=repo["repository"],
+                revision=repo.get("revision"),
+                allow_patterns=tuple(repo.get("allowPatterns", ())),
+                ignore_patterns=tuple(repo.get("ignorePatterns", ())),
+                token=SecretKey(token["name"], token.get("key", "token")) if token else None,
+                endpoint=repo.get("endpoint"),
+            )
+    return None
+
+
+def _cache(cache: JSON | None) -> CacheSpec | None:
+    if cache is None:
+        return None
+    create = cache.get("create")
+    return CacheSpec(
+        claim_name=cache["claimName"],
+        create=(
+            CacheClaimTemplate(
+                create.get("storageClassName"), create["size"], create.get("accessMode", "ReadWriteMany")
+            )
+            if create
+            else None
+        ),
     )
 
 
@@ -331,6 +406,8 @@ def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
                     f"{var['name']} is set by the NPU device plugin for the NPUs it allocates",
                 )
             )
+    if spec.model.hub is not None and spec.model.cache is None:
+        problems.append(SpecError("spec.model.cache", "a huggingFace or modelScope source needs a cache volume"))
     if not _absolute_clean(spec.model.path):
         problems.append(SpecError("spec.model.path", f"{spec.model.path!r} must be an absolute path without '..'"))
     speculative_model = spec.engine.speculative.model if spec.engine.speculative else None

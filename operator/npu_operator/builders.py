@@ -19,11 +19,12 @@ from npu_runtime.contract import (
     DEFAULT_PORT,
     PlanOptions,
     ServeOptions,
+    plan_argv,
     serve_argv,
 )
 
 from npu_operator import crd
-from npu_operator.api import NPUInferenceSpec
+from npu_operator.api import HUB_MODEL_DIR, HUB_MODEL_PATH, NPUInferenceSpec
 from npu_operator.config import OperatorConfig
 
 JSON = dict[str, Any]
@@ -33,6 +34,10 @@ METRICS_PORT: Final = DEFAULT_METRICS_PORT
 CONTAINER_NAME: Final = "runtime"
 MODEL_VOLUME: Final = "model"
 SHM_VOLUME: Final = "dshm"
+# Hub sources: the init container that downloads into the cache volume and links the revision.
+FETCH_CONTAINER_NAME: Final = "fetch-model"
+MODEL_LINK_VOLUME: Final = "model-link"
+TOKEN_ENV: Final = "NPU_MODEL_TOKEN"  # npu_runtime.fetch.TOKEN_ENV (the runtime is not imported for it)
 CHIP_LABEL: Final = "node.kubernetes.io/npu.chip.name"
 # The runtime drains in-flight requests on SIGTERM; the kubelet's grace period must cover it.
 TERMINATION_GRACE_SECONDS: Final = 120
@@ -110,39 +115,43 @@ def build_children(
     return children
 
 
+def plan_options(spec: NPUInferenceSpec) -> PlanOptions:
+    speculative = spec.engine.speculative
+    return PlanOptions(
+        graph_mode=spec.graph.mode,
+        capture_sizes=spec.graph.capture_sizes,
+        max_capture_size=spec.graph.max_capture_size,
+        stream_budget=spec.graph.stream_budget,
+        max_num_seqs=spec.engine.max_num_seqs,
+        max_model_len=spec.engine.max_model_len,
+        max_num_batched_tokens=spec.engine.max_num_batched_tokens,
+        gpu_memory_utilization=spec.engine.gpu_memory_utilization,
+        tensor_parallel=spec.parallelism.tensor,
+        pipeline_parallel=spec.parallelism.pipeline,
+        data_parallel=spec.parallelism.data,
+        speculative_method=speculative.method if speculative else None,
+        speculative_tokens=speculative.num_tokens if speculative else 0,
+        speculative_model=speculative.model if speculative else None,
+        dtype=spec.engine.dtype,
+        enable_expert_parallel=spec.parallelism.expert,
+        nodes=spec.npu.nodes,
+        quantization=spec.engine.quantization,
+    )
+
+
 def runtime_args(spec: NPUInferenceSpec) -> list[str]:
     """The container's args: `npu-runtime serve` with the serve contract's flags.
 
     A multi-node replica's pods all get the same args: the node rank and the leader's address
     come from LeaderWorkerSet's variables, which the kubelet expands in args ($(NAME)).
     """
-    speculative = spec.engine.speculative
     multi_node = spec.npu.nodes > 1
     options = ServeOptions(
         model=spec.model.path,
         served_model_name=spec.model.name,
         port=HTTP_PORT,
         metrics_port=METRICS_PORT,
-        plan=PlanOptions(
-            graph_mode=spec.graph.mode,
-            capture_sizes=spec.graph.capture_sizes,
-            max_capture_size=spec.graph.max_capture_size,
-            stream_budget=spec.graph.stream_budget,
-            max_num_seqs=spec.engine.max_num_seqs,
-            max_model_len=spec.engine.max_model_len,
-            max_num_batched_tokens=spec.engine.max_num_batched_tokens,
-            gpu_memory_utilization=spec.engine.gpu_memory_utilization,
-            tensor_parallel=spec.parallelism.tensor,
-            pipeline_parallel=spec.parallelism.pipeline,
-            data_parallel=spec.parallelism.data,
-            speculative_method=speculative.method if speculative else None,
-            speculative_tokens=speculative.num_tokens if speculative else 0,
-            speculative_model=speculative.model if speculative else None,
-            dtype=spec.engine.dtype,
-            enable_expert_parallel=spec.parallelism.expert,
-            nodes=spec.npu.nodes,
-            quantization=spec.engine.quantization,
-        ),
+        plan=plan_options(spec),
         # The runtime drains for this long after SIGTERM, then kills the engine: inside the grace period.
         shutdown_timeout=TERMINATION_GRACE_SECONDS - 10,
         extra_engine_args=spec.engine.extra_args,
@@ -247,6 +256,8 @@ def _pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> 
         "imagePullSecrets": [{"name": secret} for secret in template.image_pull_secrets] or None,
     }
     pod_spec.update({key: value for key, value in optional.items() if value is not None})
+    if spec.model.hub is not None:
+        pod_spec["initContainers"] = [_fetch_container(spec, config)]
     pod_metadata: JSON = {"labels": _sorted({**template.labels, **labels(name)})}
     if template.annotations:
         pod_metadata["annotations"] = _sorted(dict(template.annotations))
@@ -273,6 +284,55 @@ def _container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
         "readinessProbe": _probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=3),
         # Liveness asks the runtime (alive, engine process alive), never the busy engine itself.
         "livenessProbe": _probe("/healthz", period=15, failures=4),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": copy.deepcopy(RUNTIME_SECURITY_CONTEXT),
+    }
+    if spec.engine.image_pull_policy:
+        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    return container
+
+
+def fetch_args(spec: NPUInferenceSpec) -> list[str]:
+    """The init container's args: `npu-runtime fetch` of the hub source into the cache, then the plan."""
+    hub = spec.model.hub
+    if hub is None:
+        raise ValueError("spec.model.source has no huggingFace or modelScope repository")
+    args = ["npu-runtime", "fetch", "--hub", hub.hub, "--repo", hub.repository]
+    if hub.revision:
+        args += ["--revision", hub.revision]
+    args += ["--cache", spec.model.mount_path]
+    for pattern in hub.allow_patterns:
+        args += ["--allow", pattern]
+    for pattern in hub.ignore_patterns:
+        args += ["--ignore", pattern]
+    if hub.endpoint:
+        args += ["--endpoint", hub.endpoint]
+    args += ["--link", HUB_MODEL_PATH, "--status-port", str(METRICS_PORT)]
+    # Planned as soon as config.json is in the cache: a model that cannot fit fails before its weights come.
+    return [*args, "--plan", *plan_argv(plan_options(spec))]
+
+
+def _fetch_container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
+    hub = spec.model.hub
+    assert hub is not None
+    env: list[JSON] = [
+        {"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"},
+        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+    ]
+    if hub.token is not None:  # from the Secret, never in args
+        env.append({"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": hub.token.name, "key": hub.token.key}}})
+    container: JSON = {
+        "name": FETCH_CONTAINER_NAME,
+        "image": spec.engine.image or config.runtime_image,
+        "args": fetch_args(spec),
+        "env": sorted(env, key=lambda var: var["name"]),
+        # The same NPUs as the serving container (the device plugin hands them on): the early plan
+        # probes the device the model will run on.
+        "resources": _resources(spec, config),
+        "volumeMounts": [
+            {"name": MODEL_VOLUME, "mountPath": spec.model.mount_path},
+            {"name": MODEL_LINK_VOLUME, "mountPath": HUB_MODEL_DIR},
+        ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": copy.deepcopy(RUNTIME_SECURITY_CONTEXT),
     }
@@ -318,6 +378,13 @@ def _resources(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
 
 def _volumes(spec: NPUInferenceSpec) -> list[JSON]:
     model = spec.model
+    shm: JSON = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.engine.shm_size}}
+    if model.hub is not None and model.cache is not None:
+        return [
+            {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": model.cache.claim_name}},
+            {"name": MODEL_LINK_VOLUME, "emptyDir": {}},
+            shm,
+        ]
     if model.claim is not None:
         source: JSON = {
             "persistentVolumeClaim": {"claimName": model.claim.claim_name, "readOnly": model.claim.read_only}
@@ -328,18 +395,45 @@ def _volumes(spec: NPUInferenceSpec) -> list[JSON]:
             host_path["type"] = model.host_path.type
         source = {"hostPath": host_path}
     else:  # the CRD requires exactly one source; parse_spec keeps whatever was stored
-        raise ValueError("spec.model.source needs persistentVolumeClaim or hostPath")
-    return [
-        {"name": MODEL_VOLUME, **source},
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.engine.shm_size}},
-    ]
+        raise ValueError("spec.model.source needs persistentVolumeClaim, hostPath, huggingFace or modelScope")
+    return [{"name": MODEL_VOLUME, **source}, shm]
 
 
 def _volume_mounts(spec: NPUInferenceSpec) -> list[JSON]:
     model_mount: JSON = {"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True}
     if spec.model.claim is not None and spec.model.claim.sub_path:
         model_mount["subPath"] = spec.model.claim.sub_path
-    return [model_mount, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    mounts = [model_mount, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    if spec.model.hub is not None:
+        mounts.append({"name": MODEL_LINK_VOLUME, "mountPath": HUB_MODEL_DIR, "readOnly": True})
+    return mounts
+
+
+def build_cache_claim(namespace: str, spec: NPUInferenceSpec) -> JSON | None:
+    """The shared cache's PersistentVolumeClaim, when the spec asks the operator to create it.
+
+    Not owned by the resource: other resources share the cache, and deleting one must not delete
+    the downloads of all.
+    """
+    cache = spec.model.cache
+    if cache is None or cache.create is None:
+        return None
+    claim_spec: JSON = {
+        "accessModes": [cache.create.access_mode],
+        "resources": {"requests": {"storage": cache.create.size}},
+    }
+    if cache.create.storage_class_name:
+        claim_spec["storageClassName"] = cache.create.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": cache.claim_name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "npu-operator", "app.kubernetes.io/part-of": "npu-inference"},
+        },
+        "spec": claim_spec,
+    }
 
 
 def build_service(name: str, namespace: str, *, leaders_only: bool = False) -> JSON:

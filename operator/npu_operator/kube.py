@@ -62,6 +62,7 @@ POD_MONITORS: Final = Resource("monitoring.coreos.com", "v1", "podmonitors", "Po
 # kubernetes-sigs/lws: one group of pods per replica of a multi-node NPUInference.
 LEADER_WORKER_SETS: Final = Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet")
 PODS: Final = Resource("", "v1", "pods", "Pod")
+PERSISTENT_VOLUME_CLAIMS: Final = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 REPLICA_SETS: Final = Resource("apps", "v1", "replicasets", "ReplicaSet")
 EVENTS: Final = Resource("", "v1", "events", "Event")
 NPU_INFERENCES: Final = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, crd.KIND)

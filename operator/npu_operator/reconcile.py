@@ -19,6 +19,7 @@ import kopf
 from npu_operator import aggregate, builders, crd, kube, ownership, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.config import OperatorConfig
+from npu_operator.model_status import model_status
 from npu_operator.report_schema import one_line
 from npu_operator.runtime_reports import ReportCollector
 
@@ -126,6 +127,8 @@ async def reconcile(
             changes.append(change)
         if resource in WORKLOADS and resource.kind in desired_by_kind:
             live_deployment = live
+    if (claim := builders.build_cache_claim(namespace, spec)) is not None:
+        changes += await ensure_cache_claim(client, namespace, claim)
     applied_changes: list[Change] = []
     for change in changes:
         try:
@@ -164,6 +167,7 @@ async def reconcile(
         findings=aggregate.pod_findings(pods, reports, spec.npu.resource_name or config.npu_resource_name),
         graph=graph,
         blocked=blocked,
+        model=model_status(spec.model.hub, pods, reports, previous.get("model", {})),
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
     return _result(previous, new, tuple(applied_changes))
@@ -182,6 +186,15 @@ async def _own_pods(
         return []
     replica_sets = await client.list(kube.REPLICA_SETS, namespace, selector)
     return ownership.owned_pods(pods, replica_sets, str(uid))
+
+
+async def ensure_cache_claim(client: kube.KubeClient, namespace: str, claim: JSON) -> list[Change]:
+    """Create the shared model cache's claim when it is missing; never change or delete one that exists
+    (other resources share it, and a bound claim's spec is immutable)."""
+    name = claim["metadata"]["name"]
+    if await client.get(kube.PERSISTENT_VOLUME_CLAIMS, namespace, name) is not None:
+        return []
+    return [Change("create", kube.PERSISTENT_VOLUME_CLAIMS, name, claim)]
 
 
 def adopted_children(

@@ -28,7 +28,8 @@ MAX_SECONDS: Final = 86_400.0
 
 # Graph modes (vLLM's CUDAGraphMode names), runtime states, reasons: short identifiers only.
 _TOKEN: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
-_STATES: Final = frozenset({"starting", "loading", "capturing", "ready", "failed", "stopping"})
+_STATES: Final = frozenset({"fetching", "starting", "loading", "capturing", "ready", "failed", "stopping"})
+_MODEL_PHASES: Final = frozenset({"Resolving", "Waiting", "Downloading", "Verifying", "Ready", "Failed"})
 _STAGES: Final = frozenset({"plan", "engine"})
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 
@@ -69,6 +70,19 @@ class Failure:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelProgress:
+    """The model download's progress (`npu-runtime fetch`'s /status and final termination message)."""
+
+    repository: str
+    revision: str | None
+    phase: str
+    bytes_done: int
+    bytes_total: int
+    files_done: int
+    files_total: int
+
+
+@dataclasses.dataclass(frozen=True)
 class RuntimeReport:
     """What one runtime said, every field checked; `dropped` counts the fields that were not kept."""
 
@@ -81,6 +95,7 @@ class RuntimeReport:
     decode_steps: int = 0
     eager_fallbacks: int = 0
     failure: Failure | None = None
+    model: ModelProgress | None = None
     dropped: int = 0
 
 
@@ -171,8 +186,26 @@ def parse_report(document: Any) -> RuntimeReport:
         decode_steps=read.count(document.get("decode_steps") or 0) or 0,
         eager_fallbacks=_fallbacks(read, document.get("eager_fallbacks")),
         failure=_failure(read, document.get("failure")),
+        model=parse_model_progress(document.get("model"), read),
         dropped=read.dropped,
     )
+
+
+def parse_model_progress(value: Any, read: _Reader | None = None) -> ModelProgress | None:
+    """The checked download progress in `value` (None when absent or unusable). Never raises."""
+    read = read or _Reader()
+    progress = read.mapping(value)
+    if progress is None:
+        return None
+    repository = one_line(progress.get("repository"))
+    phase = progress.get("phase")
+    if not repository or phase not in _MODEL_PHASES:
+        read.drop()
+        return None
+    figures = [
+        read.count(progress.get(key) or 0) or 0 for key in ("bytesDone", "bytesTotal", "filesDone", "filesTotal")
+    ]
+    return ModelProgress(repository, one_line(progress.get("revision")) or None, str(phase), *figures)
 
 
 def _captures(read: _Reader, value: Any) -> list[Capture]:

@@ -58,6 +58,8 @@ class Observed:
     graph: JSON = dataclasses.field(default_factory=dict)
     # (reason, message): the workload cannot be created in this cluster, e.g. its API is missing.
     blocked: tuple[str, str] | None = None
+    # The download of a hub source (see `model_status`); None for a volume source.
+    model: JSON | None = None
 
 
 def compute_status(
@@ -83,6 +85,8 @@ def compute_status(
         "graph": observed.graph or {**previous.get("graph", {}), "requestedMode": spec.graph.mode},
         "conditions": merge_conditions(previous.get("conditions", ()), conditions, now=now, generation=generation),
     }
+    if observed.model is not None:
+        status["model"] = observed.model
     status["phase"], status["reason"] = summarize(conditions, created=observed.deployment is not None)
     return status
 

@@ -2,6 +2,7 @@
 
     npu-runtime probe [--json]
     npu-runtime plan --model PATH [planner options] [--json]
+    npu-runtime fetch --hub H --repo ID --cache DIR [...] [--plan planner options]   (npu_runtime.fetch)
     npu-runtime serve --model PATH [serve and planner options] [-- engine args]   (npu_runtime.serve)
     npu-runtime doctor [--json] [--no-device]   (npu_runtime.doctor; exit 4: the observer would be blind)
 
@@ -31,6 +32,7 @@ EXIT_DOES_NOT_FIT: Final = 3
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "probe": ("npu_runtime.cli:probe_command", "show the accelerator this pod sees"),
     "plan": ("npu_runtime.cli:plan_command", "plan graph mode, capture sizes and memory for a model"),
+    "fetch": ("npu_runtime.fetch:fetch_command", "download a model repository into the shared cache, once"),
     "serve": ("npu_runtime.serve:serve_command", "plan, start vLLM with the plan, report what the engine did"),
     "doctor": ("npu_runtime.doctor:doctor_command", "engine versions, CANN, observer hooks, plugin, device"),
 }

@@ -381,8 +381,17 @@ def serve_argv(options: ServeOptions) -> list[str]:
         if options.data_parallel_address is not None:
             argv += ["--data-parallel-address", options.data_parallel_address]
         argv += ["--data-parallel-rpc-port", str(options.data_parallel_rpc_port)]
+    argv += plan_argv(options.plan)
+    if options.extra_engine_args:
+        argv += ["--", *options.extra_engine_args]
+    return argv
+
+
+def plan_argv(plan: PlanOptions) -> list[str]:
+    """The planner's flags (shared by `serve` and `plan`) that parse back to `plan`."""
+    argv: list[str] = []
     for field in dataclasses.fields(PlanOptions):
-        value = getattr(options.plan, field.name)
+        value = getattr(plan, field.name)
         if value is None or value is False or (field.name in _SINGLE_NODE_DEFAULTS and value == field.default):
             continue
         if value is True:
@@ -391,6 +400,4 @@ def serve_argv(options: ServeOptions) -> list[str]:
             argv += [option_name(field.name), ",".join(str(v) for v in value)]
         else:
             argv += [option_name(field.name), str(value)]
-    if options.extra_engine_args:
-        argv += ["--", *options.extra_engine_args]
     return argv

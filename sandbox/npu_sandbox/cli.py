@@ -39,11 +39,14 @@ from npu_sandbox import printer
 from npu_sandbox import prometheus as prom
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.kubelet import LocalKubelet, LocalPod, free_port
+from npu_sandbox.local_hub import LocalHub, Repo
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 DEFAULT_MANIFEST: Final = ROOT / "examples" / "sandbox-cpu.yaml"
 DEFAULT_WORKDIR: Final = Path("/tmp/npu-sandbox")
 KUBECTL: Final = ROOT / ".cache" / "k8s-tools" / "bin" / "kubectl"
+HUB_REPOSITORY: Final = "sandbox/tiny-llama"
+HUB_FIELDS: Final = {"hf": "huggingFace", "ms": "modelScope"}
 
 
 class SandboxFailed(Exception):
@@ -66,13 +69,31 @@ def main(argv: list[str] | None = None) -> int:
         help="scrape everything with a real Prometheus and load the chart's alerts "
         "(default: when the prometheus binary is installed)",
     )
+    parser.add_argument(
+        "--model-source",
+        choices=("volume", "hf", "ms"),
+        default="volume",
+        help="volume: the model directory as a hostPath; hf, ms: a Hugging Face or ModelScope repository\n"
+        "served by a local hub on 127.0.0.1, downloaded by the pod's init container into a fresh cache",
+    )
+    parser.add_argument(
+        "--hub-rate", type=float, default=256 * 1024, help="the local hub's bytes/s per file (to watch progress)"
+    )
     args = parser.parse_args(argv)
     try:
         workdir = args.workdir.resolve()
         (workdir / "pods").mkdir(parents=True, exist_ok=True)
         (workdir / "cluster").mkdir(exist_ok=True)
-        manifest = sandbox_manifest(args.manifest, prepare_model(args.model, workdir))
-        summary = asyncio.run(run(args, manifest, workdir))
+        model = prepare_model(args.model, workdir)
+        if args.model_source == "volume":
+            manifest = sandbox_manifest(args.manifest, model)
+            summary = asyncio.run(run(args, manifest, workdir))
+        else:
+            shutil.rmtree(workdir / "volumes", ignore_errors=True)  # a fresh cache: the download is the point
+            with LocalHub([Repo.from_directory(HUB_REPOSITORY, model)]) as hub:
+                hub.rate = args.hub_rate or None
+                manifest = hub_manifest(args.manifest, model, args.model_source, hub.url)
+                summary = asyncio.run(run(args, manifest, workdir, hub))
     except SandboxFailed as exc:
         print(f"\nnpu-sandbox: FAILED: {exc}", file=sys.stderr)
         return 1
@@ -92,7 +113,9 @@ def heading(text: str) -> None:
     say(f"\n=== {text}")
 
 
-async def run(args: argparse.Namespace, manifest: dict[str, Any], workdir: Path) -> dict[str, Any]:
+async def run(
+    args: argparse.Namespace, manifest: dict[str, Any], workdir: Path, hub: LocalHub | None = None
+) -> dict[str, Any]:
     started, wall_started = time.monotonic(), time.time()
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
@@ -147,6 +170,8 @@ async def run(args: argparse.Namespace, manifest: dict[str, Any], workdir: Path)
             summary = await report(cluster, namespace, name, pod, obj, time.monotonic() - started)
             if prometheus is not None:
                 summary["prometheus"] = await prometheus_report(prometheus, since=wall_started)
+            if hub is not None:
+                summary["hub"] = await second_resource(cluster, manifest, workdir, hub)
             if args.keep_running:
                 heading("kept running: explore, then Ctrl-C")
                 say(f"export KUBECONFIG={cluster.kubeconfig}")
@@ -235,6 +260,49 @@ def prepare_model(model: Path | None, workdir: Path) -> Path:
     return tiny
 
 
+def hub_manifest(path: Path, model: Path, source: str, endpoint: str) -> dict[str, Any]:
+    """The example, its model taken from the local hub's repository into a cache claim the operator creates."""
+    manifest = sandbox_manifest(path, model)
+    spec_model = manifest["spec"]["model"]
+    for key in ("path", "mountPath"):
+        spec_model.pop(key, None)
+    spec_model["source"] = {HUB_FIELDS[source]: {"repository": HUB_REPOSITORY, "endpoint": endpoint}}
+    spec_model["cache"] = {"claimName": "model-cache", "create": {"size": "10Gi"}}
+    return manifest
+
+
+async def second_resource(
+    cluster: LocalCluster, manifest: dict[str, Any], workdir: Path, hub: LocalHub
+) -> dict[str, Any]:
+    """A second NPUInference with the same repository and revision: its pod finds the cache complete."""
+    before = dict(hub.served)
+    second = json.loads(json.dumps(manifest))
+    name, namespace = f"{manifest['metadata']['name']}-2", manifest["metadata"]["namespace"]
+    second["metadata"]["name"] = name
+    heading(f"a second resource with the same repository: {name}")
+    await cluster.apply_npu_inference(second)
+    kubelet = LocalKubelet(cluster, namespace, name, workdir=workdir / "pods")
+    try:
+        await cluster.wait_for(lambda: cluster.get("apps/v1", "deployments", namespace, name), within=60)
+        await kubelet.start_pods()
+
+        async def model_ready() -> dict[str, Any] | None:
+            obj = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name) or {}
+            model = obj.get("status", {}).get("model", {})
+            return model if model.get("phase") in ("Ready", "Failed") else None
+
+        model = await cluster.wait_for(model_ready, within=120, what=f"{name}'s status.model")
+    finally:
+        await kubelet.stop()  # its engine is not needed to make the point
+        await cluster.delete(crd.API_VERSION, crd.PLURAL, namespace, name)
+    downloaded = {
+        key: hub.served[key] - before.get(key, 0) for key in hub.served if hub.served[key] != before.get(key, 0)
+    }
+    say(f"{name}: status.model.phase={model['phase']} revision={model.get('revision')}")
+    say(f"files the hub served for it: {sum(downloaded.values())} (for the first resource: {sum(before.values())})")
+    return {"first_downloads": before, "second_downloads": downloaded, "second_model": model}
+
+
 def sandbox_manifest(path: Path, model: Path) -> dict[str, Any]:
     """The example, pointed at the model directory on this machine (a hostPath volume)."""
     if not path.is_file():
@@ -259,11 +327,19 @@ async def wait_ready(
             obj = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name) or {}
             status = obj.get("status", {})
             engine = await runtime_state(session, pod)
-            now = (status.get("phase"), status.get("reason"), engine, status.get("graph", {}).get("effectiveMode"))
+            download = status.get("model", {}).get("progress")
+            now = (
+                status.get("phase"),
+                status.get("reason"),
+                engine,
+                status.get("graph", {}).get("effectiveMode"),
+                download,
+            )
             if now != last:
                 say(
                     f"[{time.monotonic() - started:6.1f}s] phase={now[0]} reason={now[1] or '-'} "
                     f"engine={now[2] or '-'} effectiveMode={now[3] or '-'}"
+                    + (f" download={download}" if download else "")
                 )
                 last = now
             if is_true(obj, "Ready") and status.get("graph", {}).get("effectiveMode"):
@@ -334,6 +410,7 @@ async def report(
         "ready": is_true(obj, "Ready"),
         "phase": status.get("phase"),
         "seconds_to_ready": round(elapsed, 1),
+        "model": status.get("model"),
         "requested_mode": graph.get("requestedMode"),
         "effective_mode": graph.get("effectiveMode"),
         "downgrades": graph.get("downgrades", []),

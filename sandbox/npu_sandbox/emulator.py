@@ -84,6 +84,14 @@ RESOURCES: dict[str, Any] = {
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status"},
     },
+    "v1/persistentvolumeclaims": {
+        "kind": "PersistentVolumeClaim",
+        "singular": "persistentvolumeclaim",
+        "shortnames": {"pvc"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status"},
+    },
     "v1/events": {
         "kind": "Event",
         "singular": "event",

@@ -48,6 +48,24 @@ def die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def mounts(container: dict[str, Any], volumes: dict[str, Path]) -> list[tuple[str, Path]]:
+    """(mountPath, directory on this machine) of a container, longest mount path first."""
+    found = [(m["mountPath"], volumes[m["name"]]) for m in container.get("volumeMounts", []) if m["name"] in volumes]
+    return sorted(found, key=lambda item: -len(item[0]))
+
+
+def map_paths(args: list[str], mounted: list[tuple[str, Path]]) -> list[str]:
+    """The args with every path under a mount rewritten to where that volume lies on this machine."""
+    result = []
+    for arg in args:
+        for mount_path, local in mounted:
+            if arg == mount_path or arg.startswith(mount_path.rstrip("/") + "/"):
+                arg = str(local) + arg[len(mount_path.rstrip("/")) :]
+                break
+        result.append(arg)
+    return result
+
+
 async def replica_set_owner(cluster: LocalCluster, namespace: str, deployment: str) -> dict[str, Any]:
     """The deployment controller's part: a ReplicaSet the Deployment controls (made when missing).
 
@@ -101,6 +119,10 @@ class LocalPod:
         self.process: asyncio.subprocess.Process | None = None
         self.log_path = workdir / f"{name}.log"
         self.termination_log = workdir / f"{name}.termination-log"
+        self.init_termination_log = workdir / f"{name}.init-termination-log"
+        self.init_statuses: list[dict[str, Any]] = []
+        self._started = asyncio.Event()
+        self._stopping = False
         self._watch: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
         self.exited = asyncio.Event()
@@ -118,11 +140,12 @@ class LocalPod:
     ) -> None:
         spec = template["spec"]
         container = next(c for c in spec["containers"] if c["name"] == CONTAINER_NAME)
-        args = list(container["args"])
         self.ports = {"http": free_port(), "metrics": free_port()}
         for port in container.get("ports", []):
             port["containerPort"] = self.ports.get(port["name"], port["containerPort"])
-        # The serve contract's own parser and writer: the pod's args with this machine's ports.
+        volumes = self.volume_paths(spec)
+        # The serve contract's own parser and writer: the pod's args with this machine's ports and paths.
+        args = map_paths(list(container["args"]), mounts(container, volumes))
         options = dataclasses.replace(
             parse_serve_args(args[2:]),
             port=self.ports["http"],
@@ -130,9 +153,6 @@ class LocalPod:
             termination_log=str(self.termination_log),
         )
         args = [*args[:2], *serve_argv(options)]
-        executable = shutil.which(args[0], path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-        if executable is None:
-            raise FileNotFoundError(f"{args[0]} is not installed next to {sys.executable}")
         env = {**os.environ, **environ}
         env.update({var["name"]: var["value"] for var in container.get("env", []) if "value" in var})
         await self.cluster.create(
@@ -150,8 +170,44 @@ class LocalPod:
             "pods",
         )
         await self._set_status(phase="Pending", ready=False, state={"waiting": {"reason": "ContainerCreating"}})
-        with self.log_path.open("wb") as log:
-            self.process = await asyncio.create_subprocess_exec(
+        inits = [self._init_args(c, volumes) for c in spec.get("initContainers", [])]
+        self._watch = asyncio.create_task(self._run(inits, args, env), name=f"kubelet {self.name}")
+        if not inits:  # as before: the server's process exists when start() returns
+            await self._started.wait()
+            if self._watch.done() and (error := self._watch.exception()) is not None:
+                raise error
+
+    def volume_paths(self, spec: dict[str, Any]) -> dict[str, Path]:
+        """Each pod volume's directory on this machine: hostPath as it is, a claim under the kubelet's
+        volumes/ (shared by every pod that mounts it), an emptyDir per pod."""
+        paths: dict[str, Path] = {}
+        for volume in spec.get("volumes", []):
+            if "hostPath" in volume:
+                paths[volume["name"]] = Path(volume["hostPath"]["path"])
+                continue
+            if "persistentVolumeClaim" in volume:
+                path = self.workdir.parent / "volumes" / volume["persistentVolumeClaim"]["claimName"]
+            else:
+                path = self.workdir / self.name / volume["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            paths[volume["name"]] = path
+        return paths
+
+    def _init_args(self, container: dict[str, Any], volumes: dict[str, Path]) -> tuple[str, list[str], dict[str, str]]:
+        args = map_paths(list(container["args"]), mounts(container, volumes))
+        if "--status-port" in args:  # the pod's metrics port, where the operator reads /status
+            args[args.index("--status-port") + 1] = str(self.ports["metrics"])
+        if args[:2] == ["npu-runtime", "fetch"]:
+            args[2:2] = ["--termination-message-path", str(self.init_termination_log)]
+        env = {var["name"]: var["value"] for var in container.get("env", []) if "value" in var}
+        return container["name"], args, env
+
+    async def _exec(self, args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+        executable = shutil.which(args[0], path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+        if executable is None:
+            raise FileNotFoundError(f"{args[0]} is not installed next to {sys.executable}")
+        with self.log_path.open("ab") as log:
+            return await asyncio.create_subprocess_exec(
                 executable,
                 *args[1:],
                 env=env,
@@ -160,9 +216,41 @@ class LocalPod:
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
+
+    async def _run(
+        self, inits: list[tuple[str, list[str], dict[str, str]]], args: list[str], env: dict[str, str]
+    ) -> None:
+        """The init containers one after another, as the kubelet runs them; then the server."""
+        for name, init_args, init_env in inits:
+            self.process = await self._exec(init_args, {**env, **init_env})
+            started = utc_now()
+            self.init_statuses = [
+                {"name": name, "ready": False, "restartCount": 0, "state": {"running": {"startedAt": started}}}
+            ]
+            await self._set_status(phase="Pending", ready=False, state={"waiting": {"reason": "PodInitializing"}})
+            code = await self.process.wait()
+            path = self.init_termination_log
+            message = path.read_text(encoding="utf-8") if path.exists() else ""
+            terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message}
+            self.init_statuses = [
+                {"name": name, "ready": code == 0, "restartCount": 0, "state": {"terminated": terminated}}
+            ]
+            if code != 0 or self._stopping:
+                # A real kubelet restarts it with back-off; here the pod stays failed, and says why.
+                with contextlib.suppress(Exception):
+                    await self._set_status(
+                        phase="Pending", ready=False, state={"waiting": {"reason": "PodInitializing"}}
+                    )
+                self.exited.set()
+                self._started.set()
+                return
+        try:
+            self.process = await self._exec(args, env)
+        finally:
+            self._started.set()
         self.started_at = utc_now()
         await self._set_status(phase="Running", ready=False, state={"running": {"startedAt": self.started_at}})
-        self._watch = asyncio.create_task(self._probe_until_exit(), name=f"kubelet {self.name}")
+        await self._probe_until_exit()
 
     async def _set_status(
         self,
@@ -196,6 +284,7 @@ class LocalPod:
                         {"type": "Ready", "status": flag},
                     ],
                     "containerStatuses": [container_status],
+                    **({"initContainerStatuses": self.init_statuses} if self.init_statuses else {}),
                 }
             },
             subresource="status",
@@ -236,6 +325,7 @@ class LocalPod:
 
     async def stop(self, grace: float = 60.0) -> int | None:
         """SIGTERM, the grace period, then SIGKILL for the whole process group; delete the Pod object."""
+        self._stopping = True
         process = self.process
         if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):

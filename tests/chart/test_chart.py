@@ -189,6 +189,7 @@ NAMESPACED_RULES = {
     ("monitoring.coreos.com", "podmonitors"): {"get", "list", "watch", "create", "patch", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch"},
+    ("", "persistentvolumeclaims"): {"get", "create"},
     ("apps", "replicasets"): {"get", "list"},
     ("", "events"): {"create"},
 }

@@ -37,6 +37,15 @@ def base() -> Manifest:
     }
 
 
+def hub_model(**source: Any) -> dict[str, Any]:
+    """spec.model with a hub source (Hugging Face unless `source` says otherwise) and a cache."""
+    return {
+        "name": "Qwen/Qwen2.5-7B-Instruct",
+        "source": source or {"huggingFace": {"repository": "Qwen/Qwen2.5-7B-Instruct"}},
+        "cache": {"claimName": "model-cache"},
+    }
+
+
 def setting(path: str, value: Any) -> Callable[[Manifest], None]:
     def change(manifest: Manifest) -> None:
         *parents, last = path.split(".")
@@ -63,11 +72,57 @@ INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
     ("empty-model-name", setting("spec.model.name", ""), "should be non-empty"),
     ("relative-model-path", setting("spec.model.path", "models/qwen"), "does not match"),
     ("model-path-outside-mount", setting("spec.model.path", "/data/qwen"), "must lie under model.mountPath"),
-    ("no-model-source", setting("spec.model.source", {}), "exactly one of persistentVolumeClaim or hostPath"),
+    ("no-model-source", setting("spec.model.source", {}), "exactly one of persistentVolumeClaim, hostPath"),
     (
         "two-model-sources",
         setting("spec.model.source.hostPath", {"path": "/data"}),
-        "exactly one of persistentVolumeClaim or hostPath",
+        "exactly one of persistentVolumeClaim, hostPath",
+    ),
+    (
+        "volume-and-hub-sources",
+        lambda m: m["spec"]["model"].update(
+            source={"hostPath": {"path": "/data"}, "huggingFace": {"repository": "a/b"}}, cache={"claimName": "c"}
+        ),
+        "exactly one of persistentVolumeClaim, hostPath, huggingFace or modelScope",
+    ),
+    (
+        "two-hub-sources",
+        lambda m: m["spec"].update(
+            model=hub_model(huggingFace={"repository": "a/b"}, modelScope={"repository": "a/b"})
+        ),
+        "exactly one of persistentVolumeClaim, hostPath, huggingFace or modelScope",
+    ),
+    (
+        "hub-source-with-path",
+        lambda m: m["spec"].update(model={**hub_model(), "path": "/models/qwen"}),
+        "not allowed with a huggingFace or modelScope source",
+    ),
+    ("volume-source-without-path", setting("spec.model.path", DELETE), "model.path is required"),
+    (
+        "hub-source-without-cache",
+        lambda m: m["spec"].update(model={k: v for k, v in hub_model().items() if k != "cache"}),
+        "model.cache is required with a huggingFace or modelScope source",
+    ),
+    ("cache-with-volume-source", setting("spec.model.cache", {"claimName": "c"}), "and only with one"),
+    (
+        "repository-without-owner",
+        lambda m: m["spec"].update(model=hub_model(huggingFace={"repository": "qwen"})),
+        "does not match",
+    ),
+    (
+        "endpoint-not-http",
+        lambda m: m["spec"].update(model=hub_model(modelScope={"repository": "a/b", "endpoint": "ftp://mirror"})),
+        "does not match",
+    ),
+    (
+        "token-secret-without-name",
+        lambda m: m["spec"].update(model=hub_model(huggingFace={"repository": "a/b", "tokenSecretRef": {}})),
+        "'name' is a required",
+    ),
+    (
+        "cache-size-not-a-quantity",
+        lambda m: m["spec"].update(model={**hub_model(), "cache": {"claimName": "c", "create": {"size": "big"}}}),
+        "does not match",
     ),
     ("pvc-without-claim", setting("spec.model.source.persistentVolumeClaim", {}), "'claimName' is a required"),
     ("pvc-absolute-subpath", setting("spec.model.source.persistentVolumeClaim.subPath", "/x"), "subPath must be"),
@@ -175,6 +230,36 @@ def test_the_base_manifest_is_valid() -> None:
     assert crd.validate(base()) == []
 
 
+@pytest.mark.parametrize(
+    "model",
+    [
+        hub_model(),
+        hub_model(modelScope={"repository": "Qwen/Qwen2.5-7B-Instruct", "revision": "v1.0"}),
+        {
+            **hub_model(
+                huggingFace={
+                    "repository": "deepseek-ai/DeepSeek-R1",
+                    "revision": "a" * 40,
+                    "allowPatterns": ["*.json", "*.safetensors", "tokenizer*"],
+                    "ignorePatterns": ["original/*"],
+                    "tokenSecretRef": {"name": "hf-token", "key": "HF_TOKEN"},
+                    "endpoint": "https://hf-mirror.com",
+                }
+            ),
+            "cache": {"claimName": "models", "create": {"size": "2Ti", "storageClassName": "nfs"}},
+        },
+    ],
+    ids=["huggingFace", "modelScope", "everything"],
+)
+def test_hub_sources_are_valid(model: dict[str, Any]) -> None:
+    manifest = base()
+    manifest["spec"]["model"] = model
+    defaulted = crd.apply_defaults(manifest)
+    assert crd.validate(defaulted) == []
+    if "create" in model["cache"]:
+        assert defaulted["spec"]["model"]["cache"]["create"]["accessMode"] == "ReadWriteMany"
+
+
 @pytest.mark.parametrize("name", sorted(path.name for path in EXAMPLES.glob("*.yaml")))
 def test_examples_are_valid(name: str) -> None:
     assert crd.validate(example(name)) == []
@@ -232,7 +317,7 @@ def test_names_and_subresources() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
-    assert columns == ["Model", "Mode", "Ready", "Phase", "Reason", "Age"]
+    assert columns == ["Model", "Mode", "Ready", "Phase", "Reason", "Download", "Age"]
 
 
 def test_defaults_do_not_touch_what_the_user_wrote() -> None:

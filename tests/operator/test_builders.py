@@ -159,6 +159,91 @@ def test_startup_probe_covers_the_startup_timeout() -> None:
     assert probe["periodSeconds"] * probe["failureThreshold"] >= spec.engine.startup_timeout_seconds
 
 
+# --- hub sources: the fetch init container --------------------------------------------------------
+
+
+def _hub_manifest(**source: Any) -> dict[str, Any]:
+    manifest = example("qwen2.5-7b-modelscope.yaml")
+    if source:
+        manifest["spec"]["model"]["source"] = source
+    return manifest
+
+
+def _pod_spec(manifest: dict[str, Any]) -> dict[str, Any]:
+    deployment = render(manifest)[0]
+    pod_spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return pod_spec
+
+
+def test_a_hub_source_downloads_in_an_init_container_the_runtime_parses() -> None:
+    from npu_runtime.cli import plan_parser
+    from npu_runtime.fetch import fetch_parser
+
+    manifest = _hub_manifest(
+        huggingFace={
+            "repository": "org/model",
+            "revision": "v2",
+            "ignorePatterns": ["*.bin"],
+            "endpoint": "https://m.example",
+        }
+    )
+    pod_spec = _pod_spec(manifest)
+    (init,) = pod_spec["initContainers"]
+    assert init["args"][:2] == ["npu-runtime", "fetch"]
+    args = fetch_parser().parse_args(init["args"][2:])
+    assert (args.hub, args.repo, args.revision, args.ignore, args.endpoint) == (
+        "huggingface",
+        "org/model",
+        "v2",
+        ["*.bin"],
+        "https://m.example",
+    )
+    assert str(args.cache) == "/models" and str(args.link) == "/var/run/npu-model/model"
+    assert args.status_port == builders.METRICS_PORT
+    # The early plan gets exactly the serving container's planner flags.
+    serve = parse_serve_args(pod_spec["containers"][0]["args"][2:])
+    plan = plan_parser().parse_args(["--model", "x", *args.plan])
+    assert serve.model == "/var/run/npu-model/model"
+    assert plan.max_num_seqs == serve.plan.max_num_seqs and plan.graph_mode == serve.plan.graph_mode
+    # Both containers see the cache at the same path (the link's target), the server read-only.
+    server_mounts = {m["name"]: m for m in pod_spec["containers"][0]["volumeMounts"]}
+    assert server_mounts["model"] == {"name": "model", "mountPath": "/models", "readOnly": True}
+    assert server_mounts["model-link"]["readOnly"] is True
+    assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]} == {
+        "model": "/models",
+        "model-link": "/var/run/npu-model",
+    }
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "model-cache"}
+
+
+def test_the_token_reaches_the_download_from_the_secret_only() -> None:
+    manifest = _hub_manifest(modelScope={"repository": "org/model", "tokenSecretRef": {"name": "ms-secret"}})
+    pod_spec = _pod_spec(manifest)
+    (init,) = pod_spec["initContainers"]
+    token = next(var for var in init["env"] if var["name"] == builders.TOKEN_ENV)
+    assert token == {"name": "NPU_MODEL_TOKEN", "valueFrom": {"secretKeyRef": {"name": "ms-secret", "key": "token"}}}
+    assert not any(var["name"] == builders.TOKEN_ENV for var in pod_spec["containers"][0]["env"])
+    assert "ms-secret" not in " ".join(init["args"])
+
+
+def test_the_cache_claim_is_built_only_when_asked_and_never_owned() -> None:
+    spec = parse_spec(_hub_manifest()["spec"])
+    claim = builders.build_cache_claim("llm", spec)
+    assert claim is not None
+    assert claim["metadata"]["name"] == "model-cache" and "ownerReferences" not in claim["metadata"]
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "200Gi"}},
+        "storageClassName": "nfs-client",
+    }
+    kubernetes_validate.validate(claim, KUBERNETES_VERSION, strict=True)
+    without = _hub_manifest()
+    del without["spec"]["model"]["cache"]["create"]
+    assert builders.build_cache_claim("llm", parse_spec(without["spec"])) is None
+    assert builders.build_cache_claim("llm", parse_spec(example("qwen2.5-7b-910b.yaml")["spec"])) is None
+
+
 @pytest.mark.parametrize("name", EXAMPLE_FILES)
 def test_runtime_pods_are_hardened(name: str) -> None:
     """No token, no privilege escalation, no capabilities, the runtime's seccomp profile."""

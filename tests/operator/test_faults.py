@@ -281,7 +281,11 @@ async def test_pods_the_resource_does_not_own_are_never_read(
     await cluster.apply_npu_inference(manifest("victim"))
     await add_pod(cluster, "victim", "victim-a", good, await owner_of(cluster, "victim"))
     await add_pod(cluster, "victim", "intruder", intruder, None)
-    foreign = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "not-ours", "controller": True}
+    # A real ReplicaSet that is not ours (an owner reference to a uid that does not exist would be
+    # garbage-collected, as by the API server's collector).
+    other = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "x", "namespace": NS}, "spec": {}}
+    other_uid = (await cluster.create(other, "replicasets"))["metadata"]["uid"]
+    foreign = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": other_uid, "controller": True}
     await add_pod(cluster, "victim", "forged", forged, foreign)
     await ready_deployment(cluster, "victim")
     obj = await wait_for_status(cluster, "victim", lambda o: phase(o) == "Ready", what="Ready")
