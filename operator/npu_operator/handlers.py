@@ -2,8 +2,9 @@
 
 - startup: every kopf setting in one place, the API client, the metrics endpoint;
 - login: the same credentials for kopf and for our client;
-- create/update/resume: refuse a spec that can never be served (PermanentError), else wake the
-  resource's worker so a change is applied at once;
+- create/update/resume: refuse a spec that can never be served (PermanentError); a spec change
+  wakes the resource's worker so it is applied at once;
+- children and pods: watched, cached and waking their owner's worker (`watches.register`);
 - daemon: the per-resource worker (children, status, Events).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from npu_operator import crd, kube, reconcile, worker
+from npu_operator import client, crd, reconcile, watches, worker
 from npu_operator.config import OperatorConfig, python_log_level
 from npu_operator.runtime_reports import ReportCollector
 
@@ -50,8 +51,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     # The worker is the only status writer: no finalizers needed, children go by owner references.
-    memo.wakeups = worker.Wakeups()
-    memo.client = kube.KubeClient(kube.connection_info(settings, logger))
+    memo.wakeups = watches.Wakeups()
+    memo.client = client.KubeClient(lambda: client.connection_info(settings, logger))
     memo.collector = ReportCollector(
         concurrency=config.status_concurrency,
         timeout=config.status_timeout_seconds,
@@ -70,14 +71,20 @@ async def close(memo: Any, **_: Any) -> None:
 
 @kopf.on.login()
 def login(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> kopf.ConnectionInfo:
-    return kube.connection_info(settings, logger)
+    return client.connection_info(settings, logger)
+
+
+watches.register()
 
 
 @kopf.on.resume(*RESOURCE)
 @kopf.on.create(*RESOURCE)
 @kopf.on.update(*RESOURCE, field="spec")
-def check_spec(body: kopf.Body, uid: str, memo: Any, **_: Any) -> None:
-    memo.wakeups.wake(uid)
+async def check_spec(body: kopf.Body, reason: str, memo: Any, **_: Any) -> None:
+    # Async, so the wake-up is set from the event loop. Only an update wakes: on create and
+    # resume the worker is being started and its first tick reads this very spec.
+    if reason == kopf.Reason.UPDATE:
+        memo.wakeups.wake((body["metadata"]["namespace"], body["metadata"]["name"]))
     problems = reconcile.read_spec(body)[1]
     if problems:
         # The worker reports it (status, Warning Event); retrying cannot fix a spec.
@@ -85,5 +92,8 @@ def check_spec(body: kopf.Body, uid: str, memo: Any, **_: Any) -> None:
 
 
 @kopf.daemon(*RESOURCE, cancellation_timeout=10)
-async def keep_reconciled(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Logger, **_: Any) -> None:
-    await worker.run(body, memo.client, memo.config, memo.wakeups, memo.collector, stopped, logger)
+async def keep_reconciled(
+    body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Logger, **indexes: Any
+) -> None:
+    view = watches.WatchedView(memo.client, indexes)
+    await worker.run(body, memo.client, view, memo.config, memo.wakeups, memo.collector, stopped, logger)

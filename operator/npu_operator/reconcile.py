@@ -1,48 +1,59 @@
-"""Reconcile one NPUInference: plan what to change in its children, apply it, report the status.
+"""Reconcile one NPUInference: bring its children to what its spec asks, report the status.
 
-The plan (`plan_child`) is pure and idempotent: a child that already matches what was last
-applied and still holds every desired field needs nothing, so a settled resource costs no
-writes. Like `kubectl apply`, the last applied manifest is kept in an annotation, so fields the
-spec no longer sets are removed (merge patch with null) and hand edits are put back.
+What depends only on the resource's generation (the parsed spec, its problems, the manifests
+of the children) is computed once per generation (`DesiredCache`), not once per tick. The live
+children and pods come from a `LiveView` (the watch caches of `watches`), so a settled resource
+costs no request; `children.plan` decides which child needs a server-side apply or a delete.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import kopf
 
-from npu_operator import aggregate, builders, crd, kube, status
+from npu_operator import aggregate, builders, children, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
+from npu_operator.children import ChildKind, Step
+from npu_operator.client import KubeClient
 from npu_operator.config import OperatorConfig
 from npu_operator.runtime_reports import ReportCollector
 
 JSON = dict[str, Any]
 
-LAST_APPLIED: Final = f"{crd.GROUP}/last-applied"
-MANAGED: Final = (kube.DEPLOYMENTS, kube.SERVICES, kube.POD_DISRUPTION_BUDGETS, kube.POD_MONITORS)
 
+class LiveView(Protocol):
+    """Where the reconcile reads the cluster (`watches.WatchedView`: kopf's watch caches)."""
 
-@dataclasses.dataclass(frozen=True)
-class Change:
-    action: str  # create | patch | delete
-    resource: kube.Resource
-    name: str
-    body: JSON | None = None
+    async def child(
+        self, kind: ChildKind, namespace: str, name: str, *, confirm_missing: bool
+    ) -> Mapping[str, Any] | None:
+        """The live child; when the cache has none and `confirm_missing`, the API server is asked
+        (a child of someone else, not labelled as ours, is not in the cache)."""
+
+    def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """What a reconcile decided: the status patch, the events to post, the changes it made."""
+    """What a reconcile decided: the status patch, the events to post, the writes it made."""
 
     status_patch: JSON
     events: tuple[status.Event, ...]
-    changes: tuple[Change, ...]
+    changes: tuple[Step, ...]
     problems: tuple[SpecError, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Desired:
+    """Everything that follows from one generation of the spec (and the optional APIs served)."""
+
+    spec: NPUInferenceSpec | None
+    problems: tuple[SpecError, ...]
+    manifests: Mapping[str, JSON]  # kind -> the stamped manifest to apply
+    notes: tuple[str, ...]  # children asked for whose API is not installed
 
 
 def read_spec(body: Mapping[str, Any]) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
@@ -54,52 +65,87 @@ def read_spec(body: Mapping[str, Any]) -> tuple[NPUInferenceSpec | None, list[Sp
     return spec, validate_spec(spec)
 
 
+def desired_state(body: Mapping[str, Any], config: OperatorConfig, served: frozenset[str]) -> Desired:
+    """The children `body` should have, given the optional kinds the API server serves."""
+    spec, problems = read_spec(body)
+    if spec is None or problems:
+        return Desired(spec, tuple(problems), {}, ())
+    manifests: dict[str, JSON] = {}
+    notes: list[str] = []
+    # Built as if every optional API were served, so that what cannot be created is named.
+    for child in adopted_children(body, spec, config, builders.Capabilities(pod_monitor=True)):
+        kind = children.BY_KIND[child["kind"]]
+        if kind.optional and kind.kind not in served:
+            notes.append(f"{kind.kind} not created: the {kind.resource.api_version} API is not installed")
+            continue
+        manifests[kind.kind] = children.stamped(child)
+    return Desired(spec, (), manifests, tuple(notes))
+
+
+@dataclasses.dataclass
+class DesiredCache:
+    """One resource's `Desired`, recomputed only when its generation, labels or the served APIs change."""
+
+    key: tuple[Any, ...] | None = None
+    value: Desired | None = None
+
+    def get(self, body: Mapping[str, Any], config: OperatorConfig, served: frozenset[str]) -> Desired:
+        meta = body["metadata"]
+        key = (meta.get("uid"), meta.get("generation"), tuple(sorted((meta.get("labels") or {}).items())), served)
+        if self.value is None or key != self.key:
+            self.key, self.value = key, desired_state(body, config, served)
+        return self.value
+
+
+async def served_kinds(client: KubeClient) -> frozenset[str]:
+    """The optional kinds whose API the server offers (asked at most once per discovery interval)."""
+    return frozenset([kind.kind for kind in children.KINDS if kind.optional and await client.serves(kind.resource)])
+
+
 async def reconcile(
     body: Mapping[str, Any],
-    client: kube.KubeClient,
+    client: KubeClient,
+    view: LiveView,
     config: OperatorConfig,
     now: str,
     collector: ReportCollector | None = None,
+    cache: DesiredCache | None = None,
 ) -> Result:
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
     generation = int(meta.get("generation", 1))
     previous = body.get("status") or {}
-    spec, problems = read_spec(body)
-    if spec is None or problems:
-        new = status.invalid_status(generation, problems, previous, now)
-        return _result(previous, new, (), tuple(problems))
+    served = await served_kinds(client)
+    desired = (cache or DesiredCache()).get(body, config, served)
+    if desired.spec is None or desired.problems:
+        new = status.invalid_status(generation, desired.problems, previous, now)
+        return _result(previous, new, (), desired.problems)
+    spec = desired.spec
 
-    # Asked whether or not the spec wants a PodMonitor: one it no longer wants must be deleted.
-    pod_monitors_served = await client.serves(kube.POD_MONITORS)
-    capabilities = builders.Capabilities(pod_monitor=spec.pod_monitor.enabled and pod_monitors_served)
-    desired = adopted_children(body, spec, config, capabilities)
-    desired_by_kind = {child["kind"]: child for child in desired}
-
-    changes: list[Change] = []
+    steps: list[Step] = []
     conflicts: list[str] = []
-    live_deployment: JSON | None = None
-    for resource in MANAGED:
-        if resource is kube.POD_MONITORS and not pod_monitors_served:
+    live_deployment: Mapping[str, Any] | None = None
+    for kind in children.KINDS:
+        if kind.optional and kind.kind not in served:
             continue
-        live = await client.get(resource, namespace, name)
-        if live is not None and not _owned_by(live, uid):
-            conflicts.append(f"{resource.kind} {namespace}/{name}")
+        manifest = desired.manifests.get(kind.kind)
+        # Only a child we want is worth a request when the cache has none: one we do not want is
+        # deleted only when the watch has seen it (labelled as ours).
+        live = await view.child(kind, namespace, name, confirm_missing=manifest is not None)
+        if live is not None and not children.owned_by(live, uid):
+            conflicts.append(f"{kind.kind} {namespace}/{name}")
             continue
-        change = plan_child(resource, name, desired_by_kind.get(resource.kind), live)
-        if change is not None:
-            changes.append(change)
-        if resource is kube.DEPLOYMENTS:
+        step = children.plan(kind, name, manifest, live, uid)
+        if step is not None:
+            steps.append(step)
+        if kind is children.DEPLOYMENT:
             live_deployment = live
-    for change in changes:
-        applied = await _execute(change, client, namespace)
-        if change.resource is kube.DEPLOYMENTS:
+    for step in steps:
+        applied = await _execute(step, client, namespace)
+        if step.child is children.DEPLOYMENT:
             live_deployment = applied
 
-    notes: tuple[str, ...] = ()
-    if spec.pod_monitor.enabled and not capabilities.pod_monitor:
-        notes = ("PodMonitor not created: the monitoring.coreos.com/v1 API is not installed",)
-    pods = await client.list(kube.PODS, namespace, builders.selector_string(name)) if live_deployment else []
+    pods = view.pods(namespace, name) if live_deployment else []
     reports = await collector.collect(uid, pods) if collector is not None else []
     graph = aggregate.graph_status(
         spec.graph.mode,
@@ -109,14 +155,14 @@ async def reconcile(
         same_generation=previous.get("observedGeneration") == generation,
     )
     observed = status.Observed(
-        deployment=live_deployment,
+        deployment=dict(live_deployment) if live_deployment is not None else None,
         conflicts=tuple(conflicts),
-        notes=notes,
+        notes=desired.notes,
         findings=aggregate.pod_findings(pods, reports, spec.npu.resource_name or config.npu_resource_name),
         graph=graph,
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
-    return _result(previous, new, tuple(changes))
+    return _result(previous, new, tuple(steps))
 
 
 def adopted_children(
@@ -133,14 +179,14 @@ def adopted_children(
         "kind": body["kind"],
         "metadata": {**meta, "namespace": namespace},
     }
-    children = builders.build_children(meta["name"], namespace, spec, config, capabilities)
-    for child in children:
+    built = builders.build_children(meta["name"], namespace, spec, config, capabilities)
+    for child in built:
         kopf.adopt(child, owner=owner)  # type: ignore[arg-type]
-    return children
+    return built
 
 
 def _result(
-    previous: Mapping[str, Any], new: JSON, changes: tuple[Change, ...], problems: tuple[SpecError, ...] = ()
+    previous: Mapping[str, Any], new: JSON, changes: tuple[Step, ...], problems: tuple[SpecError, ...] = ()
 ) -> Result:
     events = status.transition_events(previous.get("conditions", ()), new.get("conditions", ()))
     for downgrade in aggregate.new_downgrades(previous.get("graph", {}), new.get("graph", {})):
@@ -152,104 +198,9 @@ def _result(
     return Result(status.status_patch(previous, new), tuple(events), changes, problems)
 
 
-def plan_child(resource: kube.Resource, name: str, desired: JSON | None, live: JSON | None) -> Change | None:
-    """The one change that brings `live` to `desired` (None: already there)."""
-    if desired is None:
-        return Change("delete", resource, name) if live is not None else None
-    manifest = json.dumps(desired, sort_keys=True, separators=(",", ":"))
-    annotated = _with_annotation(desired, LAST_APPLIED, manifest)
-    if live is None:
-        return Change("create", resource, name, annotated)
-    last_text = live.get("metadata", {}).get("annotations", {}).get(LAST_APPLIED)
-    last = json.loads(last_text) if last_text else {}
-    if last == desired and contains(live, desired):
-        return None
-    return Change("patch", resource, name, merge_patch(last, annotated))
-
-
-async def _execute(change: Change, client: kube.KubeClient, namespace: str) -> JSON | None:
-    if change.action == "create":
-        assert change.body is not None
-        return await client.create(change.resource, namespace, change.body)
-    if change.action == "patch":
-        assert change.body is not None
-        return await client.patch(change.resource, namespace, change.name, change.body)
-    await client.delete(change.resource, namespace, change.name)
+async def _execute(step: Step, client: KubeClient, namespace: str) -> JSON | None:
+    if step.action == "apply":
+        assert step.body is not None
+        return await client.apply(step.child.resource, namespace, step.body)
+    await client.delete(step.child.resource, namespace, step.name)
     return None
-
-
-def merge_patch(last: Mapping[str, Any], desired: Mapping[str, Any]) -> JSON:
-    """A merge patch that turns `last` into `desired`: `desired` plus a null for every key it dropped."""
-    patch: JSON = dict(desired)
-    for key, old in last.items():
-        if key not in desired:
-            patch[key] = None
-        elif isinstance(old, Mapping) and isinstance(desired[key], Mapping):
-            patch[key] = merge_patch(old, desired[key])
-    return patch
-
-
-def contains(live: Any, desired: Any, key: str = "") -> bool:
-    """Whether `live` holds every field of `desired` (fields the API server added are ignored).
-
-    Quantities compare by value, since the API server rewrites them (8000m is stored as 8).
-    """
-    if isinstance(desired, Mapping):
-        return isinstance(live, Mapping) and all(k in live and contains(live[k], v, k) for k, v in desired.items())
-    if isinstance(desired, list):
-        return (
-            isinstance(live, list)
-            and len(live) == len(desired)
-            and all(contains(a, b, key) for a, b in zip(live, desired, strict=True))
-        )
-    if live == desired:
-        return True
-    return _quantity(live) is not None and _quantity(live) == _quantity(desired)
-
-
-_SUFFIXES: Final[dict[str, int | Decimal]] = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-}
-
-
-def _quantity(value: Any) -> Decimal | None:
-    """The value of a Kubernetes quantity (int, '8', '8000m', '64Gi'), or None when it is not one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return Decimal(value)
-    if not isinstance(value, str) or not value:
-        return None
-    number, factor = value, Decimal(1)
-    for suffix, multiple in _SUFFIXES.items():
-        if value.endswith(suffix):
-            number, factor = value[: -len(suffix)], Decimal(multiple)
-            break
-    try:
-        return Decimal(number) * factor
-    except InvalidOperation:
-        return None
-
-
-def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences", []))
-
-
-def _with_annotation(obj: JSON, key: str, value: str) -> JSON:
-    metadata = dict(obj["metadata"])
-    metadata["annotations"] = {**metadata.get("annotations", {}), key: value}
-    return {**obj, "metadata": metadata}

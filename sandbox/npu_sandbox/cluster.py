@@ -20,8 +20,8 @@ import aiohttp
 import kmock
 import yaml
 from npu_operator import crd
+from npu_operator.client import Resource
 from npu_operator.config import OperatorConfig
-from npu_operator.kube import Resource
 
 from npu_sandbox.emulator import KubeEmulator
 

@@ -3,9 +3,11 @@
 kmock stores objects and serves list/watch/get/create/patch/delete. This subclass adds, as a
 kube-apiserver would: uid, resourceVersion, generation (bumped by changes outside metadata and
 status), creationTimestamp, generateName; the status subresource kept apart from the rest;
-label selectors on lists; background garbage collection through owner references; and
+label selectors on lists; background garbage collection through owner references;
 admission of NPUInference objects against the CRD (defaults, schema, CEL rules), with the
-API server's 422 answer. It is for tests and the sandbox only; no product code imports it.
+API server's 422 answer; and server-side apply (`application/apply-patch+yaml`) with field
+ownership recorded in `metadata.managedFields` (see `fields`). It is for tests and the sandbox
+only; no product code imports it.
 """
 
 from __future__ import annotations
@@ -25,10 +27,9 @@ import jsonpointer
 import kmock
 from kmock._internal import dicts, enums, rendering
 from npu_operator import crd
-from npu_operator.reconcile import merge_patch
 from npu_operator.worker import utc_now
 
-from npu_sandbox import printer
+from npu_sandbox import fields, printer
 
 # Resources served by default: what the operator and its tests touch.
 RESOURCES: dict[str, Any] = {
@@ -176,6 +177,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return raw
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None and request.headers.get("Content-Type", "").startswith(fields.APPLY_PATCH):
+            return await self._serve_apply(request)
         if request.resource is not None and isinstance(request.data, dict | list):
             try:
                 if request.action == enums.action.CREATE:
@@ -209,6 +212,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             generation=1,
             creationTimestamp=utc_now(),
         )
+        if request.subresource is None:
+            owners = fields.updated({}, data, fields.manager_of(request), self._has_status(request.resource))
+            meta["managedFields"] = fields.managed_fields(owners, data.get("apiVersion", ""))
 
     def _admit_update(self, request: rendering.Request) -> None:
         """Turn the client's patch into one that yields what the API server would store."""
@@ -240,8 +246,72 @@ class KubeEmulator(kmock.KubernetesEmulator):
         meta["resourceVersion"] = str(next(self._versions))
         generation = int(old_meta.get("generation", 1))
         meta["generation"] = generation + 1 if _body(old) != _body(new) else generation
+        if request.subresource is None:
+            owners = fields.updated(old, new, fields.manager_of(request), self._has_status(request.resource))
+            meta["managedFields"] = fields.managed_fields(owners, new.get("apiVersion", ""))
         data.clear()
         data.update(merge_patch(old, new))
+
+    async def _serve_apply(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """Server-side apply: create the object, or merge the applied fields into it (see `fields.applied`)."""
+        try:
+            async with self._lock:
+                stored, created = self._apply(request)
+                assert request.resource is not None and request.name is not None  # checked in _apply
+                key = (request.resource, request.namespace, request.name)
+                if key not in self.objects:
+                    self.objects[key] = stored
+                elif self.objects[key].deleted:
+                    self.objects[key].create(stored)
+                else:
+                    self.objects[key].patch(merge_patch(self.objects[key].raw, stored))
+                raw = self.objects[key].raw
+                await self._buses[request.resource].put({"type": "ADDED" if created else "MODIFIED", "object": raw})
+        except kmock.KubernetesError as exc:
+            return await self._render_error(exc)
+        return aiohttp.web.json_response(raw, status=201 if created else 200)
+
+    def _apply(self, request: rendering.Request) -> tuple[dict[str, Any], bool]:
+        """The object an apply patch yields, and whether it creates it; or the API server's error."""
+        config = request.data
+        if request.name is None or request.subresource is not None or not isinstance(config, dict):
+            raise kmock.KubernetesError(
+                status=400, reason="BadRequest", message="apply needs an object of a named resource"
+            )
+        meta = config.get("metadata", {})
+        if meta.get("name") != request.name or not config.get("apiVersion") or not config.get("kind"):
+            raise kmock.KubernetesError(
+                status=400,
+                reason="BadRequest",
+                message="an applied object needs apiVersion, kind and metadata.name equal to the URL's name",
+            )
+        manager = request.params.get("fieldManager")
+        if not manager:
+            raise kmock.KubernetesError(
+                status=400, reason="BadRequest", message="PATCH with apply requires a non-empty fieldManager"
+            )
+        force = request.params.get("force", "").lower() == "true"
+        has_status = self._has_status(request.resource)
+        old = self._stored(request.resource, request.namespace, request.name)
+        created = old is None
+        base: dict[str, Any] = {"metadata": {"name": request.name}} if old is None else old
+        if request.namespace:
+            base["metadata"]["namespace"] = request.namespace
+        try:
+            new, owners = fields.applied(base, config, manager, force=force, has_status=has_status)
+        except fields.ApplyConflict as exc:
+            raise kmock.KubernetesError(status=409, reason="Conflict", message=str(exc)) from None
+        if self._is_npu_inference(request):
+            new = self._admitted(new)
+        meta = new["metadata"]
+        meta["managedFields"] = fields.managed_fields(owners, config["apiVersion"])
+        meta["resourceVersion"] = str(next(self._versions))
+        if old is None:
+            meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=utc_now())
+        else:
+            generation = int(old.get("metadata", {}).get("generation", 1))
+            meta["generation"] = generation + 1 if _body(old) != _body(new) else generation
+        return new, created
 
     def _is_npu_inference(self, request: rendering.Request) -> bool:
         resource = request.resource
@@ -321,6 +391,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     raw = self.objects[key].raw
                     self.objects[key].delete()
                     await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+
+
+def merge_patch(last: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch that turns `last` into `desired`: `desired` plus a null for every key it dropped."""
+    patch: dict[str, Any] = dict(desired)
+    for key, old in last.items():
+        if key not in desired:
+            patch[key] = None
+        elif isinstance(old, Mapping) and isinstance(desired[key], Mapping):
+            patch[key] = merge_patch(old, desired[key])
+    return patch
 
 
 def _body(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,108 @@
+"""Children and pods watched through kopf: caches keyed by the owner, and a wake-up on each change.
+
+kopf keeps one watch per kind in `children.KINDS` (objects labelled as ours) and one on pods
+(objects with our name label). For each kind there is:
+- a kopf index keyed by (namespace, owner name), holding the latest objects: the worker reads its
+  children and pods there (`WatchedView`), with no request to the API server;
+- an event handler that wakes the owner's worker (`Wakeups.wake`); the worker stays the only
+  writer of the status.
+kopf starts the workers only once every index has been filled by its first listing. A kind whose
+API is not installed is not watched (kopf skips it) and its index stays empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import kopf
+
+from npu_operator import builders, children
+from npu_operator.children import ChildKind
+from npu_operator.client import PODS, KubeClient, Resource
+
+OwnerKey = tuple[str, str]  # (namespace, NPUInference name)
+OURS: Final = {builders.NAME_LABEL: kopf.PRESENT, "app.kubernetes.io/managed-by": "npu-operator"}
+POD_LABELS: Final = {builders.NAME_LABEL: kopf.PRESENT}
+POD_INDEX: Final = "npu_pods"
+
+
+def index_name(kind: ChildKind) -> str:
+    """The kopf index (and handler id) of one kind of child; kopf passes it to handlers by this name."""
+    return f"npu_children_{kind.resource.plural}"
+
+
+def owner_key(namespace: str | None, labels: Mapping[str, str]) -> OwnerKey:
+    return (namespace or "", labels[builders.NAME_LABEL])
+
+
+@dataclasses.dataclass
+class Wakeups:
+    """Per-resource wake-up signals, shared by the handlers and the workers (in the memo).
+
+    Set only from the event loop (every handler that wakes is async), so `asyncio.Event` is safe.
+    """
+
+    events: dict[OwnerKey, asyncio.Event] = dataclasses.field(default_factory=dict)
+
+    def for_owner(self, key: OwnerKey) -> asyncio.Event:
+        return self.events.setdefault(key, asyncio.Event())
+
+    def wake(self, key: OwnerKey) -> None:
+        event = self.events.get(key)
+        if event is not None:  # no worker (yet): its first tick reads the latest state anyway
+            event.set()
+
+    def forget(self, key: OwnerKey) -> None:
+        self.events.pop(key, None)
+
+
+class WatchedView:
+    """The live children and pods of the resources, from kopf's indexes (see `reconcile.LiveView`)."""
+
+    def __init__(self, client: KubeClient, indexes: Mapping[str, Any]) -> None:
+        self._client = client
+        self._children: dict[ChildKind, kopf.Index[OwnerKey, Any]] = {
+            kind: indexes[index_name(kind)] for kind in children.KINDS
+        }
+        self._pods: kopf.Index[OwnerKey, Any] = indexes[POD_INDEX]
+
+    def cached(self, kind: ChildKind, namespace: str, name: str) -> Mapping[str, Any] | None:
+        for obj in self._children[kind].get((namespace, name), ()):
+            if obj.get("metadata", {}).get("name") == name:
+                return dict(obj)
+        return None
+
+    async def child(
+        self, kind: ChildKind, namespace: str, name: str, *, confirm_missing: bool
+    ) -> Mapping[str, Any] | None:
+        cached = self.cached(kind, namespace, name)
+        if cached is None and confirm_missing:
+            return await self._client.get(kind.resource, namespace, name)
+        return cached
+
+    def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        return [dict(pod) for pod in self._pods.get((namespace, name), ())]
+
+
+def _index(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
+    return {owner_key(namespace, labels): body}
+
+
+async def _wake_owner(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    memo.wakeups.wake(owner_key(namespace, labels))
+
+
+def register() -> None:
+    """The indexes and wake-up handlers of every kind of child and of pods (called once, on import)."""
+    for kind in children.KINDS:
+        _watch(kind.resource, OURS, index_name(kind))
+    _watch(PODS, POD_LABELS, POD_INDEX)
+
+
+def _watch(resource: Resource, labels: Mapping[str, Any], index: str) -> None:
+    group, version, plural = resource.group, resource.version, resource.plural
+    kopf.index(group=group, version=version, plural=plural, labels=labels, id=index)(_index)
+    kopf.on.event(group=group, version=version, plural=plural, labels=labels, id=f"wake_for_{plural}")(_wake_owner)
