@@ -150,3 +150,28 @@ async def test_pods_that_are_gone_are_forgotten(runtimes: tuple[Runtimes, list[i
         assert await collector.collect("o", [pod("c", ports[2], phase="Succeeded")]) == []
     finally:
         await collector.close()
+
+
+async def test_hung_pods_do_not_hold_the_reads_of_healthy_ones(runtimes: tuple[Runtimes, list[int]]) -> None:
+    fake, ports = runtimes
+    clock = Clock()
+    collector = ReportCollector(concurrency=4, timeout=0.5, poll_seconds=10, clock=clock)
+    hung = [pod(f"h{i}", port) for i, port in enumerate(ports[:4])]
+    healthy = [pod("ok", ports[4])]
+    for port in ports[:4]:
+        fake.behaviour[port] = "hang"
+    try:
+        await collector.collect("hung", hung)  # the first hang costs a timeout; then they are suspects
+        clock.now = 100
+
+        async def timed_healthy_read() -> float:
+            started = asyncio.get_running_loop().time()
+            (report,) = await collector.collect("healthy", healthy)
+            assert report.reachable
+            return asyncio.get_running_loop().time() - started
+
+        _, healthy_seconds = await asyncio.gather(collector.collect("hung", hung), timed_healthy_read())
+    finally:
+        await collector.close()
+    assert healthy_seconds < 0.4  # not behind the hung pods' 0.5 s timeouts
+    assert fake.hits[ports[4]] == 1
