@@ -210,7 +210,7 @@ class LocalCluster:
 
     def writes(self) -> list[Any]:
         """Every write request the API has served so far (POST, PUT, PATCH, DELETE)."""
-        return [request for request in self.emulator if request.method.value in WRITE_METHODS]
+        return [request for request in self.emulator.history if request.method.value in WRITE_METHODS]
 
     async def wait_for(self, probe: Any, *, within: float = 30.0, interval: float = 0.1, what: str = "") -> Any:
         """Poll the async callable `probe` until it returns something truthy; that is returned."""
