@@ -30,6 +30,7 @@ RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
 async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
     config: OperatorConfig = memo.config
     logging.getLogger().setLevel(python_log_level(config))
+    logging.getLogger("kopf.objects").addFilter(watches.quiet_wakeups)
     # kopf's bookkeeping under our own annotation prefix, not kopf.zalando.org.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -93,6 +94,11 @@ def _index(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **
 
 async def _wake_owner(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
     memo.wakeups.wake(owner_key(namespace, labels))
+
+
+def quiet_wakeups(record: logging.LogRecord) -> bool:
+    """A logging filter: kopf's "Handler 'wake_for_…' succeeded." for every child and pod event is noise."""
+    return not record.getMessage().startswith("Handler 'wake_for_")
 
 
 def register() -> None:

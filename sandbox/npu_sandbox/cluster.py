@@ -26,6 +26,8 @@ from npu_operator.config import OperatorConfig
 from npu_sandbox.emulator import KubeEmulator
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# How the tests' and the sandbox's own requests name themselves (the API server's default field manager).
+USER_AGENT = "npu-sandbox"
 
 
 def resource_path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
@@ -64,7 +66,7 @@ class LocalCluster:
     async def __aenter__(self) -> Self:
         await self._stack.enter_async_context(self.emulator)
         await self._stack.enter_async_context(self._server)
-        self._session = await self._stack.enter_async_context(aiohttp.ClientSession())
+        self._session = await self._stack.enter_async_context(aiohttp.ClientSession(headers={"User-Agent": USER_AGENT}))
         self.kubeconfig.write_text(yaml.safe_dump(self.kubeconfig_document()), encoding="utf-8")
         self._old_kubeconfig = os.environ.get("KUBECONFIG")
         os.environ["KUBECONFIG"] = str(self.kubeconfig)

@@ -62,7 +62,7 @@ async def test_an_unforced_apply_conflicting_with_another_manager_is_refused(clu
         headers={"Content-Type": "application/apply-patch+yaml"},
     ) as response:
         assert response.status == 409
-        assert 'conflict with "Python"' in (await response.json())["message"]
+        assert 'conflict with "npu-sandbox"' in (await response.json())["message"]
 
 
 async def test_the_client_maps_errors_and_404s(cluster: LocalCluster) -> None:
