@@ -53,7 +53,7 @@ BY_KIND: Final = {child.kind: child for child in KINDS}
 class Step:
     """One write that brings a child to what is desired."""
 
-    action: str  # apply | delete
+    action: str  # create (an unforced apply) | apply | delete
     child: ChildKind
     name: str
     body: JSON | None = None
@@ -76,7 +76,9 @@ def plan(child: ChildKind, name: str, manifest: JSON | None, live: Mapping[str, 
     """The write `child` needs (None: none). `manifest` is `stamped`; `live` is owned by `uid`."""
     if manifest is None:
         return Step("delete", child, name) if live is not None else None
-    if live is None or _digest(live) != _digest(manifest) or taken_fields(live, manifest):
+    if live is None:
+        return Step("create", child, name, manifest)
+    if _digest(live) != _digest(manifest) or taken_fields(live, manifest):
         return Step("apply", child, name, manifest)
     return None
 

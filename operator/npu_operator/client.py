@@ -2,7 +2,7 @@
 
 kopf watches the NPUInference, its children and their pods and patches kopf's own bookkeeping;
 everything else goes through `KubeClient`: server-side apply of the children (field manager
-`npu-operator`), their deletion, a GET when a child is missing from the watch, the status
+`npu-operator`), their deletion, a GET when creating a child met someone else's object, the status
 subresource of the NPUInference, and whether an optional API (PodMonitor) is served.
 
 Credentials come from the same kopf login functions as kopf's own (`connection_info`: in-cluster
@@ -205,18 +205,20 @@ class KubeClient:
             await failed.close()  # type: ignore[no-untyped-call]
             await old_connector.close()
 
-    async def apply(self, resource: Resource, namespace: str, obj: JSON) -> JSON:
-        """Server-side apply of `obj` as field manager `npu-operator`, taking back the fields it sets.
+    async def apply(self, resource: Resource, namespace: str, obj: JSON, *, force: bool = True) -> JSON:
+        """Server-side apply of `obj` as field manager `npu-operator`.
 
         Only the fields in `obj` are ours: fields the API server defaults or others add are left
         alone, and a field that was ours and is no longer in `obj` is removed by the API server.
+        With `force`, fields of `obj` that another manager changed are taken back; without, such a
+        conflict is answered with 409.
         """
         return await self._request(
             "PATCH",
             resource.path(namespace, obj["metadata"]["name"]),
             body=obj,
             content_type=APPLY_PATCH,
-            query=(("fieldManager", FIELD_MANAGER), ("force", "true")),
+            query=(("fieldManager", FIELD_MANAGER), ("force", "true" if force else "false")),
         )
 
     async def get(self, resource: Resource, namespace: str, name: str) -> JSON | None:

@@ -96,5 +96,5 @@ async def check_spec(body: kopf.Body, reason: str, memo: Any, **_: Any) -> None:
 async def keep_reconciled(
     body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Logger, **indexes: Any
 ) -> None:
-    view = watches.WatchedView(memo.client, indexes)
+    view = watches.WatchedView(indexes)
     await worker.run(body, memo.client, view, memo.config, memo.wakeups, memo.collector, stopped, logger)

@@ -4,6 +4,8 @@ What depends only on the resource's generation (the parsed spec, its problems, t
 of the children) is computed once per generation (`DesiredCache`), not once per tick. The live
 children and pods come from a `LiveView` (the watch caches of `watches`), so a settled resource
 costs no request; `children.plan` decides which child needs a server-side apply or a delete.
+A child the watch has not seen is created by an unforced apply, so that an object of someone
+else under its name answers 409 (and is reported, left alone) instead of being taken over.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import kopf
 from npu_operator import aggregate, builders, children, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.children import ChildKind, Step
-from npu_operator.client import KubeClient
+from npu_operator.client import ApiError, KubeClient
 from npu_operator.config import OperatorConfig
 from npu_operator.runtime_reports import ReportCollector
 
@@ -27,11 +29,8 @@ JSON = dict[str, Any]
 class LiveView(Protocol):
     """Where the reconcile reads the cluster (`watches.WatchedView`: kopf's watch caches)."""
 
-    async def child(
-        self, kind: ChildKind, namespace: str, name: str, *, confirm_missing: bool
-    ) -> Mapping[str, Any] | None:
-        """The live child; when the cache has none and `confirm_missing`, the API server is asked
-        (a child of someone else, not labelled as ours, is not in the cache)."""
+    def child(self, kind: ChildKind, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The live child, as last seen by the watch (only objects labelled as ours are seen)."""
 
     def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]: ...
 
@@ -129,9 +128,7 @@ async def reconcile(
         if kind.optional and kind.kind not in served:
             continue
         manifest = desired.manifests.get(kind.kind)
-        # Only a child we want is worth a request when the cache has none: one we do not want is
-        # deleted only when the watch has seen it (labelled as ours).
-        live = await view.child(kind, namespace, name, confirm_missing=manifest is not None)
+        live = view.child(kind, namespace, name)
         if live is not None and not children.owned_by(live, uid):
             conflicts.append(f"{kind.kind} {namespace}/{name}")
             continue
@@ -141,7 +138,11 @@ async def reconcile(
         if kind is children.DEPLOYMENT:
             live_deployment = live
     for step in steps:
-        applied = await _execute(step, client, namespace)
+        try:
+            applied = await _execute(step, client, namespace, uid)
+        except ForeignChild:
+            conflicts.append(f"{step.child.kind} {namespace}/{step.name}")
+            continue
         if step.child is children.DEPLOYMENT:
             live_deployment = applied
 
@@ -198,9 +199,26 @@ def _result(
     return Result(status.status_patch(previous, new), tuple(events), changes, problems)
 
 
-async def _execute(step: Step, client: KubeClient, namespace: str) -> JSON | None:
+class ForeignChild(Exception):
+    """A child we would create exists already and belongs to someone else: it is left alone."""
+
+
+async def _execute(step: Step, client: KubeClient, namespace: str, uid: str) -> JSON | None:
+    resource = step.child.resource
+    if step.action == "delete":
+        await client.delete(resource, namespace, step.name)
+        return None
+    assert step.body is not None
     if step.action == "apply":
-        assert step.body is not None
-        return await client.apply(step.child.resource, namespace, step.body)
-    await client.delete(step.child.resource, namespace, step.name)
-    return None
+        return await client.apply(resource, namespace, step.body)
+    # create: the watch has not seen it. Unforced, so that an object of someone else under this
+    # name answers 409 instead of being taken over; only then is it worth a GET.
+    try:
+        return await client.apply(resource, namespace, step.body, force=False)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+    existing = await client.get(resource, namespace, step.name)
+    if existing is not None and not children.owned_by(existing, uid):
+        raise ForeignChild(step.name)
+    return await client.apply(resource, namespace, step.body)

@@ -3,7 +3,9 @@
 kopf keeps one watch per kind in `children.KINDS` (objects labelled as ours) and one on pods
 (objects with our name label). For each kind there is:
 - a kopf index keyed by (namespace, owner name), holding the latest objects: the worker reads its
-  children and pods there (`WatchedView`), with no request to the API server;
+  children and pods there (`WatchedView`), with no request to the API server (someone else's
+  object under a child's name is not labelled as ours, so it is not seen: `reconcile` creates
+  children with an unforced apply, which such an object answers with 409);
 - an event handler that wakes the owner's worker (`Wakeups.wake`); the worker stays the only
   writer of the status.
 kopf starts the workers only once every index has been filled by its first listing. A kind whose
@@ -22,7 +24,7 @@ import kopf
 
 from npu_operator import builders, children
 from npu_operator.children import ChildKind
-from npu_operator.client import PODS, KubeClient, Resource
+from npu_operator.client import PODS, Resource
 
 OwnerKey = tuple[str, str]  # (namespace, NPUInference name)
 OURS: Final = {builders.NAME_LABEL: kopf.PRESENT, "app.kubernetes.io/managed-by": "npu-operator"}
@@ -63,26 +65,17 @@ class Wakeups:
 class WatchedView:
     """The live children and pods of the resources, from kopf's indexes (see `reconcile.LiveView`)."""
 
-    def __init__(self, client: KubeClient, indexes: Mapping[str, Any]) -> None:
-        self._client = client
+    def __init__(self, indexes: Mapping[str, Any]) -> None:
         self._children: dict[ChildKind, kopf.Index[OwnerKey, Any]] = {
             kind: indexes[index_name(kind)] for kind in children.KINDS
         }
         self._pods: kopf.Index[OwnerKey, Any] = indexes[POD_INDEX]
 
-    def cached(self, kind: ChildKind, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def child(self, kind: ChildKind, namespace: str, name: str) -> Mapping[str, Any] | None:
         for obj in self._children[kind].get((namespace, name), ()):
             if obj.get("metadata", {}).get("name") == name:
                 return dict(obj)
         return None
-
-    async def child(
-        self, kind: ChildKind, namespace: str, name: str, *, confirm_missing: bool
-    ) -> Mapping[str, Any] | None:
-        cached = self.cached(kind, namespace, name)
-        if cached is None and confirm_missing:
-            return await self._client.get(kind.resource, namespace, name)
-        return cached
 
     def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         return [dict(pod) for pod in self._pods.get((namespace, name), ())]

@@ -38,7 +38,7 @@ def test_a_missing_child_is_applied_with_the_digest_of_its_manifest() -> None:
     assert manifest["metadata"]["annotations"][DIGEST_ANNOTATION]
     assert {k: v for k, v in manifest["metadata"].items() if k != "annotations"} == DESIRED["metadata"]
     step = plan(children.SERVICE, "x", manifest, None, "owner")
-    assert step is not None and step.action == "apply" and step.body == manifest
+    assert step is not None and step.action == "create" and step.body == manifest
 
 
 def test_a_child_as_last_applied_needs_nothing_whatever_the_server_added() -> None:
