@@ -81,8 +81,32 @@ class WatchedView:
         return [dict(pod) for pod in self._pods.get((namespace, name), ())]
 
 
-def _index(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
-    return {owner_key(namespace, labels): body}
+# What the reconcile reads of a child and of a pod; the rest (a child's spec, most of all the pod
+# template) is not kept, so 1,000 resources fit in little memory.
+_CHILD_METADATA: Final = ("name", "namespace", "uid", "generation", "labels", "ownerReferences", "managedFields")
+_POD_METADATA: Final = ("name", "namespace", "uid", "labels", "deletionTimestamp")
+
+
+def essentials(body: Mapping[str, Any], *, pod: bool = False) -> dict[str, Any]:
+    """The part of a watched object that the reconcile reads (metadata it needs, status; a pod's containers)."""
+    meta = body.get("metadata", {})
+    kept: dict[str, Any] = {key: meta[key] for key in (_POD_METADATA if pod else _CHILD_METADATA) if key in meta}
+    if not pod and (digest := (meta.get("annotations") or {}).get(children.DIGEST_ANNOTATION)) is not None:
+        kept["annotations"] = {children.DIGEST_ANNOTATION: digest}
+    # Parts of the event's own object (kopf does not change it afterwards), not copies.
+    result: dict[str, Any] = {"metadata": kept, "status": body.get("status") or {}}
+    if pod:
+        containers = body.get("spec", {}).get("containers", [])
+        result["spec"] = {"containers": [{"name": c.get("name"), "ports": c.get("ports", [])} for c in containers]}
+    return result
+
+
+def _index_child(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
+    return {owner_key(namespace, labels): essentials(body)}
+
+
+def _index_pod(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
+    return {owner_key(namespace, labels): essentials(body, pod=True)}
 
 
 async def _wake_owner(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
@@ -97,11 +121,11 @@ def quiet_wakeups(record: logging.LogRecord) -> bool:
 def register() -> None:
     """The indexes and wake-up handlers of every kind of child and of pods (called once, on import)."""
     for kind in children.KINDS:
-        _watch(kind.resource, OURS, index_name(kind))
-    _watch(PODS, POD_LABELS, POD_INDEX)
+        _watch(kind.resource, OURS, index_name(kind), _index_child)
+    _watch(PODS, POD_LABELS, POD_INDEX, _index_pod)
 
 
-def _watch(resource: Resource, labels: Mapping[str, Any], index: str) -> None:
+def _watch(resource: Resource, labels: Mapping[str, Any], index: str, indexer: Any) -> None:
     group, version, plural = resource.group, resource.version, resource.plural
-    kopf.index(group=group, version=version, plural=plural, labels=labels, id=index)(_index)
+    kopf.index(group=group, version=version, plural=plural, labels=labels, id=index)(indexer)
     kopf.on.event(group=group, version=version, plural=plural, labels=labels, id=f"wake_for_{plural}")(_wake_owner)
