@@ -59,7 +59,7 @@ def render() -> str:
             "# NPUInference API reference (inference.npu.dev/v1alpha1)",
             "",
             "Generated from `crds/inference.npu.dev_npuinferences.yaml` by `scripts/gen_api_docs.py`; do not edit.",
-            "`kubectl explain npuinf.spec` shows the same descriptions in a cluster.",
+            "`kubectl explain npuinf.spec` shows the same descriptions in a cluster and in the sandbox.",
             "",
             "## spec",
             "",

@@ -8,6 +8,13 @@ How labels reach Prometheus: the PodMonitors (the operator's per-resource one an
 default one) copy the pod label `inference.npu.dev/name` onto every series as
 `inference_npu_dev_name` (podTargetLabels); `namespace` and `pod` are prometheus-operator's
 standard target labels. The dashboard's variables filter on those two.
+
+Why plain dicts and not grafana-foundation-sdk's typed builders: on PyPI it is one build per
+Grafana version (10.1 to 11.6) told apart by a timestamp epoch (`1769699998!10.1.0`), so an
+unpinned install picks whichever build was uploaded last (10.1's schema today); adopting it
+would rewrite this file without changing a byte users get. What breaks a dashboard in practice
+is a query that answers nothing, and tests/e2e/test_dashboard_queries.py catches that by running
+every panel's queries against a real Prometheus that scraped the sandbox.
 """
 
 from __future__ import annotations
@@ -29,6 +36,21 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # The series of inference pods the variables select.
 SEL = 'namespace=~"$namespace", inference_npu_dev_name=~"$npuinference"'
 WIDTH = 24
+# Panels that can only have data on an NPU: graph capture and replay (vLLM's CPU build has no
+# static graphs, so the sandbox runs NONE and has none of these series). Their descriptions say
+# so; tests/e2e/test_dashboard_queries.py checks that on CPU exactly these panels are empty.
+NPU_ONLY = frozenset(
+    {
+        "Captured batch sizes",
+        "Capture memory per batch size",
+        "Capture time per batch size",
+        "Replay latency p50 per batch size",
+        "Replay latency p99 per batch size",
+        "Eager fallbacks per second",
+        "Eager share of decode steps",
+    }
+)
+NPU_ONLY_NOTE = " NPU only: empty where the engine runs without graphs (mode NONE, e.g. vLLM's CPU build)."
 
 Panel = dict[str, Any]
 
@@ -274,10 +296,13 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
                 stat(
                     "Observer hooks disabled",
                     "Errors after which the graph observer disabled a hook instead of breaking the "
-                    "engine; that hook's metrics are missing until the pod restarts.",
+                    "engine; that hook's metrics are missing until the pod restarts. 0 for a "
+                    "resource whose hooks all work.",
                     [
                         target(
-                            f"sum by (inference_npu_dev_name, hook) (npu_graph_instrumentation_errors_total{{{SEL}}})",
+                            f"sum by (inference_npu_dev_name, hook) (npu_graph_instrumentation_errors_total{{{SEL}}})"
+                            " or on (inference_npu_dev_name) "
+                            f"sum by (inference_npu_dev_name) (0 * npu_graph_mode_info{{{SEL}}})",
                             "{{inference_npu_dev_name}} {{hook}}",
                         )
                     ],
@@ -450,6 +475,9 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
 ]
 
 
+ALL_TITLES: list[str] = [panel["title"] for _, row in ROWS for panel, _, _ in row]
+
+
 def layout(rows: list[tuple[str, list[tuple[Panel, int, int]]]]) -> list[Panel]:
     """Rows of panels, left to right, wrapping at the grid's width; ids in reading order."""
     panels: list[Panel] = []
@@ -469,6 +497,8 @@ def layout(rows: list[tuple[str, list[tuple[Panel, int, int]]]]) -> list[Panel]:
         for panel, width, height in row:
             if x + width > WIDTH:
                 x, y, line_height = 0, y + line_height, 0
+            if panel["title"] in NPU_ONLY:
+                panel = {**panel, "description": panel["description"] + NPU_ONLY_NOTE}
             panels.append({**panel, "gridPos": {"h": height, "w": width, "x": x, "y": y}})
             x += width
             line_height = max(line_height, height)
@@ -503,7 +533,10 @@ def dashboard() -> dict[str, Any]:
             "NPUInference resources on Ascend NPUs: the graph mode requested and run, downgrades, graph "
             "capture memory and time, replay latency, eager fallbacks, the device memory plan, vLLM's "
             "latency and queue, and the operator. Labels: namespace and inference_npu_dev_name (the pod "
-            "label inference.npu.dev/name, copied by the PodMonitors' podTargetLabels)."
+            "label inference.npu.dev/name, copied by the PodMonitors' podTargetLabels). NPU only (empty "
+            "where the engine runs without graphs, e.g. vLLM's CPU build): "
+            + ", ".join(title for title in ALL_TITLES if title in NPU_ONLY)
+            + "."
         ),
         "tags": ["npu", "ascend", "vllm", "npu-inference-operator"],
         "editable": True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 from typing import Any
 
 import kopf
@@ -24,6 +25,7 @@ from npu_operator.runtime_reports import ReportCollector
 PREFIX = crd.GROUP
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
+REPORTING_COMPONENT = "npu-operator"
 
 
 @kopf.on.startup()
@@ -46,6 +48,11 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # Our own Events say what happened; kopf's per-handler "succeeded" chatter would be a write
     # per resync per resource.
     settings.posting.level = logging.WARNING
+    # Events name the operator (`kubectl describe`'s From, reportingComponent), not kopf; the
+    # instance is the pod (its hostname), as with Kubernetes' own controllers.
+    settings.posting.reporting_component = REPORTING_COMPONENT
+    settings.posting.reporting_instance = socket.gethostname()
+    settings.posting.event_name_prefix = f"{REPORTING_COMPONENT}-"
     # Reconnect watches regularly (server side) and never hang on a dead connection (client side).
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330

@@ -6,7 +6,10 @@
    and starts a real vLLM engine on CPU) and reports the pod back to the API;
 4. progress until the NPUInference is Ready; then what a user would look at: `kubectl get npuinf`,
    status.graph, the Events, one OpenAI completion, the npu_graph_* metrics;
-5. every process stopped on exit, Ctrl-C included.
+5. when the `prometheus` binary is there (or with --prometheus): a real Prometheus scraping the
+   operator and the pod with the chart's alerts loaded, and what its HTTP API holds at the end,
+   the npu_graph_* series and the alerts pending or firing;
+6. every process stopped on exit, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
+import prometheus_client
 import yaml
 from npu_operator import crd
 from npu_operator.api import is_true
 from npu_operator.config import OperatorConfig
 
 from npu_sandbox import printer
+from npu_sandbox import prometheus as prom
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.kubelet import LocalKubelet, LocalPod, free_port
 
@@ -55,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-running", action="store_true", help="stay up for exploration until Ctrl-C")
     parser.add_argument("--summary", type=Path, help="write the final JSON summary to this file")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for Ready")
+    parser.add_argument(
+        "--prometheus",
+        action=argparse.BooleanOptionalAction,
+        help="scrape everything with a real Prometheus and load the chart's alerts "
+        "(default: when the prometheus binary is installed)",
+    )
     args = parser.parse_args(argv)
     try:
         workdir = args.workdir.resolve()
@@ -82,7 +93,7 @@ def heading(text: str) -> None:
 
 
 async def run(args: argparse.Namespace, manifest: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    started = time.monotonic()
+    started, wall_started = time.monotonic(), time.time()
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     assert main_task is not None
@@ -90,12 +101,13 @@ async def run(args: argparse.Namespace, manifest: dict[str, Any], workdir: Path)
         loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
 
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
-    config = OperatorConfig(
-        resync_seconds=2.0,
-        status_poll_seconds=2.0,
-        metrics_port=free_port() if args.keep_running else 0,
-        health_port=0,
-    )
+    prometheus = choose_prometheus(args.prometheus, workdir / "prometheus")
+    # The operator's metrics are served by this process, on 127.0.0.1 only (not by the operator's
+    # own start-up, which listens on every interface as it must in a pod).
+    config = OperatorConfig(resync_seconds=2.0, status_poll_seconds=2.0, metrics_port=0, health_port=0)
+    operator_metrics_port = free_port() if args.keep_running or prometheus else 0
+    if operator_metrics_port:
+        prometheus_client.start_http_server(operator_metrics_port, addr="127.0.0.1")
 
     # The operator's and the API's logs go to a file: the terminal shows the story, the file the detail.
     log_file = workdir / "operator.log"
@@ -118,23 +130,33 @@ async def run(args: argparse.Namespace, manifest: dict[str, Any], workdir: Path)
         following = asyncio.Event()
         follower: asyncio.Task[None] | None = None
         try:
+            if prometheus is not None:
+                await start_prometheus(prometheus, operator_metrics_port)
             await cluster.wait_for(lambda: cluster.get("apps/v1", "deployments", namespace, name), within=60)
             heading("kubelet: running the Deployment's pod on this machine")
             (pod,) = await kubelet.start_pods()
             follower = asyncio.create_task(kubelet.follow(following))
             say(f"pod {pod.name}: npu-runtime serve ... (log {pod.log_path})")
             say(f"pod ports: http {pod.ports['http']}, metrics {pod.ports['metrics']} (127.0.0.1)")
+            if prometheus is not None:
+                pod_object = await cluster.get("v1", "pods", namespace, pod.name) or {}
+                prometheus.set_targets("pods", prom.pod_targets(pod_object, pod.ports))
 
             heading("waiting for Ready")
             obj = await wait_ready(cluster, namespace, name, pod, args.timeout, started)
             summary = await report(cluster, namespace, name, pod, obj, time.monotonic() - started)
+            if prometheus is not None:
+                summary["prometheus"] = await prometheus_report(prometheus, since=wall_started)
             if args.keep_running:
                 heading("kept running: explore, then Ctrl-C")
                 say(f"export KUBECONFIG={cluster.kubeconfig}")
                 say(f"{KUBECTL} get npuinf,deploy,svc,pods")
+                say(f"{KUBECTL} describe npuinf {name}   (more in README.md: Explore the sandbox with kubectl)")
                 say(f"OpenAI API        {pod.api_url}/v1  (model {manifest['spec']['model']['name']})")
                 say(f"runtime metrics   {pod.metrics_url}/metrics   status {pod.metrics_url}/status")
-                say(f"operator metrics  http://127.0.0.1:{config.metrics_port}/metrics")
+                say(f"operator metrics  http://127.0.0.1:{operator_metrics_port}/metrics")
+                if prometheus is not None:
+                    say(f"Prometheus        {prometheus.url}  (alerts {prometheus.url}/alerts)")
                 await asyncio.Event().wait()
             return summary
         finally:
@@ -144,7 +166,60 @@ async def run(args: argparse.Namespace, manifest: dict[str, Any], workdir: Path)
             heading("cleaning up")
             codes = await kubelet.stop()
             await cluster.stop_operator()
-            say(f"pods stopped (exit codes {codes}), operator stopped, API closed")
+            if prometheus is not None:
+                await prometheus.stop()
+            say(
+                f"pods stopped (exit codes {codes}), operator stopped, API closed"
+                + (", Prometheus stopped" if prometheus else "")
+            )
+
+
+def choose_prometheus(wanted: bool | None, workdir: Path) -> prom.LocalPrometheus | None:
+    """--prometheus: required; --no-prometheus: off; neither: on when the binary is installed."""
+    if wanted is False:
+        return None
+    if prom.binary() is None:
+        if wanted:
+            raise SandboxFailed(
+                "--prometheus: no prometheus binary (apt-get install --no-install-recommends prometheus; "
+                "scripts/bootstrap does it as root on Debian)"
+            )
+        say("(no prometheus binary: running without Prometheus; scripts/bootstrap installs it as root on Debian)")
+        return None
+    shutil.rmtree(workdir / "data", ignore_errors=True)  # this run's series only
+    workdir.mkdir(parents=True, exist_ok=True)
+    return prom.LocalPrometheus(workdir)
+
+
+async def start_prometheus(prometheus: prom.LocalPrometheus, operator_metrics_port: int) -> None:
+    try:
+        groups = await asyncio.to_thread(prom.chart_rule_groups)
+        await prometheus.start(groups, free_port())
+    except prom.PrometheusUnavailable as exc:
+        raise SandboxFailed(f"Prometheus: {exc}") from exc
+    prometheus.set_targets("operator", prom.operator_targets(operator_metrics_port))
+    rules = sum(len(group["rules"]) for group in groups)
+    heading("Prometheus: scraping the operator and, once it runs, the pod; the chart's alerts loaded")
+    say(f"Prometheus  {prometheus.url} (scrapes every {prom.SCRAPE_INTERVAL_SECONDS}s, {rules} alerts)")
+    say(f"log         {prometheus.log_path}")
+
+
+async def prometheus_report(prometheus: prom.LocalPrometheus, since: float) -> dict[str, Any]:
+    """After one more scrape of everything: the npu_graph_* series and the alerts, from the API."""
+    await prometheus.wait_for_scrapes_after(time.time())
+    found = await prom.report(prometheus, since)
+    heading(f"Prometheus {prometheus.url}: npu_graph_* series scraped (GET /api/v1/series)")
+    say("\n".join(found["series"]) or "(none)")
+    heading(f"Prometheus {prometheus.url}: alerts pending or firing (GET /api/v1/alerts)")
+    say(
+        printer.columns(
+            [("ALERT", "STATE", "SUMMARY")] + [(a["name"], a["state"], a["summary"]) for a in found["alerts"]]
+        )
+        if found["alerts"]
+        else "(none)"
+    )
+    found["window"] = {"start": since, "end": time.time()}
+    return found
 
 
 def prepare_model(model: Path | None, workdir: Path) -> Path:

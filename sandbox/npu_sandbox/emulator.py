@@ -5,19 +5,25 @@ kube-apiserver would: uid, resourceVersion, generation (bumped by changes outsid
 status), creationTimestamp, generateName; the status subresource kept apart from the rest;
 label selectors on lists; background garbage collection through owner references;
 admission of NPUInference objects against the CRD (defaults, schema, CEL rules), with the
-API server's 422 answer; and server-side apply (`application/apply-patch+yaml`) with field
-ownership recorded in `metadata.managedFields` (see `fields`). It is for tests and the sandbox
-only; no product code imports it.
+API server's 422 answer; server-side apply (`application/apply-patch+yaml`) with field
+ownership recorded in `metadata.managedFields` (see `fields`). For kubectl (and any client-go
+client) it also serves what they read and negotiate: OpenAPI v3 and v2 (`openapi`), field
+validation (`fieldValidation=Strict` refuses unknown fields, otherwise they are dropped with a
+warning), `dryRun=All`, PUT, the `scale` subresource as an autoscaling/v1 Scale, field selectors,
+watches as `application/json` (Tables when asked), server-side Tables for NPUInference, Events,
+Namespaces, Deployments and Pods, and the namespaces every cluster has. It is for tests and the
+sandbox only; no product code imports it.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import json
 import re
 import secrets
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import aiohttp.web
@@ -29,7 +35,7 @@ from kmock._internal import dicts, enums, rendering
 from npu_operator import crd
 from npu_operator.worker import utc_now
 
-from npu_sandbox import fields, printer
+from npu_sandbox import fields, openapi, printer
 
 # Resources served by default: what the operator and its tests touch.
 RESOURCES: dict[str, Any] = {
@@ -46,6 +52,7 @@ RESOURCES: dict[str, Any] = {
         "kind": "Deployment",
         "singular": "deployment",
         "shortnames": {"deploy"},
+        "categories": {"all"},
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status", "scale"},
@@ -54,6 +61,7 @@ RESOURCES: dict[str, Any] = {
         "kind": "Service",
         "singular": "service",
         "shortnames": {"svc"},
+        "categories": {"all"},
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status"},
@@ -62,6 +70,7 @@ RESOURCES: dict[str, Any] = {
         "kind": "Pod",
         "singular": "pod",
         "shortnames": {"po"},
+        "categories": {"all"},
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status"},
@@ -77,8 +86,9 @@ RESOURCES: dict[str, Any] = {
     "v1/namespaces": {
         "kind": "Namespace",
         "singular": "namespace",
+        "shortnames": {"ns"},
         "namespaced": False,
-        "verbs": {"list", "watch", "get"},
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
     },
     "policy/v1/poddisruptionbudgets": {
         "kind": "PodDisruptionBudget",
@@ -101,6 +111,8 @@ RESOURCES: dict[str, Any] = {
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
     },
 }
+# The namespaces every cluster starts with.
+INITIAL_NAMESPACES: tuple[str, ...] = ("default", "kube-system", "kube-public", "kube-node-lease")
 POD_MONITORS: tuple[str, Any] = (
     "monitoring.coreos.com/v1/podmonitors",
     {
@@ -136,6 +148,26 @@ def matches_selector(labels: Mapping[str, str], selector: str) -> bool:
     return True
 
 
+# The namespaces resource itself: /api/v1/namespaces, /api/v1/namespaces/{name}[/status|/finalize].
+_NAMESPACES_PATH = re.compile(r"/api/v1/namespaces(?:/(?P<name>[^/]+))?(?P<rest>/status|/finalize)?")
+
+
+def matches_fields(obj: Mapping[str, Any], selector: str) -> bool:
+    """Field selectors: `metadata.name=x`, `involvedObject.uid==y`, `status.phase!=Running` (a missing field is "")."""
+    for term in selector.split(","):
+        if not term.strip():
+            continue
+        match = re.match(r"^\s*([A-Za-z0-9._-]+)\s*(==|=|!=)\s*(.*?)\s*$", term)
+        if not match:
+            raise ValueError(f"invalid field selector: {term!r}")
+        path, op, value = match.groups()
+        actual = printer.json_path(obj, path)
+        text = "" if actual is None else str(actual)
+        if (text == value) != (op != "!="):
+            return False
+    return True
+
+
 def _split_selector(selector: str) -> Iterable[str]:
     depth, current = 0, ""
     for char in selector:
@@ -156,11 +188,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     _history: list[rendering.Request] = attrs.field(factory=list, init=False)
+    _openapi_cache: dict[str, Any] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         for key, info in RESOURCES.items():
             self.resources[key] = info
+        self._serve_what_kubectl_reads()
 
     def serve_pod_monitors(self) -> None:
         """Pretend the prometheus-operator CRDs are installed."""
@@ -176,6 +210,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return None
         raw: dict[str, Any] = copy.deepcopy(self.objects[key].raw)
         return raw
+
+    def _deleting(self, request: rendering.Request) -> bool:
+        """Whether the object addressed is marked for deletion (waiting for its finalizers)."""
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:  # type: ignore[operator,index]
+            return False
+        return bool(self.objects[key].raw.get("metadata", {}).get("deletionTimestamp"))  # type: ignore[index]
 
     @property
     def history(self) -> list[rendering.Request]:
@@ -199,19 +240,35 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     break
 
     async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        warnings: list[str] = []
+        if request.resource is not None and (request.resource.group, request.resource.plural) == ("", "namespaces"):
+            object.__setattr__(request, "namespace", None)  # see __call__: namespaces are cluster-scoped
         if request.resource is not None and request.headers.get("Content-Type", "").startswith(fields.APPLY_PATCH):
             return await self._serve_apply(request)
-        if request.resource is not None and isinstance(request.data, dict | list):
+        if request.resource is not None:
             try:
-                if request.action == enums.action.CREATE:
-                    self._admit_create(request)
-                elif request.action == enums.action.UPDATE and request.name is not None:
-                    self._admit_update(request)
+                _refuse_protobuf(request)
+                self._replace_as_patch(request)
+                self._scale_as_patch(request)
+                warnings = self._validate_fields(request)
+                if isinstance(request.data, dict | list):
+                    if request.action == enums.action.CREATE:
+                        self._admit_create(request)
+                    elif request.action == enums.action.UPDATE and request.name is not None:
+                        self._admit_update(request)
+                if _is_dry_run(request):
+                    return self._dry_run(request, warnings)
             except kmock.KubernetesError as exc:
                 return await self._render_error(exc)
+        # Only a delete, or a patch that may release the last finalizer, can leave orphans behind.
+        collect = request.name is not None and (
+            request.action == enums.action.DELETE or (request.action == enums.action.UPDATE and self._deleting(request))
+        )
         response = await super()._handle(request)
-        if request.action in (enums.action.DELETE, enums.action.UPDATE) and request.name is not None:
-            await self._collect_garbage()  # a delete, or a patch that released the last finalizer
+        if collect:
+            await self._collect_garbage()
+        for warning in warnings:
+            response.headers.add("Warning", _warning(warning))
         return response
 
     def _admit_create(self, request: rendering.Request) -> None:
@@ -227,6 +284,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             data.update(defaulted)
         if self._has_status(request.resource) and request.subresource is None:
             data.pop("status", None)
+        if request.resource is not None and (request.resource.group, request.resource.plural) == ("", "namespaces"):
+            data["status"] = {"phase": "Active"}  # the namespace lifecycle's first and, here, only phase
         meta = data["metadata"]
         meta.update(
             uid=str(uuid.uuid4()),
@@ -260,7 +319,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         else:
             patch = data
         new: dict[str, Any] = copy.deepcopy(dict(dicts.patch_dict(old, patch)))
-        if self._is_npu_inference(request) and request.subresource is None:
+        if self._is_npu_inference(request) and request.subresource != "status":
             new = self._admitted(new)
         meta = new.setdefault("metadata", {})
         old_meta = old.get("metadata", {})
@@ -277,6 +336,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _serve_apply(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         """Server-side apply: create the object, or merge the applied fields into it (see `fields.applied`)."""
         try:
+            if _is_dry_run(request):
+                async with self._lock:
+                    stored, created = self._apply(request)
+                return aiohttp.web.json_response(stored, status=201 if created else 200)
             async with self._lock:
                 stored, created = self._apply(request)
                 assert request.resource is not None and request.name is not None  # checked in _apply
@@ -348,7 +411,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 status=422,
                 reason="Invalid",
                 message=f'{crd.KIND}.{crd.GROUP} "{name}" is invalid: ' + "; ".join(errors),
-                details={"causes": [{"message": error} for error in errors]},
+                details={"name": name, "group": crd.GROUP, "kind": crd.KIND, "causes": [_cause(e) for e in errors]},
             )
         return defaulted
 
@@ -363,16 +426,28 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return result
 
     def _wants_table(self, request: rendering.Request) -> bool:
-        """kubectl get asks for a server-side Table; only NPUInference has printer columns here."""
-        return self._is_npu_inference(request) and "as=Table" in request.headers.get("Accept", "")
+        """kubectl get asks for a server-side Table; NPUInference's columns are the CRD's printer columns."""
+        if "as=Table" not in request.headers.get("Accept", "") or request.subresource is not None:
+            return False
+        return self._is_npu_inference(request) or self._kind(request) in printer.BUILTIN_KINDS
 
-    def _as_table(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        return printer.table(crd.version_spec().get("additionalPrinterColumns", []), items)
+    def _as_table(
+        self, items: list[dict[str, Any]], request: rendering.Request | None = None, resource_version: str = "1"
+    ) -> dict[str, Any]:
+        if request is not None and not self._is_npu_inference(request):
+            return printer.builtin_table(self._kind(request), items, resource_version)
+        return printer.table(crd.version_spec().get("additionalPrinterColumns", []), items, resource_version)
 
     async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:
         payload: Any = await super()._serve_fetch(request)
-        result: rendering.Payload = self._as_table([payload]) if self._wants_table(request) else payload
+        if request.subresource == "scale":
+            return self._as_scale(request, payload)
+        result: rendering.Payload = self._as_table([payload], request) if self._wants_table(request) else payload
         return result
+
+    async def _serve_update(self, request: rendering.Request) -> rendering.Payload:
+        payload: Any = await super()._serve_update(request)
+        return self._as_scale(request, payload) if request.subresource == "scale" else payload
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         payload: Any = await super()._serve_list(request)
@@ -386,14 +461,311 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 ]
             except ValueError as exc:
                 raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(exc)) from None
+        payload["items"] = [item for item in payload["items"] if self._selected_by_fields(request, item)]
         resource = request.resource
         if resource is not None and resource in self.resources and self.resources[resource].kind:
             payload["kind"] = f"{self.resources[resource].kind}List"
             payload["apiVersion"] = f"{resource.group}/{resource.version}" if resource.group else resource.version
         if self._wants_table(request):
-            payload = self._as_table(payload["items"])
+            payload = self._as_table(payload["items"], request, str(payload["metadata"].get("resourceVersion", "1")))
         result: rendering.Payload = payload
         return result
+
+    # --- what kubectl and client-go read and negotiate ----------------------------------------
+
+    def _serve_what_kubectl_reads(self) -> None:
+        """Routes an API server has beyond kmock's: OpenAPI, watches as JSON; the usual namespaces."""
+        self.fallback["get /openapi/v2"] << self._serve_openapi_v2
+        self.fallback["get /openapi/v3"] << self._serve_openapi_v3_index
+        self.fallback["get", re.compile(r"/openapi/v3/.+")] << self._serve_openapi_v3
+        # A watch is a stream of JSON lines; clients pick their decoder by the content type.
+        (self.fallback**1)[enums.action.WATCH] << {"Content-Type": "application/json"} << self._watch_as_asked
+        namespaces = kmock.resource("", "v1", "namespaces")
+        for name in INITIAL_NAMESPACES:
+            self.objects[namespaces, None, name] = {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": name,
+                    "uid": str(uuid.uuid4()),
+                    "resourceVersion": str(next(self._versions)),
+                    "creationTimestamp": utc_now(),
+                    "labels": {"kubernetes.io/metadata.name": name},
+                },
+                "spec": {"finalizers": ["kubernetes"]},
+                "status": {"phase": "Active"},
+            }
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """kmock reads `/api/v1/namespaces/{name}` as a namespace prefix, never as the namespaces
+        resource (and fails on `/api/v1/namespaces`): such paths are re-addressed as a namespaced
+        `namespaces` resource, whose namespace `_handle` clears again."""
+        match = _NAMESPACES_PATH.fullmatch(raw_request.path)
+        if match is not None:
+            name = f"/{match['name']}" if match["name"] else ""
+            path = f"/api/v1/namespaces/-/namespaces{name}{match['rest'] or ''}"
+            raw_request = raw_request.clone(rel_url=raw_request.rel_url.with_path(path))
+        return await super().__call__(raw_request)
+
+    async def _serve_server_version(self, request: rendering.Request) -> rendering.Payload:
+        """The Kubernetes version whose schemas the sandbox serves (kubectl warns about a skew)."""
+        major, minor, _ = openapi.KUBERNETES_VERSION.split(".")
+        return {
+            "major": major,
+            "minor": minor,
+            "gitVersion": f"v{openapi.KUBERNETES_VERSION}+npu-sandbox",
+            "gitTreeState": "clean",
+            "platform": "linux/amd64",
+        }
+
+    def _served(self) -> dict[tuple[str, str, str], dict[str, Any]]:
+        served: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for resource in self._get_resources():
+            if resource.group is None or resource.version is None or not resource.plural:
+                continue
+            info = self._resources[resource]
+            if info.kind:
+                served[resource.group, resource.version, resource.plural] = {
+                    "kind": info.kind,
+                    "namespaced": info.namespaced,
+                    "verbs": sorted(info.verbs),
+                    "subresources": sorted(info.subresources),
+                }
+        return served
+
+    def _openapi_v3(self) -> dict[str, bytes]:
+        served = self._served()
+        key = json.dumps(sorted(map(list, served)), sort_keys=True)
+        if self._openapi_cache.get("key") != key:
+            self._openapi_cache = {"key": key, "v3": openapi.v3_documents(served)}
+        documents: dict[str, bytes] = self._openapi_cache["v3"]
+        return documents
+
+    async def _serve_openapi_v3_index(self, request: rendering.Request) -> rendering.Payload:
+        return openapi.v3_index(self._openapi_v3())
+
+    async def _serve_openapi_v3(self, request: rendering.Request) -> rendering.Payload:
+        document = self._openapi_v3().get(request.url.path.removeprefix("/openapi/v3/"))
+        if document is None:
+            raise kmock.KubernetesNotFoundError(
+                reason="NotFound", message="the server could not find the requested resource"
+            )
+        return rendering.Response(payload=document, headers={"Content-Type": "application/json"})
+
+    async def _serve_openapi_v2(self, request: rendering.Request) -> rendering.Payload:
+        accept = request.headers.get("Accept", "")
+        if accept and "json" not in accept and "*/*" not in accept:  # client-go asks for protobuf only
+            raise kmock.KubernetesError(
+                status=406, reason="NotAcceptable", message="only application/json is served for OpenAPI v2 here"
+            )
+        return rendering.Response(
+            payload=openapi.v2_document(self._served()), headers={"Content-Type": "application/json"}
+        )
+
+    async def _watch_as_asked(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+        """kmock's watch, with the selectors applied and objects as Tables when kubectl asks for them."""
+        as_table = self._wants_table(request)
+        labels = request.params.get("labelSelector")
+        initial = request.params.get("sendInitialEvents") == "true"
+        async for event in self._watch_with_initial_events(request) if initial else self._serve_watch(request):
+            if isinstance(event, dict) and event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                obj = event.get("object", {})
+                if labels and not matches_selector(obj.get("metadata", {}).get("labels", {}), labels):
+                    continue
+                if not self._selected_by_fields(request, obj):
+                    continue
+                if as_table:
+                    version = str(obj.get("metadata", {}).get("resourceVersion", "1"))
+                    event = {"type": event["type"], "object": self._as_table([obj], request, version)}
+            yield event
+
+    async def _watch_with_initial_events(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+        """A streaming list (client-go's WatchList, on by default since 1.35): the objects as ADDED, then a
+        BOOKMARK marked `k8s.io/initial-events-end` (informers wait for it before they are synced), then
+        live events, from the same moment."""
+        resource = request.resource
+        assert resource is not None
+        yield b""
+        bus = self._buses[resource]
+        async with self._lock:
+            mark = await bus.mark()
+            existing = [
+                obj.raw
+                for (res, namespace, name), obj in self.objects.items()
+                if res == resource
+                and not obj.deleted
+                and request.namespace in (None, namespace)
+                and request.name in (None, name)
+            ]
+            version = str(next(self._versions))
+        for raw in existing:
+            yield {"type": "ADDED", "object": raw}
+        api_version = f"{resource.group}/{resource.version}" if resource.group else resource.version
+        yield {
+            "type": "BOOKMARK",
+            "object": {
+                "kind": self._kind(request),
+                "apiVersion": api_version,
+                "metadata": {"resourceVersion": version, "annotations": {"k8s.io/initial-events-end": "true"}},
+            },
+        }
+        async for event in mark:
+            meta = event.get("object", {}).get("metadata", {})
+            if request.namespace in (None, meta.get("namespace")) and request.name in (None, meta.get("name")):
+                yield event
+
+    def _selected_by_fields(self, request: rendering.Request, obj: Mapping[str, Any]) -> bool:
+        selector = request.params.get("fieldSelector")
+        try:
+            return not selector or matches_fields(obj, selector)
+        except ValueError as exc:
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(exc)) from None
+
+    def _kind(self, request: rendering.Request) -> str | None:
+        resource = request.resource
+        if resource is None or resource not in self.resources:
+            return None
+        kind: str | None = self.resources[resource].kind
+        return kind
+
+    def _replace_as_patch(self, request: rendering.Request) -> None:
+        """PUT (update) replaces the object: a merge patch from the stored one, after the resourceVersion check."""
+        if request.method != enums.method.PUT or request.name is None or not isinstance(request.data, dict):
+            return
+        old = self._stored(request.resource, request.namespace, request.name)
+        if old is None:
+            raise kmock.KubernetesObjectNotFoundError(reason="NotFound", message=f'"{request.name}" not found')
+        expected = request.data.get("metadata", {}).get("resourceVersion")
+        if request.subresource != "scale" and expected and expected != old["metadata"].get("resourceVersion"):
+            raise kmock.KubernetesError(
+                status=409,
+                reason="Conflict",
+                message=f"Operation cannot be fulfilled on {request.resource.plural if request.resource else ''} "
+                f'"{request.name}": the object has been modified; please apply your changes to the latest '
+                "version and try again",
+            )
+        object.__setattr__(request, "action", enums.action.UPDATE)
+        if request.subresource != "scale":
+            object.__setattr__(request, "data", merge_patch(old, request.data))
+
+    def _scale_as_patch(self, request: rendering.Request) -> None:
+        """A Scale written to the scale subresource becomes a patch of the object's replicas path."""
+        if request.subresource != "scale" or request.action != enums.action.UPDATE or request.name is None:
+            return
+        old = self._stored(request.resource, request.namespace, request.name)
+        if old is None:
+            return  # kmock answers 404
+        scale = self._as_scale(request, old)
+        data: Any = request.data
+        try:
+            if isinstance(data, list):
+                scale = jsonpatch.apply_patch(scale, data)
+            elif isinstance(data, dict):
+                scale = dict(dicts.patch_dict(scale, data)) if request.method == enums.method.PATCH else data
+        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=f"the patch failed: {exc}") from None
+        replicas = scale.get("spec", {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise kmock.KubernetesError(
+                status=422,
+                reason="Invalid",
+                message=f'Scale.autoscaling "{request.name}" is invalid: spec.replicas: Invalid value: '
+                f"{replicas!r}: must be greater than or equal to 0",
+                details={"causes": [{"field": "spec.replicas", "message": "must be greater than or equal to 0"}]},
+            )
+        spec_path, _, _ = self._scale_paths(request)
+        patch: dict[str, Any] = {}
+        *parents, leaf = spec_path.lstrip(".").split(".")
+        node = patch
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = replicas
+        object.__setattr__(request, "data", patch)
+
+    def _scale_paths(self, request: rendering.Request) -> tuple[str, str, str]:
+        """The replicas and selector paths of the scale subresource: the CRD's, or a Deployment's."""
+        if self._is_npu_inference(request):
+            scale = crd.version_spec()["subresources"]["scale"]
+            return scale["specReplicasPath"], scale["statusReplicasPath"], scale.get("labelSelectorPath", "")
+        return ".spec.replicas", ".status.replicas", ".spec.selector"
+
+    def _as_scale(self, request: rendering.Request, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The object seen through its scale subresource: an autoscaling/v1 Scale."""
+        spec_path, status_path, selector_path = self._scale_paths(request)
+        selector = printer.json_path(obj, selector_path) if selector_path else None
+        if isinstance(selector, Mapping):  # a LabelSelector, as a string
+            selector = ",".join(f"{k}={v}" for k, v in sorted(selector.get("matchLabels", {}).items()))
+        meta = obj.get("metadata", {})
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                key: meta[key]
+                for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if key in meta
+            },
+            "spec": {"replicas": printer.json_path(obj, spec_path) or 0},
+            "status": {"replicas": printer.json_path(obj, status_path) or 0}
+            | ({"selector": selector} if selector else {}),
+        }
+
+    def _validate_fields(self, request: rendering.Request) -> list[str]:
+        """Unknown fields of a create or patch: refused when `fieldValidation=Strict`, else dropped with a warning.
+
+        The API server decodes the body into the kind's schema: a field it does not know is an error
+        in strict mode; otherwise it is dropped (pruned) and named in a `Warning` header. Kinds
+        without a published schema (kopf's, PodMonitor) keep every field.
+        """
+        resource, kind = request.resource, self._kind(request)
+        body = request.data
+        if (
+            resource is None
+            or kind is None
+            or not isinstance(body, dict)
+            or request.action not in (enums.action.CREATE, enums.action.UPDATE)
+            or request.subresource == "scale"
+        ):
+            return []
+        if "strategic-merge-patch" in request.headers.get("Content-Type", ""):
+            _drop_patch_directives(body)  # applied as a merge patch: its $directives are no fields
+        directive = request.params.get("fieldValidation", "Warn")
+        unknown = openapi.unknown_fields(
+            resource.group or "", resource.version or "", kind, body, prune=directive != "Strict"
+        )
+        if not unknown or directive == "Ignore":
+            return []
+        named = [f'unknown field "{path}"' for path in unknown]
+        if directive == "Strict":
+            raise kmock.KubernetesError(
+                status=400,
+                reason="BadRequest",
+                message=f'{kind} in version "{resource.version}" cannot be handled as a {kind}: '
+                f"strict decoding error: {', '.join(named)}",
+            )
+        return named
+
+    def _dry_run(self, request: rendering.Request, warnings: list[str]) -> aiohttp.web.StreamResponse:
+        """`dryRun=All`: admitted and validated like the real request (done by now), answered, never stored."""
+        old = self._stored(request.resource, request.namespace, request.name or "") if request.name else None
+        if request.action == enums.action.CREATE:
+            meta = request.data.get("metadata", {})
+            if self._stored(request.resource, meta.get("namespace"), meta.get("name", "")) is not None:
+                raise kmock.KubernetesError(
+                    status=409, reason="AlreadyExists", message=f'"{meta.get("name")}" already exists'
+                )
+            answer, status = request.data, 201
+        elif old is None:
+            raise kmock.KubernetesObjectNotFoundError(reason="NotFound", message=f'"{request.name}" not found')
+        elif request.action == enums.action.UPDATE:
+            answer, status = dict(dicts.patch_dict(old, request.data)), 200
+            if request.subresource == "scale":
+                answer = self._as_scale(request, answer)
+        else:  # DELETE
+            answer, status = old, 200
+        response = aiohttp.web.json_response(answer, status=status)
+        for warning in warnings:
+            response.headers.add("Warning", _warning(warning))
+        return response
 
     async def _collect_garbage(self) -> None:
         """Delete every object whose owners are all gone (background propagation), until none is left."""
@@ -424,6 +796,49 @@ def merge_patch(last: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str
         elif isinstance(old, Mapping) and isinstance(desired[key], Mapping):
             patch[key] = merge_patch(old, desired[key])
     return patch
+
+
+def _cause(error: str) -> dict[str, str]:
+    """A StatusCause from `path: message`, the field apart, as kubectl prints it ("The X "n" is invalid: ...")."""
+    field, _, message = error.partition(": ")
+    return {"reason": "FieldValueInvalid", "field": field, "message": message or error}
+
+
+def _drop_patch_directives(value: Any) -> None:
+    """Remove a strategic-merge patch's `$setElementOrder/...`, `$patch`, `$retainKeys` (not emulated)."""
+    if isinstance(value, dict):
+        for key in [key for key in value if key.startswith("$")]:
+            del value[key]
+        for item in value.values():
+            _drop_patch_directives(item)
+    elif isinstance(value, list):
+        for item in value:
+            _drop_patch_directives(item)
+
+
+def _refuse_protobuf(request: rendering.Request) -> None:
+    """Bodies are read as JSON; kubectl's generators (`create namespace`, `create deployment`) send protobuf."""
+    if "protobuf" in request.headers.get("Content-Type", "") and request.body:
+        raise kmock.KubernetesError(
+            status=415,
+            reason="UnsupportedMediaType",
+            message="the sandbox API reads JSON bodies only, not protobuf (write it as YAML and use kubectl apply -f)",
+        )
+
+
+def _is_dry_run(request: rendering.Request) -> bool:
+    """`?dryRun=All` on a write, or DeleteOptions' `dryRun: [All]` in a DELETE's body (as kubectl sends it)."""
+    if request.action not in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE):
+        return False  # reads ignore it, as on an API server
+    if request.params.get("dryRun") == "All":
+        return True
+    body = request.data
+    return request.action == enums.action.DELETE and isinstance(body, dict) and "All" in (body.get("dryRun") or ())
+
+
+def _warning(text: str) -> str:
+    """A `Warning` header as the API server writes it (RFC 7234: code 299, no agent)."""
+    return "299 - " + json.dumps(text)
 
 
 def _body(obj: Mapping[str, Any]) -> dict[str, Any]:

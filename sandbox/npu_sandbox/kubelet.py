@@ -40,7 +40,7 @@ def free_port() -> int:
         return port
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the sandbox dies, however it dies (Linux prctl)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -110,7 +110,7 @@ class LocalPod:
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         self.started_at = utc_now()
         await self._set_status(phase="Running", ready=False, state={"running": {"startedAt": self.started_at}})

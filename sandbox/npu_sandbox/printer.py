@@ -1,14 +1,16 @@
-"""`kubectl get` for custom resources: the CRD's printer columns as a meta.k8s.io/v1 Table, and as text.
+"""`kubectl get` columns: the CRD's printer columns, and Kubernetes' own for a few kinds, as Tables.
 
 The API server renders a CRD's `additionalPrinterColumns` into a Table when kubectl asks for one
 (Accept: ...;as=Table;g=meta.k8s.io;v=v1); the emulator does the same with `table`, so the real
-`kubectl get npuinf` shows our columns. `text` prints a Table the way kubectl does.
+`kubectl get npuinf` shows our columns. `builtin_table` does it for the kinds whose columns a user
+of the sandbox reads (Events, Namespaces, Deployments, Pods), with the API server's column names.
+`text` prints a Table the way kubectl does.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -41,8 +43,10 @@ def age(timestamp: str | None, now: datetime.datetime | None = None) -> str:
     return f"{hours}h" if days == 0 else (f"{days}d{hours % 24}h" if days < 8 else f"{days}d")
 
 
-def table(printer_columns: Sequence[Mapping[str, Any]], objects: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The Table an API server returns for `objects`, from a CRD version's printer printer_columns."""
+def table(
+    printer_columns: Sequence[Mapping[str, Any]], objects: Sequence[Mapping[str, Any]], resource_version: str = "1"
+) -> dict[str, Any]:
+    """The Table an API server returns for `objects`, from a CRD version's printer columns."""
     definitions = [
         {"name": "Name", "type": "string", "format": "name", "description": "Name of the resource", "priority": 0}
     ] + [
@@ -63,23 +67,113 @@ def table(printer_columns: Sequence[Mapping[str, Any]], objects: Sequence[Mappin
             if column["type"] == "date":
                 value = age(value)
             cells.append(value)
-        rows.append(
-            {
-                "cells": cells,
-                "object": {
-                    "kind": "PartialObjectMetadata",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": obj.get("metadata", {}),
-                },
-            }
-        )
+        rows.append(_row(cells, obj))
+    return _table(definitions, rows, resource_version)
+
+
+def _row(cells: list[Any], obj: Mapping[str, Any]) -> dict[str, Any]:
+    metadata = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata", {})}
+    return {"cells": cells, "object": metadata}
+
+
+def _table(definitions: list[dict[str, Any]], rows: list[dict[str, Any]], resource_version: str) -> dict[str, Any]:
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
-        "metadata": {"resourceVersion": "1"},
+        "metadata": {"resourceVersion": resource_version},
         "columnDefinitions": definitions,
         "rows": rows,
     }
+
+
+def _event_object(event: Mapping[str, Any]) -> str:
+    involved = event.get("involvedObject", {})
+    return f"{str(involved.get('kind', '')).lower()}/{involved.get('name', '')}"
+
+
+def _event_source(event: Mapping[str, Any]) -> str:
+    source = event.get("source", {})
+    component = source.get("component") or event.get("reportingComponent") or ""
+    return f"{component}, {source['host']}" if source.get("host") else component
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> str:
+    statuses = pod.get("status", {}).get("containerStatuses", [])
+    total = len(pod.get("spec", {}).get("containers", []))
+    return f"{sum(1 for s in statuses if s.get('ready'))}/{total}"
+
+
+def _restarts(pod: Mapping[str, Any]) -> int:
+    return sum(int(s.get("restartCount", 0)) for s in pod.get("status", {}).get("containerStatuses", []))
+
+
+def _name(obj: Mapping[str, Any]) -> Any:
+    return obj.get("metadata", {}).get("name")
+
+
+def _age(obj: Mapping[str, Any]) -> str:
+    return age(obj.get("metadata", {}).get("creationTimestamp"))
+
+
+Column = tuple[str, int, Callable[[Mapping[str, Any]], Any]]  # name, priority, cell
+
+# The API server's own columns (kubernetes/pkg/printers/internalversion), for the kinds shown here.
+BUILTIN_COLUMNS: dict[str, tuple[Column, ...]] = {
+    "Event": (
+        ("Last Seen", 0, lambda e: age(e.get("lastTimestamp") or e.get("eventTime") or e.get("firstTimestamp"))),
+        ("Type", 0, lambda e: e.get("type")),
+        ("Reason", 0, lambda e: e.get("reason")),
+        ("Object", 0, _event_object),
+        ("Subobject", 1, lambda e: e.get("involvedObject", {}).get("fieldPath", "")),
+        ("Source", 1, _event_source),
+        ("Message", 0, lambda e: e.get("message")),
+        ("First Seen", 1, lambda e: age(e.get("firstTimestamp") or e.get("eventTime"))),
+        ("Count", 1, lambda e: e.get("series", {}).get("count") or e.get("count", 0)),
+        ("Name", 1, _name),
+    ),
+    "Namespace": (
+        ("Name", 0, _name),
+        ("Status", 0, lambda ns: ns.get("status", {}).get("phase")),
+        ("Age", 0, _age),
+    ),
+    "Deployment": (
+        ("Name", 0, _name),
+        ("Ready", 0, lambda d: f"{d.get('status', {}).get('readyReplicas', 0)}/{d.get('spec', {}).get('replicas', 1)}"),
+        ("Up-to-date", 0, lambda d: d.get("status", {}).get("updatedReplicas", 0)),
+        ("Available", 0, lambda d: d.get("status", {}).get("availableReplicas", 0)),
+        ("Age", 0, _age),
+    ),
+    "Pod": (
+        ("Name", 0, _name),
+        ("Ready", 0, _pod_ready),
+        (
+            "Status",
+            0,
+            lambda p: (
+                (p.get("metadata", {}).get("deletionTimestamp") and "Terminating")
+                or p.get("status", {}).get("phase", "Pending")
+            ),
+        ),
+        ("Restarts", 0, _restarts),
+        ("Age", 0, _age),
+        ("IP", 1, lambda p: p.get("status", {}).get("podIP", "<none>")),
+        ("Node", 1, lambda p: p.get("spec", {}).get("nodeName", "<none>")),
+    ),
+}
+BUILTIN_KINDS = frozenset(BUILTIN_COLUMNS)
+
+
+def builtin_table(
+    kind: str | None, objects: Sequence[Mapping[str, Any]], resource_version: str = "1"
+) -> dict[str, Any]:
+    """The Table the API server prints for one of `BUILTIN_KINDS`."""
+    columns = BUILTIN_COLUMNS[kind or ""]
+    definitions = [
+        {"name": name, "type": "string", "format": "name" if name == "Name" else "", "description": "", "priority": p}
+        for name, p, _ in columns
+    ]
+    rows = [_row([cell(obj) for _, _, cell in columns], obj) for obj in objects]
+    return _table(definitions, rows, resource_version)
 
 
 def text(rendered: Mapping[str, Any], *, wide: bool = False) -> str:

@@ -113,3 +113,14 @@ def test_the_npuinference_variable_reads_the_podmonitors_label(board: dict[str, 
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["npuinference"]["definition"].endswith(", inference_npu_dev_name)")
     assert variables["namespace"]["definition"].endswith(", namespace)")
+
+
+def test_panels_that_only_an_npu_fills_say_so(board: dict[str, Any]) -> None:
+    """The list tests/e2e/test_dashboard_queries.py checks against a real Prometheus on CPU."""
+    npu_only = generator().NPU_ONLY
+    titles = {panel["title"] for panel in panels(board)}
+    assert npu_only <= titles, npu_only - titles
+    for panel in panels(board):
+        assert ("NPU only:" in panel["description"]) == (panel["title"] in npu_only), panel["title"]
+    for title in npu_only:
+        assert title in board["description"]

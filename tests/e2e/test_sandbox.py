@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from npu_sandbox import prometheus
 
+from tests.e2e.conftest import SandboxRun
 from tests.runtime.serve_helpers import alive
 
 
@@ -29,17 +28,8 @@ def processes_mentioning(text: str) -> list[str]:
 
 @pytest.mark.engine
 @pytest.mark.timeout(900)
-def test_the_sandbox_runs_the_whole_chain_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    workdir = tmp_path / "sandbox"
-    summary_path = tmp_path / "summary.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "npu_sandbox", "--workdir", str(workdir), "--summary", str(summary_path)],
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = json.loads(summary_path.read_text())
+def test_the_sandbox_runs_the_whole_chain_and_leaves_nothing_behind(sandbox_run: SandboxRun) -> None:
+    result, summary, workdir = sandbox_run.result, sandbox_run.summary, sandbox_run.workdir
 
     assert summary["ready"] is True
     assert summary["phase"] == "Ready"
@@ -60,3 +50,25 @@ def test_the_sandbox_runs_the_whole_chain_and_leaves_nothing_behind(tmp_path: Pa
     for pid in summary["pids"].values():
         assert pid is not None and not alive(pid), f"process {pid} outlived the sandbox"
     assert processes_mentioning(str(workdir)) == []
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(900)
+def test_a_real_prometheus_scraped_the_sandbox_and_shows_the_plan_downgrade_alert(sandbox_run: SandboxRun) -> None:
+    if prometheus.binary() is None:
+        pytest.skip("prometheus not found: install Debian's prometheus package (scripts/bootstrap does it as root)")
+    found = sandbox_run.summary["prometheus"]
+    # Every npu_graph_* metric the CPU build produces, with the labels the chart's PodMonitor gives.
+    assert found["metrics"] == ["npu_graph_downgrades_total", "npu_graph_mode_info"]
+    for series in found["series"]:
+        for label in ('namespace="default"', 'inference_npu_dev_name="tiny-llama"', 'pod="tiny-llama-'):
+            assert label in series, series
+    assert any('stage="plan"' in s and 'reason="CpuHasNoGraphs"' in s for s in found["series"])
+    alerts = {(a["name"], a["state"]) for a in found["alerts"]}
+    assert ("NPUGraphModeDowngradedByPlan", "pending") in alerts or ("NPUGraphModeDowngradedByPlan", "firing") in alerts
+    plan = next(a for a in found["alerts"] if a["name"] == "NPUGraphModeDowngradedByPlan")
+    assert plan["labels"]["reason"] == "CpuHasNoGraphs" and plan["labels"]["to_mode"] == "NONE"
+    assert plan["summary"] == "default/tiny-llama: planned NONE instead of FULL_DECODE_ONLY"
+    assert {a["name"] for a in found["alerts"]} == {"NPUGraphModeDowngradedByPlan"}, found["alerts"]
+    for heading in ("npu_graph_* series scraped (GET /api/v1/series)", "alerts pending or firing"):
+        assert heading in sandbox_run.result.stdout

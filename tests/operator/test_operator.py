@@ -213,6 +213,8 @@ async def test_invalid_spec_is_marked_once_and_then_left_alone(operator: LocalCl
 
     (event,) = await operator.wait_for(warning)
     assert event["type"] == "Warning" and "spec.npu.resourceName" in event["message"]
+    # kubectl describe's "From" and the reporting controller name the operator, not kopf
+    assert event["source"]["component"] == event["reportingComponent"] == "npu-operator"
 
     await asyncio.sleep(1.0)  # let kopf finish its own bookkeeping of the failed handler
     before = len(operator.writes())
