@@ -17,9 +17,19 @@
 
 # The operator's base: the Python the project is tested with.
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
-# The runtime's base: quay.io/ascend/vllm-ascend:<version><variant>. The variant picks the SoC and
-# OS: "" = Atlas A2 (910B) on Ubuntu, "-a3" = Atlas A3 (910C), "-310p" = Atlas 300I Duo,
-# "-950dt" = Atlas 950DT; add "-openeuler" for openEuler (e.g. "-a3-openeuler").
+# The runtime's base: quay.io/ascend/vllm-ascend:<version><variant>. The version is the image
+# default of npu_runtime/engines.py RELEASES (vllm-ascend 0.23.0 with vLLM 0.23.0; the observer's
+# hooks are checked against its source by tests/compat). The variants, as vllm-ascend's image
+# workflow publishes them (npu_runtime/engines.py IMAGE_VARIANTS; tests/image checks this list):
+#   variant            SoC    OS
+#   ""                 A2     Ubuntu      (Atlas A2, 910B; the default)
+#   "-openeuler"       A2     openEuler
+#   "-a3"              A3     Ubuntu      (Atlas A3, 910C / 910_93)
+#   "-a3-openeuler"    A3     openEuler
+#   "-a5"              A5     Ubuntu      (Atlas 950)
+#   "-a5-openeuler"    A5     openEuler
+#   "-310p"            310P   Ubuntu      (Atlas 300I Duo / Pro)
+#   "-310p-openeuler"  310P   openEuler
 ARG VLLM_ASCEND_IMAGE=quay.io/ascend/vllm-ascend
 ARG VLLM_ASCEND_VERSION=v0.23.0
 ARG VLLM_ASCEND_VARIANT=""
@@ -78,6 +88,9 @@ COPY --from=wheel /wheels /tmp/wheels
 # 2. What the runtime needs beyond the core, only where the image lacks it (the `runtime` extra
 #    and PyYAML; a requirement already satisfied is left alone).
 # 3. Proof: the engine's packages are exactly what they were, and the plugin entry point is there.
+# 4. `npu-runtime doctor --no-device`: the observer's hooks bind on this engine's source (AST; no
+#    device, driver or CANN needed) and the plugin is registered; it exits non-zero when the
+#    observer would be blind, so such an image is never pushed.
 RUN python3 -m pip list --format=freeze \
         | grep -iE '^(torch|torch[-_]npu|vllm|vllm[-_]ascend|triton[-_]ascend)==' | sort > /tmp/engine-before.txt \
     && python3 -m pip install --no-cache-dir --no-deps /tmp/wheels/npu_inference-*.whl \
@@ -88,6 +101,7 @@ RUN python3 -m pip list --format=freeze \
     && diff /tmp/engine-before.txt /tmp/engine-after.txt \
     && python3 -c "import importlib.metadata as m; assert any(e.name == 'npu_graph_observer' for e in m.entry_points(group='vllm.general_plugins'))" \
     && python3 -c "import npu_runtime.cli" \
+    && npu-runtime doctor --no-device \
     && rm -rf /tmp/wheels /tmp/engine-before.txt /tmp/engine-after.txt
 # No ENTRYPOINT here: the base image's one sources the CANN environment, then runs the command.
 # The operator's pods pass `npu-runtime serve ...` as args, never as command, for the same reason.

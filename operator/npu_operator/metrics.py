@@ -1,4 +1,4 @@
-"""The operator's own Prometheus metrics (names are a contract: see DESIGN.md)."""
+"""The operator's own Prometheus metrics (names are a contract: docs/design.md, "Contract 2")."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
     npu-runtime probe [--json]
     npu-runtime plan --model PATH [planner options] [--json]
     npu-runtime serve --model PATH [serve and planner options] [-- engine args]   (npu_runtime.serve)
+    npu-runtime doctor [--json] [--no-device]   (npu_runtime.doctor; exit 4: the observer would be blind)
 
 Exit status: 0 on success, 2 on invalid input (the message on stderr names the field), 3 when
 the model cannot fit the device. Subcommands are looked up in `COMMANDS` (name -> "module:function",
@@ -31,6 +32,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "probe": ("npu_runtime.cli:probe_command", "show the accelerator this pod sees"),
     "plan": ("npu_runtime.cli:plan_command", "plan graph mode, capture sizes and memory for a model"),
     "serve": ("npu_runtime.serve:serve_command", "plan, start vLLM with the plan, report what the engine did"),
+    "doctor": ("npu_runtime.doctor:doctor_command", "engine versions, CANN, observer hooks, plugin, device"),
 }
 
 

@@ -1,7 +1,7 @@
 """Every metric the runtime exports, in one place: names, types, labels, help, buckets.
 
 The names and labels are a contract with the chart's dashboard and alerts and with users' own
-queries (DESIGN.md's table); tests list `RUNTIME_METRICS` to check both sides against it. The
+queries (docs/design.md's metric table); tests list `RUNTIME_METRICS` to check both sides against it. The
 operator's own metrics (`npu_operator_*`) are defined by the operator.
 
 How the values get here: the graph observer runs inside vLLM's processes and writes one JSON

@@ -1,6 +1,6 @@
 """A tiny Llama model generated on the spot: a real model directory for a real vLLM engine, no download.
 
-Shape (see ENVIRONMENT.md): hidden 128, 2 attention heads of 64 (the CPU attention kernels reject
+Shape: hidden 128, 2 attention heads of 64 (the CPU attention kernels reject
 head_dim 16), 1 KV head, 2 layers, intermediate 256, a byte-level BPE vocabulary of about 500.
 Weights are random but seeded, so two calls give the same files. The output is garbage text;
 what matters is that the engine loads it, plans for it and serves it in seconds.

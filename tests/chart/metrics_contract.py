@@ -41,7 +41,7 @@ def series(name: str, kind: str) -> set[str]:
 
 
 def contract_name(name: str, kind: str) -> str:
-    """The name DESIGN.md's table uses: counters with _total, the rest as declared."""
+    """The name docs/design.md's metric table uses: counters with _total, the rest as declared."""
     return f"{name.removesuffix('_total')}_total" if kind == "counter" else name
 
 

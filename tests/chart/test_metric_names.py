@@ -2,7 +2,7 @@
 
 A renamed metric in operator/npu_operator/metrics.py or runtime/npu_runtime/metrics.py breaks
 these tests until the dashboard (scripts/gen_dashboard.py) and the alerts follow it; so does a
-metric name in DESIGN.md's table that the dashboard does not show.
+metric name in docs/design.md's table that the dashboard does not show.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.design_metrics import DESIGN_TABLE, OPERATOR_PREFIX
 DASHBOARD = CHART / "files" / "dashboards" / "npu-inference.json"
 METRICS_MODULES = ("npu_operator.metrics", "npu_runtime.metrics")
 
-# The contract: DESIGN.md's metric table, name -> type.
+# The contract: docs/design.md's metric table, name -> type.
 DESIGN_METRICS = {name: kind for name, (kind, _labels) in DESIGN_TABLE.items()}
 # vLLM's own metrics the dashboard uses (port 8000), as vLLM 0.31 defines them in
 # vllm/v1/metrics/loggers.py (prometheus_client names: counters without _total).
@@ -143,7 +143,7 @@ def test_every_operator_metric_the_dashboard_and_alerts_use_is_defined(rules: li
 def test_every_design_metric_appears_in_the_dashboard() -> None:
     in_dashboard = set().union(*(metrics_contract.used(expr) for _, expr in dashboard_queries()))
     missing = [name for name, kind in DESIGN_METRICS.items() if not metrics_contract.series(name, kind) & in_dashboard]
-    assert not missing, f"DESIGN.md metrics without a dashboard panel: {missing}"
+    assert not missing, f"docs/design.md metrics without a dashboard panel: {missing}"
 
 
 # --- the definitions -----------------------------------------------------------------------------

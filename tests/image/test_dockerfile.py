@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from npu_operator import builders
+from npu_runtime import engines
 from packaging.requirements import Requirement
 
 from tests.chart.helm import one, render
@@ -142,6 +143,35 @@ def test_runtime_builds_on_a_pinned_vllm_ascend_image(dockerfile: tuple[dict[str
     assert global_args["VLLM_ASCEND_IMAGE"] == "quay.io/ascend/vllm-ascend"
     assert re.fullmatch(r"v\d+\.\d+\.\d+", global_args["VLLM_ASCEND_VERSION"]), "pin a release, not latest/main"
     assert "VLLM_ASCEND_VARIANT" in global_args, "the SoC variant is a build argument"
+
+
+def test_the_default_base_is_the_default_supported_release(dockerfile: tuple[dict[str, str], dict[str, Stage]]) -> None:
+    # One list (npu_runtime.engines.RELEASES) says which engine the image ships; tests/compat checks
+    # the observer against that release's source. The Dockerfile's default must be that release.
+    global_args, _ = dockerfile
+    default = engines.default_release()
+    assert global_args["VLLM_ASCEND_VERSION"] == default.image_tag
+    assert global_args["VLLM_ASCEND_IMAGE"] == engines.IMAGE_REPOSITORY
+    assert global_args["VLLM_ASCEND_VARIANT"] == ""  # A2 on Ubuntu, vllm-ascend's plain tag
+    assert default.versions["vllm"] == default.image_tag.removeprefix("v")
+
+
+def test_the_documented_variants_are_the_ones_vllm_ascend_publishes() -> None:
+    # engines.IMAGE_VARIANTS holds the suffixes of vllm-ascend's image workflow (its v0.23.0 tag's
+    # .github/workflows/schedule_image_build_and_push.yaml); the Dockerfile's table lists the same.
+    documented = re.findall(r'^#\s+"([^"]*)"\s+(\S+)\s+(\S+)', DOCKERFILE.read_text(encoding="utf-8"), re.M)
+    assert [(suffix, soc, os_name) for suffix, soc, os_name in documented] == [
+        (variant.suffix, variant.soc, variant.os) for variant in engines.IMAGE_VARIANTS
+    ]
+    assert {v.suffix for v in engines.IMAGE_VARIANTS} >= {"", "-a3", "-310p", "-a5", "-openeuler", "-a3-openeuler"}
+    assert engines.base_image(engines.IMAGE_VARIANTS[2]) == "quay.io/ascend/vllm-ascend:v0.23.0-a3"
+
+
+def test_runtime_image_build_runs_the_doctor_without_a_device(stages: dict[str, Stage]) -> None:
+    run = stages["runtime"].run_text()
+    assert "npu-runtime doctor --no-device" in run, "a blind observer must fail the image build"
+    # After the package is installed (the doctor is its command), in the same RUN that checks it.
+    assert run.index("pip install --no-cache-dir --no-deps") < run.index("npu-runtime doctor")
 
 
 def test_runtime_keeps_the_base_images_entrypoint(stages: dict[str, Stage]) -> None:

@@ -21,7 +21,7 @@ DEVICES: dict[str, DeviceInfo] = {
     "GPU-141GiB": DeviceInfo("cuda", "NVIDIA H200", 8, 141 * GIB, None, "override"),
     "CPU-64GiB": DeviceInfo("cpu", "cpu", 1, 64 * GIB, None, "override"),
 }
-# Pods set HCCL_OP_EXPANSION_MODE=AIV (shared/DESIGN.md, recommended env).
+# Pods set HCCL_OP_EXPANSION_MODE=AIV (the recommended Ascend environment, README "The operator in one paragraph").
 POD_ENV = {"HCCL_OP_EXPANSION_MODE": "AIV"}
 
 

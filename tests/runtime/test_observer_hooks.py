@@ -377,7 +377,7 @@ class Runner:
 
 def hooked_runner(observer: vllm_hooks.Observer) -> type[Runner]:
     """A runner class in a module of its own, hooked by the real patch function."""
-    module = types.ModuleType("fake_gpu_model_runner")
+    module = types.ModuleType("vllm.v1.worker.gpu_model_runner")  # the name the target table knows
 
     class GPUModelRunner(Runner):
         _determine_batch_execution_and_padding = Runner._determine_batch_execution_and_padding

@@ -1,7 +1,8 @@
 """Hook machinery: wrap a method so that our code can fail without the engine noticing.
 
 - `Hook`: one named instrumentation point. Its first failure disables it for the rest of the
-  process, counts `npu_graph_instrumentation_errors_total{hook}`, and logs once.
+  process, counts `npu_graph_instrumentation_errors_total{hook}`, and logs once; so does a
+  refusal (`refuse`: what the hook reads is not there), which also lists it as unavailable.
 - `wrap_method`: replace `cls.attr` (a plain function defined on that class) by a wrapper,
   idempotently; the wrapper keeps the original in `__wrapped__`.
 - `around`: the usual wrapper: `before` and `after` run in try blocks, the original outside
@@ -31,13 +32,37 @@ MARK: Final = "__npu_graph_observer__"
 class Hook:
     """A named hook that disables itself on its first failure."""
 
-    def __init__(self, name: str, on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        on_error: Callable[[str], None] | None = None,
+        on_unavailable: Callable[[str], None] | None = None,
+    ) -> None:
         self.name = name
         self.disabled = False
         self.on_error = on_error
+        self.on_unavailable = on_unavailable
+
+    def refuse(self, reason: str) -> None:
+        """What the hook reads is missing: disable, count, report it unavailable with `reason`. Never raises."""
+        try:
+            if self.disabled:
+                return
+            self.disabled = True
+            log.warning("npu graph observer: hook %r cannot bind (%s); the engine is unaffected", self.name, reason)
+            if self.on_error is not None:
+                self.on_error(self.name)
+            if self.on_unavailable is not None:
+                self.on_unavailable(f"{self.name}: {reason}")
+        except Exception:
+            pass
 
     def fail(self) -> None:
-        """Call from an `except` block: disable, count, log once. Never raises."""
+        """Call from an `except` block: disable, count, log once. Never raises.
+
+        An AttributeError (an engine object without an attribute the hook reads, found at its
+        first use) also lists the hook as unavailable, with the attribute's name.
+        """
         try:
             if self.disabled:
                 return
@@ -49,6 +74,9 @@ class Hook:
             )
             if self.on_error is not None:
                 self.on_error(self.name)
+            error = sys.exc_info()[1]
+            if isinstance(error, AttributeError) and self.on_unavailable is not None:
+                self.on_unavailable(f"{self.name}: {error}")
         except Exception:
             pass
 
@@ -82,17 +110,27 @@ def around(
     after: Callable[[Any, tuple[Any, ...], dict[str, Any], Any, Any], None] | None = None,
     *,
     outermost_only: bool = False,
+    require: Sequence[str] = (),
 ) -> Callable[..., Any]:
     """A method wrapper calling `before(self, args, kwargs) -> ctx` and `after(self, args, kwargs, ctx, result)`.
 
     With `outermost_only`, a call nested in another call of the same hook (a subclass override
     calling `super()`, both wrapped) runs the original alone, so nothing is counted twice.
+    `require`: attributes the hook reads on `self`, checked at the first call; one missing makes
+    the hook refuse (it never reads).
     """
     name = hook.name
+    unchecked = [bool(require)]
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if hook.disabled:
             return original(self, *args, **kwargs)
+        if unchecked[0]:
+            unchecked[0] = False
+            missing = [attr for attr in require if not hasattr(self, attr)]
+            if missing:
+                hook.refuse(f"{type(self).__name__} has no attribute {missing[0]}")
+                return original(self, *args, **kwargs)
         if outermost_only:
             active = _reentry.active
             if name in active:
@@ -120,15 +158,6 @@ def around(
         return result
 
     return wrapper
-
-
-def argument(args: Sequence[Any], kwargs: dict[str, Any], index: int, name: str, default: Any = None) -> Any:
-    """A call's argument by keyword or position (`index` counts after `self`)."""
-    if name in kwargs:
-        return kwargs[name]
-    if index < len(args):
-        return args[index]
-    return default
 
 
 # ----- run code when a module is imported -----

@@ -1,8 +1,11 @@
 """The hooks on vLLM's and vllm-ascend's classes. Every module, class and method is feature-detected.
 
-Read against vLLM 0.31.0 (the CPU build the tests run) and vllm-ascend main of 2026-08 (commit
-182b75ea) plus its v0.13.0, v0.18.0 and v0.23.0 tags (docs/serve.md); what a version lacks is
-simply not hooked and is listed as unavailable in the process's report. Engine-stage reason codes
+What each hook patches and reads is the table in `targets`: parameters are bound by name from the
+target's signature when it is patched, and a hook whose parameters are missing or moved refuses to
+install (listed as unavailable with the name, counted in npu_graph_instrumentation_errors_total);
+attributes read on the hooked object are checked at its first call. The table is checked against
+every release in `npu_runtime.engines.RELEASES` by tests/compat (docs/serve.md shows the matrix);
+what a release lacks is simply not hooked and is listed as unavailable. Engine-stage reason codes
 reuse the planner's (npu_runtime.modes) where the cause is the same, so a dashboard can put the
 predicted and the observed downgrade side by side.
 
@@ -27,26 +30,23 @@ Hooks (the name is the `hook` label of npu_graph_instrumentation_errors_total):
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final, NamedTuple
 
-from npu_runtime.observer.hooks import Hook, argument, around, when_imported, wrap_method
+from npu_runtime.observer import targets
+from npu_runtime.observer.hooks import Hook, around, when_imported, wrap_method
 from npu_runtime.observer.recorder import DeviceEvent, EventTimer, Key, Recorder
+from npu_runtime.observer.targets import BindError, Binding, Target
 
 _UNSET: Final = object()
 CaptureToken = tuple[float, int | None]  # (perf_counter at the start, free device bytes then)
 ReplayToken = tuple[DeviceEvent, DeviceEvent] | None  # the timer's event pair; None: not timed
 
-# (module, class) pairs for the V1 and V2 model runners; the vllm-ascend ones override most methods.
-RUNNER_CLASSES: Final = (
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
-    ("vllm_ascend.worker.model_runner_v1", "NPUModelRunner"),
-    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
-    ("vllm_ascend.worker.v2.model_runner", "NPUModelRunner"),
-)
+RUNNER_CLASSES: Final = targets.RUNNER_CLASSES
 
 
 class GraphWrapperClass(NamedTuple):
@@ -57,6 +57,10 @@ class GraphWrapperClass(NamedTuple):
     class_name: str
     entries_attr: str  # the wrapper's dict of entries by batch descriptor
     graph_attr: str  # an entry's graph, None until it is captured
+
+    @property
+    def target(self) -> Target:
+        return targets.target(self.hook, self.module, self.class_name, "__call__")
 
 
 CUDA_GRAPH_WRAPPER: Final = GraphWrapperClass(
@@ -99,7 +103,7 @@ class Observer:
     def hook(self, name: str) -> Hook:
         hook = self.hooks.get(name)
         if hook is None:
-            hook = self.hooks[name] = Hook(name, self.recorder.record_hook_error)
+            hook = self.hooks[name] = Hook(name, self.recorder.record_hook_error, self.unavailable)
         return hook
 
     def installed(self, what: str) -> None:
@@ -109,6 +113,12 @@ class Observer:
     def unavailable(self, what: str) -> None:
         if what not in self.recorder.hooks_unavailable:
             self.recorder.hooks_unavailable.append(what)
+
+    def refuse(self, hook: str, what: str, reason: str) -> None:
+        """A target the hook cannot bind: unavailable with the reason, one instrumentation error."""
+        if f"{what}: {reason}" not in self.recorder.hooks_unavailable:
+            self.unavailable(f"{what}: {reason}")
+            self.recorder.record_hook_error(hook)
 
     # ----- device helpers (torch and the platform are imported here, at first use) -----
 
@@ -192,29 +202,43 @@ def install(observer: Observer) -> None:
     when_imported("vllm.v1.worker.gpu.cudagraph_utils", functools.partial(patch_graph_manager, observer))
 
 
-def _patch(observer: Observer, cls: type, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
-    what = f"{cls.__module__}.{cls.__qualname__}.{attr}"
-    if wrap_method(cls, attr, make):
-        observer.installed(what)
+MakeWrapper = Callable[[Callable[..., Any], Binding], Callable[..., Any]]
+
+
+def _patch(observer: Observer, cls: type, target: Target, make: MakeWrapper) -> bool:
+    """Wrap `cls.<target.method>` if `cls` defines it; False when it does not (nothing to hook here).
+
+    The parameters the hook reads are bound by name first: when one is missing or moved the hook
+    refuses (unavailable with the reason, one instrumentation error) and the method stays as it is.
+    """
+    what = f"{cls.__module__}.{cls.__qualname__}.{target.method}"
+    original = cls.__dict__.get(target.method)
+    if original is None or not inspect.isfunction(original):
+        return False
+    try:
+        binding = targets.bind(original, target.params)
+    except BindError as exc:
+        observer.refuse(target.hook, what, str(exc))
         return True
-    return False
+    if wrap_method(cls, target.method, lambda function: make(function, binding)):
+        observer.installed(what)
+    return True
 
 
 # ----- configuration: the mode the engine resolves -----
 
 
 def patch_config(observer: Observer, module: ModuleType) -> None:
+    post_init = targets.target("config_post_init", targets.CONFIG, "VllmConfig", "__post_init__")
     vllm_config = getattr(module, "VllmConfig", None)
     if vllm_config is None or not _patch(
-        observer, vllm_config, "__post_init__", lambda original: config_post_init_wrapper(observer, original)
+        observer, vllm_config, post_init, lambda original, binding: config_post_init_wrapper(observer, original)
     ):
         observer.unavailable("VllmConfig.__post_init__")
+    resolve = targets.target("resolve_mode", targets.CONFIG, "CompilationConfig", "resolve_cudagraph_mode_and_sizes")
     compilation = getattr(module, "CompilationConfig", None)
     if compilation is None or not _patch(
-        observer,
-        compilation,
-        "resolve_cudagraph_mode_and_sizes",
-        lambda original: resolve_mode_wrapper(observer, original),
+        observer, compilation, resolve, lambda original, binding: resolve_mode_wrapper(observer, original, binding)
     ):
         observer.unavailable("CompilationConfig.resolve_cudagraph_mode_and_sizes")
 
@@ -235,7 +259,8 @@ def config_post_init_wrapper(observer: Observer, original: Callable[..., Any]) -
             reason, message = config_downgrade_reason(config, requested, final)
             recorder.record_downgrade(requested, final, reason, message)
 
-    return around(hook, original, before, after, outermost_only=True)
+    target = targets.target("config_post_init", targets.CONFIG, "VllmConfig", "__post_init__")
+    return around(hook, original, before, after, outermost_only=True, require=target.self_attributes)
 
 
 def config_downgrade_reason(config: Any, requested: str, final: str, *, platform: Any = _UNSET) -> tuple[str, str]:
@@ -275,7 +300,7 @@ def config_downgrade_reason(config: Any, requested: str, final: str, *, platform
     )
 
 
-def resolve_mode_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+def resolve_mode_wrapper(observer: Observer, original: Callable[..., Any], binding: Binding) -> Callable[..., Any]:
     hook = observer.hook("resolve_mode")
     recorder = observer.recorder
 
@@ -289,9 +314,9 @@ def resolve_mode_wrapper(observer: Observer, original: Callable[..., Any]) -> Ca
         recorder.record_resolved_mode(final)
         if requested is None or requested in (final, "NONE"):
             return
-        support = argument(args, kwargs, 0, "min_cg_support")
-        backend = argument(args, kwargs, 1, "min_cg_attn_backend")
-        piecewise_available = argument(args, kwargs, 8, "piecewise_capture_available", True)
+        support = binding.get(args, kwargs, "min_cg_support")
+        backend = binding.get(args, kwargs, "min_cg_attn_backend")
+        piecewise_available = binding.get(args, kwargs, "piecewise_capture_available", True)
         support_name = mode_name(support)
         change = f"cudagraph_mode {requested} -> {final}"
         if support_name is not None and support_name != "ALWAYS":
@@ -305,7 +330,8 @@ def resolve_mode_wrapper(observer: Observer, original: Callable[..., Any]) -> Ca
             message = f"the engine set {change} while resolving graph support"
         recorder.record_downgrade(requested, final, reason, message)
 
-    return around(hook, original, before, after, outermost_only=True)
+    target = targets.target("resolve_mode", targets.CONFIG, "CompilationConfig", "resolve_cudagraph_mode_and_sizes")
+    return around(hook, original, before, after, outermost_only=True, require=target.self_attributes)
 
 
 # ----- the static graph wrappers: capture and replay -----
@@ -350,11 +376,12 @@ def hook_graph_wrapper(
     """
     modes = observer.modes()
     hook = observer.hook(wrapper.hook)
+    target = wrapper.target
     return _patch(
         observer,
         cls,
-        "__call__",
-        lambda original: graph_call_wrapper(
+        target,
+        lambda original, binding: graph_call_wrapper(
             observer,
             hook,
             original,
@@ -364,6 +391,7 @@ def hook_graph_wrapper(
             context_available=context_available,
             none_mode=modes.NONE,
             full_mode=modes.FULL,
+            require=target.self_attributes,
         ),
     )
 
@@ -379,19 +407,28 @@ def graph_call_wrapper(
     context_available: Callable[[], bool] | None,
     none_mode: Any,
     full_mode: Any,
+    require: tuple[str, ...] = (),
 ) -> Callable[..., Any]:
     """`__call__` of a static graph wrapper: capture when the entry has no graph yet, else replay.
 
     Decode path cost: a forward-context lookup, a dict lookup, two device event records and a
     deque append; no synchronisation. Piecewise replays (one per layer piece) are not timed.
+    `require`: the wrapper's own attributes the hook reads, checked at the first call.
     """
     begin_capture, end_capture = observer.begin_capture, observer.end_capture
     begin_replay, end_replay = observer.begin_replay, observer.end_replay
     passthrough, capture, replay = 0, 1, 2
+    unchecked = [bool(require)]
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if hook.disabled:
             return original(self, *args, **kwargs)
+        if unchecked[0]:
+            unchecked[0] = False
+            missing = targets.missing_attributes(self, require)
+            if missing:
+                hook.refuse(f"{type(self).__name__} has no attribute {missing[0]}")
+                return original(self, *args, **kwargs)
         action = passthrough
         key: Key = ("", 0)
         token: Any = None
@@ -435,25 +472,37 @@ def patch_runner(observer: Observer, module: ModuleType, *, class_name: str) -> 
     if cls is None:
         observer.unavailable(f"{module.__name__}.{class_name}")
         return
-    wrappers: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
-        "_determine_batch_execution_and_padding": lambda original: batch_dispatch_wrapper(observer, original),
-        "_dummy_run": lambda original: dummy_run_wrapper(observer, original),
-        "capture_model": lambda original: capture_model_wrapper(observer, original),
-        "load_model": lambda original: load_model_wrapper(observer, original),
-        "initialize_kv_cache": lambda original: kv_cache_wrapper(observer, original),
+    makers: dict[str, Callable[[Observer, Callable[..., Any], Binding, Target], Callable[..., Any]]] = {
+        "batch_dispatch": batch_dispatch_wrapper,
+        "dummy_run": dummy_run_wrapper,
+        "capture_model": capture_model_wrapper,
+        "load_model": load_model_wrapper,
+        "initialize_kv_cache": kv_cache_wrapper,
     }
-    for attr, make in wrappers.items():
+    for target in targets.for_class(module.__name__, class_name):
+        make = makers[target.hook]
         # Only methods the class defines itself: an inherited one is hooked on its base class.
-        if attr in cls.__dict__:
-            _patch(observer, cls, attr, make)
+        _patch(observer, cls, target, functools.partial(_make_runner_wrapper, make, observer, target))
     observer.recorder.ensure_flusher()
+
+
+def _make_runner_wrapper(
+    make: Callable[[Observer, Callable[..., Any], Binding, Target], Callable[..., Any]],
+    observer: Observer,
+    target: Target,
+    original: Callable[..., Any],
+    binding: Binding,
+) -> Callable[..., Any]:
+    return make(observer, original, binding, target)
 
 
 def _dummy_depth(observer: Observer) -> int:
     return int(getattr(observer.dummy, "depth", 0))
 
 
-def dummy_run_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+def dummy_run_wrapper(
+    observer: Observer, original: Callable[..., Any], binding: Binding, target: Target
+) -> Callable[..., Any]:
     """Warmup, profiling and capture runs are not decode steps: mark them while they run."""
     hook = observer.hook("dummy_run")
     state = observer.dummy
@@ -499,17 +548,19 @@ def eager_reason(*, num_tokens: int, max_size: int | None, force_eager: bool = F
     return "NoMatchingGraph"
 
 
-def batch_dispatch_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+def batch_dispatch_wrapper(
+    observer: Observer, original: Callable[..., Any], binding: Binding, target: Target
+) -> Callable[..., Any]:
     hook = observer.hook("batch_dispatch")
     recorder = observer.recorder
 
     def after(runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any, result: Any) -> None:
         if _dummy_depth(observer):
             return
-        num_tokens = int(argument(args, kwargs, 0, "num_tokens"))
-        num_reqs = int(argument(args, kwargs, 1, "num_reqs"))
-        max_scheduled = int(argument(args, kwargs, 3, "max_num_scheduled_tokens"))
-        forced_uniform = argument(args, kwargs, 7, "force_uniform_decode")
+        num_tokens = int(binding.get(args, kwargs, "num_tokens"))
+        num_reqs = int(binding.get(args, kwargs, "num_reqs"))
+        max_scheduled = int(binding.get(args, kwargs, "max_num_scheduled_tokens"))
+        forced_uniform = binding.get(args, kwargs, "force_uniform_decode")
         query_len = int(getattr(runner, "uniform_decode_query_len", 1) or 1)
         if forced_uniform is not None:
             decode = bool(forced_uniform)
@@ -523,12 +574,12 @@ def batch_dispatch_wrapper(observer: Observer, original: Callable[..., Any]) -> 
             reason = eager_reason(
                 num_tokens=num_tokens,
                 max_size=_max_capture_size(runner),
-                force_eager=bool(argument(args, kwargs, 6, "force_eager", False)),
-                cascade=bool(argument(args, kwargs, 4, "use_cascade_attn", False)),
+                force_eager=bool(binding.get(args, kwargs, "force_eager", False)),
+                cascade=bool(binding.get(args, kwargs, "use_cascade_attn", False)),
             )
         recorder.record_decode_step(reason)
 
-    return around(hook, original, None, after, outermost_only=True)
+    return around(hook, original, None, after, outermost_only=True, require=target.self_attributes)
 
 
 def _device_label(runner: Any) -> str:
@@ -536,16 +587,18 @@ def _device_label(runner: Any) -> str:
     return str(device) if device is not None else "unknown"
 
 
-def capture_model_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+def capture_model_wrapper(
+    observer: Observer, original: Callable[..., Any], binding: Binding, target: Target
+) -> Callable[..., Any]:
     hook = observer.hook("capture_model")
     recorder = observer.recorder
 
     def before(runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not kwargs.get("profile_only"):
+        if not binding.get(args, kwargs, "profile_only", False):
             recorder.set_phase("capturing")
 
     def after(runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any, result: Any) -> None:
-        if kwargs.get("profile_only"):
+        if binding.get(args, kwargs, "profile_only", False):
             return
         graphs = int(result) if isinstance(result, int) and not isinstance(result, bool) else None
         if graphs is None:
@@ -560,10 +613,12 @@ def capture_model_wrapper(observer: Observer, original: Callable[..., Any]) -> C
         )
         recorder.set_phase("captured")
 
-    return around(hook, original, before, after, outermost_only=True)
+    return around(hook, original, before, after, outermost_only=True, require=target.self_attributes)
 
 
-def load_model_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+def load_model_wrapper(
+    observer: Observer, original: Callable[..., Any], binding: Binding, target: Target
+) -> Callable[..., Any]:
     hook = observer.hook("load_model")
     recorder = observer.recorder
 
@@ -576,17 +631,19 @@ def load_model_wrapper(observer: Observer, original: Callable[..., Any]) -> Call
             total=info[1] if info is not None else None,
         )
 
-    return around(hook, original, None, after, outermost_only=True)
+    return around(hook, original, None, after, outermost_only=True, require=target.self_attributes)
 
 
-def kv_cache_wrapper(observer: Observer, original: Callable[..., Any]) -> Callable[..., Any]:
+def kv_cache_wrapper(
+    observer: Observer, original: Callable[..., Any], binding: Binding, target: Target
+) -> Callable[..., Any]:
     hook = observer.hook("initialize_kv_cache")
     recorder = observer.recorder
 
     def after(runner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any, result: Any) -> None:
-        if argument(args, kwargs, 1, "is_profiling", False):
+        if binding.get(args, kwargs, "is_profiling", False):
             return
-        config = argument(args, kwargs, 0, "kv_cache_config")
+        config = binding.get(args, kwargs, "kv_cache_config")
         tensors = getattr(config, "kv_cache_tensors", None) or []
         size = sum(int(getattr(tensor, "size", 0) or 0) for tensor in tensors)
         info = observer.memory_info()
@@ -597,7 +654,7 @@ def kv_cache_wrapper(observer: Observer, original: Callable[..., Any]) -> Callab
             total=info[1] if info is not None else None,
         )
 
-    return around(hook, original, None, after, outermost_only=True)
+    return around(hook, original, None, after, outermost_only=True, require=target.self_attributes)
 
 
 # ----- model runner v2: CudaGraphManager -----
@@ -614,14 +671,16 @@ def patch_graph_manager(observer: Observer, module: ModuleType) -> None:
     except Exception:
         observer.unavailable("CudaGraphManager (vllm.config.CUDAGraphMode)")
         return
-    patches: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
-        "capture": lambda original: manager_capture_wrapper(observer, original, model_manager),
-        "run_fullgraph": lambda original: manager_replay_wrapper(observer, original, model_manager),
-        "dispatch": lambda original: manager_dispatch_wrapper(observer, original, model_manager, none_mode),
+    patches: dict[str, MakeWrapper] = {
+        "capture": lambda original, binding: manager_capture_wrapper(observer, original, model_manager),
+        "run_fullgraph": lambda original, binding: manager_replay_wrapper(observer, original, model_manager),
+        "dispatch": lambda original, binding: manager_dispatch_wrapper(
+            observer, original, model_manager, none_mode, binding
+        ),
     }
-    for attr, make in patches.items():
-        if not _patch(observer, base, attr, make):
-            observer.unavailable(f"CudaGraphManager.{attr}")
+    for target in targets.for_class(targets.GRAPH_MANAGER, "CudaGraphManager"):
+        if not _patch(observer, base, target, patches[target.method]):
+            observer.unavailable(f"CudaGraphManager.{target.method}")
     observer.recorder.ensure_flusher()
 
 
@@ -685,7 +744,7 @@ def manager_replay_wrapper(observer: Observer, original: Callable[..., Any], mod
 
 
 def manager_dispatch_wrapper(
-    observer: Observer, original: Callable[..., Any], model_manager: type, none_mode: Any
+    observer: Observer, original: Callable[..., Any], model_manager: type, none_mode: Any, binding: Binding
 ) -> Callable[..., Any]:
     hook = observer.hook("graph_manager_dispatch")
     recorder = observer.recorder
@@ -693,15 +752,16 @@ def manager_dispatch_wrapper(
     def after(manager: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Any, result: Any) -> None:
         if not isinstance(manager, model_manager) or not getattr(manager, "_graphs_captured", False):
             return
-        if argument(args, kwargs, 2, "uniform_token_count") is None:
+        if binding.get(args, kwargs, "uniform_token_count") is None:
             return  # not a uniform decode batch
         reason = None
         if getattr(result, "cg_mode", none_mode) == none_mode:
             captured = getattr(manager, "captured_token_counts", None)
             sizes = captured() if callable(captured) else []
             reason = eager_reason(
-                num_tokens=int(argument(args, kwargs, 1, "num_tokens")), max_size=max(sizes) if sizes else None
+                num_tokens=int(binding.get(args, kwargs, "num_tokens")), max_size=max(sizes) if sizes else None
             )
         recorder.record_decode_step(reason)
 
-    return around(hook, original, None, after)
+    target = targets.target("graph_manager_dispatch", targets.GRAPH_MANAGER, "CudaGraphManager", "dispatch")
+    return around(hook, original, None, after, require=target.self_attributes)

