@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from npu_runtime import reports
-from npu_runtime.observer import vllm_hooks
+from npu_runtime.observer import targets, vllm_hooks
 from npu_runtime.observer.hooks import Hook, around, when_imported, wrap_method
 from npu_runtime.observer.recorder import Recorder
 
@@ -388,6 +388,18 @@ def hooked_runner(observer: vllm_hooks.Observer) -> type[Runner]:
     return GPUModelRunner
 
 
+def test_an_attribute_lookup_that_raises_anything_counts_as_missing_and_never_escapes() -> None:
+    # vLLM's CUDAGraphWrapper.__getattr__ recurses on a half-built instance (RecursionError, not
+    # AttributeError): the first-call check runs inside the engine's call path and must not raise.
+    class Recursing:
+        present = 1
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self, "also_" + name)
+
+    assert targets.missing_attributes(Recursing(), ["present", "absent"]) == ["absent"]
+
+
 def test_decode_steps_and_eager_fallbacks_with_reasons() -> None:
     observer = make_observer(None)
     runner = hooked_runner(observer)(Mode.FULL, [1, 2, 4, 8])
@@ -540,6 +552,10 @@ wrapped = observer()
 vllm_hooks.patch_graph_wrapper(wrapped, cuda_graph, vllm_hooks.CUDA_GRAPH_WRAPPER)
 wrapper = object.__new__(cuda_graph.CUDAGraphWrapper)
 wrapper.runnable = lambda x: x + 1
+# What CUDAGraphWrapper.__init__ sets (it needs a device graph pool, which the CPU build lacks).
+wrapper.is_debugging_mode = False
+wrapper.runtime_mode = CUDAGraphMode.FULL
+wrapper.concrete_cudagraph_entries = {}
 assert wrapper(41) == 42
 assert wrapped.recorder.report()["errors"] == {}
 assert any("CUDAGraphWrapper.__call__" in h for h in wrapped.recorder.hooks_installed)

@@ -135,8 +135,21 @@ def bind(function: Callable[..., Any], params: Sequence[Param]) -> Binding:
 
 
 def missing_attributes(obj: Any, names: Sequence[str]) -> list[str]:
-    """The names in `names` that `obj` lacks (the first-use check of a hook's attributes)."""
-    return [name for name in names if not hasattr(obj, name)]
+    """The names in `names` that `obj` lacks (the first-use check of a hook's attributes).
+
+    Any exception from the lookup counts as missing, not only AttributeError: an engine object's
+    own `__getattr__` may raise anything (vLLM's CUDAGraphWrapper recurses on a half-built
+    instance), and a check inside the engine's call path must never raise into it.
+    """
+    return [name for name in names if not _has_attribute(obj, name)]
+
+
+def _has_attribute(obj: Any, name: str) -> bool:
+    try:
+        getattr(obj, name)
+    except Exception:
+        return False
+    return True
 
 
 # ----- the table -----
