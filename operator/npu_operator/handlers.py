@@ -2,8 +2,9 @@
 
 - startup: every kopf setting in one place, the API client, the metrics endpoint;
 - login: the same credentials for kopf and for our client (kopf's session with a watch throttle);
-- create/update/resume: refuse a spec that can never be served (PermanentError), else wake the
-  resource's worker so a change is applied at once;
+- create/update/resume: refuse a spec that can never be served (PermanentError); a spec change
+  wakes the resource's worker so it is applied at once;
+- children and pods: watched, cached and waking their owner's worker (`watches.register`);
 - daemon: the per-resource worker (children, status, Events).
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from npu_operator import crd, kube, reconcile, supervision, worker
+from npu_operator import client, crd, reconcile, supervision, watches, worker
 from npu_operator.config import OperatorConfig, python_log_level
 from npu_operator.runtime_reports import ReportCollector
 
@@ -31,6 +32,7 @@ REPORTING_COMPONENT = "npu-operator"
 async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
     config: OperatorConfig = memo.config
     logging.getLogger().setLevel(python_log_level(config))
+    logging.getLogger("kopf.objects").addFilter(watches.quiet_wakeups)
     # kopf's bookkeeping under our own annotation prefix, not kopf.zalando.org.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -60,8 +62,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # early backs off in the login session's WatchThrottle (see `supervision`).
     settings.watching.reconnect_backoff = 1.0
     # The worker is the only status writer: no finalizers needed, children go by owner references.
-    memo.wakeups = worker.Wakeups()
-    memo.client = kube.KubeClient(kube.connection_info(settings, logger))
+    memo.wakeups = watches.Wakeups()
+    memo.seen_children = watches.SeenChildren()
+    memo.client = client.KubeClient(lambda: client.connection_info(settings, logger))
     memo.collector = ReportCollector(
         concurrency=config.status_concurrency,
         timeout=config.status_timeout_seconds,
@@ -80,14 +83,20 @@ async def close(memo: Any, **_: Any) -> None:
 
 @kopf.on.login()
 async def login(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> kopf.AiohttpSession:
-    return supervision.throttled_context(kube.connection_info(settings, logger))
+    return supervision.throttled_context(client.connection_info(settings, logger))
+
+
+watches.register()
 
 
 @kopf.on.resume(*RESOURCE)
 @kopf.on.create(*RESOURCE)
 @kopf.on.update(*RESOURCE, field="spec")
-def check_spec(body: kopf.Body, uid: str, memo: Any, **_: Any) -> None:
-    memo.wakeups.wake(uid)
+async def check_spec(body: kopf.Body, reason: str, memo: Any, **_: Any) -> None:
+    # Async, so the wake-up is set from the event loop. Only an update wakes: on create and
+    # resume the worker is being started and its first tick reads this very spec.
+    if reason == kopf.Reason.UPDATE:
+        memo.wakeups.wake((body["metadata"]["namespace"], body["metadata"]["name"]))
     problems = reconcile.read_spec(body)[1]
     if problems:
         # The worker reports it (status, Warning Event); retrying cannot fix a spec.
@@ -95,5 +104,8 @@ def check_spec(body: kopf.Body, uid: str, memo: Any, **_: Any) -> None:
 
 
 @kopf.daemon(*RESOURCE, cancellation_timeout=10)
-async def keep_reconciled(body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Logger, **_: Any) -> None:
-    await worker.run(body, memo.client, memo.config, memo.wakeups, memo.collector, stopped, logger)
+async def keep_reconciled(
+    body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Logger, **indexes: Any
+) -> None:
+    view = watches.WatchedView(indexes, memo.seen_children)
+    await worker.run(body, memo.client, view, memo.config, memo.wakeups, memo.collector, stopped, logger)

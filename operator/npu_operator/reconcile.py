@@ -1,23 +1,32 @@
-"""Reconcile one NPUInference: plan what to change in its children, apply it, report the status.
+"""Reconcile one NPUInference: bring its children to what its spec asks, report the status.
 
-The plan (`plan_child`) is pure and idempotent: a child that already matches what was last
-applied and still holds every desired field needs nothing, so a settled resource costs no
-writes. Like `kubectl apply`, the last applied manifest is kept in an annotation, so fields the
-spec no longer sets are removed (merge patch with null) and hand edits are put back.
+What depends only on the resource's generation (the parsed spec, its problems, the manifests
+of the children) is computed once per generation (`DesiredCache`), not once per tick. The live
+children and pods come from a `LiveView` (the watch caches of `watches`), so a settled resource
+costs no request; `children.plan` decides which child needs a server-side apply or a delete.
+A child the watch has not seen is created by an unforced apply, so that an object of someone
+else under its name answers 409 (and is reported, left alone) instead of being taken over.
+
+Every failure ends in a retry or in status, never in silence: a transient API error goes back to
+the worker's backoff; a write the API server refuses for good (403, 422, a quota) is
+Degraded/ChildRejected with its message; an optional child (PodMonitor) that cannot be managed
+is a note and never blocks the others; a multi-node spec without the LeaderWorkerSet API is
+Degraded/LeaderWorkerSetNotInstalled. Pods are taken from the watch by label, then kept only
+when their owner chain leads to our workload (`ownership`): labels can be copied.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Protocol
 
 import kopf
 
-from npu_operator import aggregate, builders, crd, kube, ownership, status
+from npu_operator import aggregate, builders, children, ownership, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
+from npu_operator.children import ChildKind, Step
+from npu_operator.client import PERSISTENT_VOLUME_CLAIMS, ApiError, KubeClient
 from npu_operator.config import OperatorConfig
 from npu_operator.model_status import model_status
 from npu_operator.report_schema import one_line
@@ -25,35 +34,42 @@ from npu_operator.runtime_reports import ReportCollector
 
 JSON = dict[str, Any]
 
-LAST_APPLIED: Final = f"{crd.GROUP}/last-applied"
-MANAGED: Final = (
-    kube.DEPLOYMENTS,
-    kube.LEADER_WORKER_SETS,
-    kube.SERVICES,
-    kube.POD_DISRUPTION_BUDGETS,
-    kube.POD_MONITORS,
-)
-# The workload that runs the pods: a Deployment (one node per replica) or a LeaderWorkerSet.
-WORKLOADS: Final = (kube.DEPLOYMENTS, kube.LEADER_WORKER_SETS)
 LWS_NOT_INSTALLED: Final = "LeaderWorkerSetNotInstalled"
 
 
-@dataclasses.dataclass(frozen=True)
-class Change:
-    action: str  # create | patch | delete
-    resource: kube.Resource
-    name: str
-    body: JSON | None = None
+class LiveView(Protocol):
+    """Where the reconcile reads the cluster (`watches.WatchedView`: kopf's watch caches)."""
+
+    def child(self, kind: ChildKind, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The live child, as last seen by the watch (only objects labelled as ours are seen)."""
+
+    def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]: ...
+
+    def replica_sets(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        """The ReplicaSets with the resource's labels: the links of a pod's owner chain."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """What a reconcile decided: the status patch, the events to post, the changes it made."""
+    """What a reconcile decided: the status patch, the events to post, the writes it made."""
 
     status_patch: JSON
     events: tuple[status.Event, ...]
-    changes: tuple[Change, ...]
+    changes: tuple[Step, ...]
     problems: tuple[SpecError, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Desired:
+    """Everything that follows from one generation of the spec (and the optional APIs served)."""
+
+    spec: NPUInferenceSpec | None
+    problems: tuple[SpecError, ...]
+    manifests: Mapping[str, JSON]  # kind -> the stamped manifest to apply
+    notes: tuple[str, ...]  # optional children asked for whose API is not installed or usable
+    # (reason, message): the workload itself cannot be made here (no LeaderWorkerSet API).
+    blocked: tuple[str, str] | None = None
+    cache_claim: JSON | None = None  # the shared model cache's claim, to create when missing
 
 
 def read_spec(body: Mapping[str, Any]) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
@@ -65,92 +81,148 @@ def read_spec(body: Mapping[str, Any]) -> tuple[NPUInferenceSpec | None, list[Sp
     return spec, validate_spec(spec)
 
 
+def desired_state(
+    body: Mapping[str, Any], config: OperatorConfig, served: frozenset[str], refused: Mapping[str, str] | None = None
+) -> Desired:
+    """The children `body` should have, given the optional kinds the API server serves (and,
+    in `refused`, why the API of an optional kind could not even be asked)."""
+    spec, problems = read_spec(body)
+    if spec is None or problems:
+        return Desired(spec, tuple(problems), {}, ())
+    refused = refused or {}
+    manifests: dict[str, JSON] = {}
+    notes: list[str] = []
+    blocked: tuple[str, str] | None = None
+    # Built as if every optional API were served, so that what cannot be created is named.
+    for child in adopted_children(body, spec, config, builders.Capabilities(pod_monitor=True)):
+        kind = children.BY_KIND[child["kind"]]
+        if kind.optional and kind.kind not in served:
+            why = refused.get(kind.kind) or f"the {kind.resource.api_version} API is not installed"
+            if kind is children.LEADER_WORKER_SET:
+                blocked = (
+                    LWS_NOT_INSTALLED,
+                    f"spec.npu.nodes is {spec.npu.nodes}: a multi-node replica is a LeaderWorkerSet, but {why}; "
+                    "install LeaderWorkerSet (kubernetes-sigs/lws)",
+                )
+            else:
+                notes.append(f"{kind.kind} not managed: {why}")
+            continue
+        manifests[kind.kind] = children.stamped(child)
+    claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
+    return Desired(spec, (), manifests, tuple(notes), blocked, claim)
+
+
+@dataclasses.dataclass
+class DesiredCache:
+    """One resource's `Desired`, recomputed only when its generation, labels or the served APIs change."""
+
+    key: tuple[Any, ...] | None = None
+    value: Desired | None = None
+    cache_claim_checked: bool = False  # once per generation: a settled resource costs no request
+
+    def get(
+        self, body: Mapping[str, Any], config: OperatorConfig, served: frozenset[str], refused: Mapping[str, str]
+    ) -> Desired:
+        meta = body["metadata"]
+        labels = tuple(sorted((meta.get("labels") or {}).items()))
+        key = (meta.get("uid"), meta.get("generation"), labels, served, tuple(sorted(refused.items())))
+        if self.value is None or key != self.key:
+            self.key, self.value = key, desired_state(body, config, served, refused)
+            self.cache_claim_checked = False
+        return self.value
+
+
+async def served_kinds(client: KubeClient) -> tuple[frozenset[str], dict[str, str]]:
+    """The optional kinds whose API the server offers (asked at most once per discovery interval),
+    and why for those it would not even say (a 403 on discovery): never a reason to block the rest."""
+    served: list[str] = []
+    refused: dict[str, str] = {}
+    for kind in children.KINDS:
+        if not kind.optional:
+            continue
+        try:
+            if await client.serves(kind.resource):
+                served.append(kind.kind)
+        except ApiError as exc:
+            if exc.transient:
+                raise
+            refused[kind.kind] = f"the {kind.resource.api_version} API cannot be used: {_api_message(exc)}"
+    return frozenset(served), refused
+
+
 async def reconcile(
     body: Mapping[str, Any],
-    client: kube.KubeClient,
+    client: KubeClient,
+    view: LiveView,
     config: OperatorConfig,
     now: str,
     collector: ReportCollector | None = None,
+    cache: DesiredCache | None = None,
 ) -> Result:
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
     generation = int(meta.get("generation", 1))
     previous = body.get("status") or {}
-    spec, problems = read_spec(body)
-    if spec is None or problems:
-        new = status.invalid_status(generation, problems, previous, now)
-        return _result(previous, new, (), tuple(problems))
+    served, refused = await served_kinds(client)
+    cache = cache or DesiredCache()
+    desired = cache.get(body, config, served, refused)
+    if desired.spec is None or desired.problems:
+        new = status.invalid_status(generation, desired.problems, previous, now)
+        return _result(previous, new, (), desired.problems)
+    spec = desired.spec
 
-    # Asked whether or not the spec wants a PodMonitor: one it no longer wants must be deleted.
-    # PodMonitors are optional: whatever stops us from managing them never blocks the rest.
-    notes: list[str] = []
-    try:
-        pod_monitors_served = await client.serves(kube.POD_MONITORS)
-    except kube.ApiError as exc:
-        pod_monitors_served = False
-        if spec.pod_monitor.enabled:
-            notes.append(f"PodMonitor not managed: {_api_message(exc)}")
-    capabilities = builders.Capabilities(pod_monitor=spec.pod_monitor.enabled and pod_monitors_served)
-    desired = adopted_children(body, spec, config, capabilities)
-    desired_by_kind = {child["kind"]: child for child in desired}
-    served = {kube.POD_MONITORS: pod_monitors_served}
-    # Asked on every reconcile (discovery is cached): a LeaderWorkerSet left from an earlier
-    # multi-node spec is deleted too. Without the API, one-node resources work as before.
-    served[kube.LEADER_WORKER_SETS] = await client.serves(kube.LEADER_WORKER_SETS)
-    blocked: tuple[str, str] | None = None
-    if spec.npu.nodes > 1 and not served[kube.LEADER_WORKER_SETS]:
-        blocked = (
-            LWS_NOT_INSTALLED,
-            f"spec.npu.nodes is {spec.npu.nodes}: a multi-node replica is a LeaderWorkerSet, but the "
-            "leaderworkerset.x-k8s.io/v1 API is not installed; install LeaderWorkerSet (kubernetes-sigs/lws)",
-        )
-
-    changes: list[Change] = []
+    steps: list[Step] = []
     conflicts: list[str] = []
     rejected: list[str] = []
-    live_deployment: JSON | None = None
-    for resource in MANAGED:
-        if not served.get(resource, True):
+    notes = list(desired.notes)
+    live_workload: Mapping[str, Any] | None = None
+    for kind in children.KINDS:
+        if kind.optional and kind.kind not in served:
             continue
+        manifest = desired.manifests.get(kind.kind)
+        live = view.child(kind, namespace, name)
+        if live is not None and not children.owned_by(live, uid):
+            conflicts.append(f"{kind.kind} {namespace}/{name}")
+            continue
+        step = children.plan(kind, name, manifest, live, uid)
+        if step is not None:
+            steps.append(step)
+        if kind in children.WORKLOADS and manifest is not None:
+            live_workload = live
+    applied_steps: list[Step] = []
+    for step in steps:
         try:
-            live = await client.get(resource, namespace, name)
-        except kube.ApiError as exc:
-            if resource is not kube.POD_MONITORS or exc.transient:
-                raise
-            notes.append(f"PodMonitor not managed: {_api_message(exc)}")
+            applied = await _execute(step, client, namespace, uid)
+        except ForeignChild:
+            conflicts.append(f"{step.child.kind} {namespace}/{step.name}")
             continue
-        if live is not None and not _owned_by(live, uid):
-            conflicts.append(f"{resource.kind} {namespace}/{name}")
-            continue
-        change = plan_child(resource, name, desired_by_kind.get(resource.kind), live)
-        if change is not None:
-            changes.append(change)
-        if resource in WORKLOADS and resource.kind in desired_by_kind:
-            live_deployment = live
-    if (claim := builders.build_cache_claim(namespace, spec)) is not None:
-        changes += await ensure_cache_claim(client, namespace, claim)
-    applied_changes: list[Change] = []
-    for change in changes:
-        try:
-            applied = await _execute(change, client, namespace)
-        except kube.ApiError as exc:
+        except ApiError as exc:
             if exc.transient:
                 raise  # retried with backoff by the worker
             # A quota, an admission policy, an invalid field: retrying the same write cannot help
             # until something changes, so it becomes status (Degraded/ChildRejected) instead.
-            where = f"{change.action} {change.resource.kind} {namespace}/{change.name}"
-            if change.resource is kube.POD_MONITORS:
-                notes.append(f"PodMonitor not managed: {where}: {_api_message(exc)}")
+            where = f"{step.action} {step.child.kind} {namespace}/{step.name}: {_api_message(exc)}"
+            if step.child.optional:
+                notes.append(f"{step.child.kind} not managed: {where}")
             else:
-                rejected.append(f"{where}: {_api_message(exc)}")
+                rejected.append(where)
             continue
-        applied_changes.append(change)
-        if change.resource in WORKLOADS and change.action != "delete":
-            live_deployment = applied
+        applied_steps.append(step)
+        if step.child in children.WORKLOADS and step.action != "delete":
+            live_workload = applied
+    if desired.cache_claim is not None and not cache.cache_claim_checked:
+        try:
+            await ensure_cache_claim(client, namespace, desired.cache_claim)
+            cache.cache_claim_checked = True
+        except ApiError as exc:
+            if exc.transient:
+                raise
+            rejected.append(
+                f"create PersistentVolumeClaim {namespace}/{desired.cache_claim['metadata']['name']}: "
+                f"{_api_message(exc)}"
+            )
 
-    if spec.pod_monitor.enabled and not capabilities.pod_monitor and not notes:
-        notes.append("PodMonitor not created: the monitoring.coreos.com/v1 API is not installed")
-    pods = await _own_pods(client, namespace, name, live_deployment)
+    pods = own_pods(view, namespace, name, live_workload)
     reports = await collector.collect(uid, pods) if collector is not None else []
     graph = aggregate.graph_status(
         spec.graph.mode,
@@ -160,41 +232,36 @@ async def reconcile(
         same_generation=previous.get("observedGeneration") == generation,
     )
     observed = status.Observed(
-        deployment=live_deployment,
+        deployment=dict(live_workload) if live_workload is not None else None,
         conflicts=tuple(conflicts),
         rejected=tuple(rejected),
         notes=tuple(notes),
         findings=aggregate.pod_findings(pods, reports, spec.npu.resource_name or config.npu_resource_name),
         graph=graph,
-        blocked=blocked,
+        blocked=desired.blocked,
         model=model_status(spec.model.hub, pods, reports, previous.get("model", {})),
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
-    return _result(previous, new, tuple(applied_changes))
+    return _result(previous, new, tuple(applied_steps))
 
 
-async def _own_pods(
-    client: kube.KubeClient, namespace: str, name: str, deployment: Mapping[str, Any] | None
-) -> list[Mapping[str, Any]]:
-    """The pods of our Deployment's ReplicaSets: the labels select, the owner chain decides."""
-    uid = ((deployment or {}).get("metadata") or {}).get("uid")
+def own_pods(view: LiveView, namespace: str, name: str, workload: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The pods of our workload: the labels select (the watch), the owner chain decides."""
+    uid = ((workload or {}).get("metadata") or {}).get("uid")
     if not uid:
         return []
-    selector = builders.selector_string(name)
-    pods = await client.list(kube.PODS, namespace, selector)
+    pods = view.pods(namespace, name)
     if not pods:
         return []
-    replica_sets = await client.list(kube.REPLICA_SETS, namespace, selector)
-    return ownership.owned_pods(pods, replica_sets, str(uid))
+    return ownership.owned_pods(pods, view.replica_sets(namespace, name), str(uid))
 
 
-async def ensure_cache_claim(client: kube.KubeClient, namespace: str, claim: JSON) -> list[Change]:
+async def ensure_cache_claim(client: KubeClient, namespace: str, claim: JSON) -> None:
     """Create the shared model cache's claim when it is missing; never change or delete one that exists
-    (other resources share it, and a bound claim's spec is immutable)."""
-    name = claim["metadata"]["name"]
-    if await client.get(kube.PERSISTENT_VOLUME_CLAIMS, namespace, name) is not None:
-        return []
-    return [Change("create", kube.PERSISTENT_VOLUME_CLAIMS, name, claim)]
+    (other resources share it, and a bound claim's spec is immutable). Unforced: one made meanwhile
+    by someone else answers 409 and is left alone (retried, then found)."""
+    if await client.get(PERSISTENT_VOLUME_CLAIMS, namespace, claim["metadata"]["name"]) is None:
+        await client.apply(PERSISTENT_VOLUME_CLAIMS, namespace, claim, force=False)
 
 
 def adopted_children(
@@ -211,14 +278,14 @@ def adopted_children(
         "kind": body["kind"],
         "metadata": {**meta, "namespace": namespace},
     }
-    children = builders.build_children(meta["name"], namespace, spec, config, capabilities)
-    for child in children:
+    built = builders.build_children(meta["name"], namespace, spec, config, capabilities)
+    for child in built:
         kopf.adopt(child, owner=owner)  # type: ignore[arg-type]
-    return children
+    return built
 
 
 def _result(
-    previous: Mapping[str, Any], new: JSON, changes: tuple[Change, ...], problems: tuple[SpecError, ...] = ()
+    previous: Mapping[str, Any], new: JSON, changes: tuple[Step, ...], problems: tuple[SpecError, ...] = ()
 ) -> Result:
     events = status.transition_events(previous.get("conditions", ()), new.get("conditions", ()))
     for downgrade in aggregate.new_downgrades(previous.get("graph", {}), new.get("graph", {})):
@@ -230,109 +297,31 @@ def _result(
     return Result(status.status_patch(previous, new), tuple(events), changes, problems)
 
 
-def plan_child(resource: kube.Resource, name: str, desired: JSON | None, live: JSON | None) -> Change | None:
-    """The one change that brings `live` to `desired` (None: already there)."""
-    if desired is None:
-        return Change("delete", resource, name) if live is not None else None
-    manifest = json.dumps(desired, sort_keys=True, separators=(",", ":"))
-    annotated = _with_annotation(desired, LAST_APPLIED, manifest)
-    if live is None:
-        return Change("create", resource, name, annotated)
-    last_text = live.get("metadata", {}).get("annotations", {}).get(LAST_APPLIED)
-    last = json.loads(last_text) if last_text else {}
-    if last == desired and contains(live, desired):
-        return None
-    return Change("patch", resource, name, merge_patch(last, annotated))
-
-
-async def _execute(change: Change, client: kube.KubeClient, namespace: str) -> JSON | None:
-    if change.action == "create":
-        assert change.body is not None
-        return await client.create(change.resource, namespace, change.body)
-    if change.action == "patch":
-        assert change.body is not None
-        return await client.patch(change.resource, namespace, change.name, change.body)
-    await client.delete(change.resource, namespace, change.name)
-    return None
-
-
-def merge_patch(last: Mapping[str, Any], desired: Mapping[str, Any]) -> JSON:
-    """A merge patch that turns `last` into `desired`: `desired` plus a null for every key it dropped."""
-    patch: JSON = dict(desired)
-    for key, old in last.items():
-        if key not in desired:
-            patch[key] = None
-        elif isinstance(old, Mapping) and isinstance(desired[key], Mapping):
-            patch[key] = merge_patch(old, desired[key])
-    return patch
-
-
-def contains(live: Any, desired: Any, key: str = "") -> bool:
-    """Whether `live` holds every field of `desired` (fields the API server added are ignored).
-
-    Quantities compare by value, since the API server rewrites them (8000m is stored as 8).
-    """
-    if isinstance(desired, Mapping):
-        return isinstance(live, Mapping) and all(k in live and contains(live[k], v, k) for k, v in desired.items())
-    if isinstance(desired, list):
-        return (
-            isinstance(live, list)
-            and len(live) == len(desired)
-            and all(contains(a, b, key) for a, b in zip(live, desired, strict=True))
-        )
-    if live == desired:
-        return True
-    return _quantity(live) is not None and _quantity(live) == _quantity(desired)
-
-
-_SUFFIXES: Final[dict[str, int | Decimal]] = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-}
-
-
-def _quantity(value: Any) -> Decimal | None:
-    """The value of a Kubernetes quantity (int, '8', '8000m', '64Gi'), or None when it is not one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return Decimal(value)
-    if not isinstance(value, str) or not value:
-        return None
-    number, factor = value, Decimal(1)
-    for suffix, multiple in _SUFFIXES.items():
-        if value.endswith(suffix):
-            number, factor = value[: -len(suffix)], Decimal(multiple)
-            break
-    try:
-        return Decimal(number) * factor
-    except InvalidOperation:
-        return None
-
-
-def _api_message(exc: kube.ApiError) -> str:
+def _api_message(exc: ApiError) -> str:
     """The API server's answer in one bounded line: status, reason and its message."""
     return one_line(f"{exc.status} {exc.reason}: {exc.message}")
 
 
-def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences", []))
+class ForeignChild(Exception):
+    """A child we would create exists already and belongs to someone else: it is left alone."""
 
 
-def _with_annotation(obj: JSON, key: str, value: str) -> JSON:
-    metadata = dict(obj["metadata"])
-    metadata["annotations"] = {**metadata.get("annotations", {}), key: value}
-    return {**obj, "metadata": metadata}
+async def _execute(step: Step, client: KubeClient, namespace: str, uid: str) -> JSON | None:
+    resource = step.child.resource
+    if step.action == "delete":
+        await client.delete(resource, namespace, step.name)
+        return None
+    assert step.body is not None
+    if step.action == "apply":
+        return await client.apply(resource, namespace, step.body)
+    # create: the watch has not seen it. Unforced, so that an object of someone else under this
+    # name answers 409 instead of being taken over; only then is it worth a GET.
+    try:
+        return await client.apply(resource, namespace, step.body, force=False)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+    existing = await client.get(resource, namespace, step.name)
+    if existing is not None and not children.owned_by(existing, uid):
+        raise ForeignChild(step.name)
+    return await client.apply(resource, namespace, step.body)

@@ -3,6 +3,8 @@
 One collector serves the whole operator: a semaphore bounds the reads in flight across every
 NPUInference, each read has a short timeout, a pod is read at most once per poll interval, and a
 pod that does not answer is retried with exponential backoff while its last good report is kept.
+A pod whose last read failed is read through a pool of its own (a quarter of the slots), so
+hung pods never hold the slots of healthy ones; the HTTP connection pool is as large as the bound.
 Pod IPs and ports come from the Pod objects (the container port named `metrics`).
 
 What a pod answers is untrusted: redirects are never followed, the body is cut at MAX_BODY_BYTES
@@ -73,14 +75,20 @@ class ReportCollector:
         poll_seconds: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._semaphore = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
         self._seconds = timeout
+        self._healthy = asyncio.Semaphore(concurrency)
+        self._suspect = asyncio.Semaphore(self._suspect_slots)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._poll = poll_seconds
         self._clock = clock
         self._entries: dict[str, dict[str, _Entry]] = {}  # owner uid -> pod uid -> entry
         self._session: aiohttp.ClientSession | None = None
         self.reads = 0  # for tests and the operator's own accounting
+
+    @property
+    def _suspect_slots(self) -> int:
+        return max(1, self._concurrency // 4)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -112,8 +120,9 @@ class ReportCollector:
 
     async def _read(self, pod: str, entry: _Entry) -> None:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
-        async with self._semaphore:
+            connector = aiohttp.TCPConnector(limit=self._concurrency + self._suspect_slots)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+        async with self._suspect if entry.failures else self._healthy:
             self.reads += 1
             try:
                 async with asyncio.timeout(self._seconds):

@@ -2,7 +2,9 @@
 
 The worker is the only writer of the resource's status and Events, so nothing races: it
 reconciles, patches the status fields that changed, posts the Events that the condition
-transitions imply, then sleeps until the next resync or until a handler wakes it (spec change).
+transitions imply, then sleeps until the next tick or until a handler wakes it (a spec change,
+a change of one of its children or pods: see `watches`). A tick of a settled resource reads
+only kopf's caches: it costs no request to the API server.
 It never dies on an error: transient API errors and bugs are logged, counted and retried with
 backoff; a spec that cannot be served is reported once and then left alone until it changes.
 """
@@ -10,7 +12,6 @@ backoff; a spec that cannot be served is reported once and then left alone until
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
 import logging
 import time
@@ -19,26 +20,13 @@ from typing import Any
 
 import kopf
 
-from npu_operator import kube, metrics, reconcile
+from npu_operator import metrics, reconcile
+from npu_operator.client import NPU_INFERENCES, ApiError, KubeClient
 from npu_operator.config import OperatorConfig, backoff_seconds
 from npu_operator.event_limiter import EventLimiter
+from npu_operator.reconcile import DesiredCache, LiveView
 from npu_operator.runtime_reports import ReportCollector
-
-
-@dataclasses.dataclass
-class Wakeups:
-    """Per-resource wake-up signals, shared between the handlers and the workers (in the memo)."""
-
-    events: dict[str, asyncio.Event] = dataclasses.field(default_factory=dict)
-
-    def for_uid(self, uid: str) -> asyncio.Event:
-        return self.events.setdefault(uid, asyncio.Event())
-
-    def wake(self, uid: str) -> None:
-        self.for_uid(uid).set()
-
-    def forget(self, uid: str) -> None:
-        self.events.pop(uid, None)
+from npu_operator.watches import Wakeups
 
 
 def describe(exc: BaseException) -> str:
@@ -53,7 +41,8 @@ def utc_now() -> str:
 
 async def run(
     body: kopf.Body,
-    client: kube.KubeClient,
+    client: KubeClient,
+    view: LiveView,
     config: OperatorConfig,
     wakeups: Wakeups,
     collector: ReportCollector,
@@ -61,10 +50,12 @@ async def run(
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
     uid = body["metadata"]["uid"]
-    # One tick reads the children, the pods and their reports (reads only, unless something changed),
-    # so it comes as often as the more frequent of the two settings asks.
+    owner = (body["metadata"]["namespace"], body["metadata"]["name"])
+    # A tick reads kopf's caches (no request) and the runtimes' reports that are due, so it comes
+    # as often as the more frequent of the two settings asks.
     interval = min(config.resync_seconds, config.status_poll_seconds)
-    wake = wakeups.for_uid(uid)
+    wake = wakeups.for_owner(owner)
+    cache = DesiredCache()
     # The status as this worker last wrote it: the live body may lag behind our own writes.
     known_status: dict[str, Any] = dict(body.get("status") or {})
     failures = 0
@@ -76,7 +67,7 @@ async def run(
             outcome = "error"
             try:
                 snapshot = {**dict(body), "status": known_status}
-                result = await reconcile.reconcile(snapshot, client, config, utc_now(), collector)
+                result = await reconcile.reconcile(snapshot, client, view, config, utc_now(), collector, cache)
                 if result.status_patch:
                     known_status = await _patch_status(client, body, result.status_patch)
                 for event in events.submit(uid, result.events, time.monotonic()):
@@ -91,7 +82,7 @@ async def run(
                 failures = 0
             except Exception as exc:  # the worker must outlive any one failure
                 failures += 1
-                transient = exc.transient if isinstance(exc, kube.ApiError) else isinstance(exc, OSError | TimeoutError)
+                transient = exc.transient if isinstance(exc, ApiError) else isinstance(exc, OSError | TimeoutError)
                 (logger.warning if transient else logger.exception)(
                     f"reconcile failed ({failures} in a row): {describe(exc)}"
                 )
@@ -102,15 +93,13 @@ async def run(
             delay = backoff_seconds(interval, failures) if failures else interval
             await _sleep(stopped, wake, delay)
     finally:
-        wakeups.forget(uid)
+        wakeups.forget(owner)
         collector.forget(uid)
 
 
-async def _patch_status(client: kube.KubeClient, body: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+async def _patch_status(client: KubeClient, body: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     meta = body["metadata"]
-    answer = await client.patch(
-        kube.NPU_INFERENCES, meta["namespace"], meta["name"], {"status": patch}, subresource="status"
-    )
+    answer = await client.patch_status(NPU_INFERENCES, meta["namespace"], meta["name"], patch)
     return dict(answer.get("status") or {})
 
 

@@ -20,12 +20,14 @@ import aiohttp
 import kmock
 import yaml
 from npu_operator import crd
+from npu_operator.client import Resource
 from npu_operator.config import OperatorConfig
-from npu_operator.kube import Resource
 
 from npu_sandbox.emulator import KubeEmulator
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# How the tests' and the sandbox's own requests name themselves (the API server's default field manager).
+USER_AGENT = "npu-sandbox"
 
 
 def resource_path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
@@ -73,7 +75,7 @@ class LocalCluster:
     async def __aenter__(self) -> Self:
         await self._stack.enter_async_context(self.emulator)
         await self._stack.enter_async_context(self._server)
-        self._session = await self._stack.enter_async_context(aiohttp.ClientSession())
+        self._session = await self._stack.enter_async_context(aiohttp.ClientSession(headers={"User-Agent": USER_AGENT}))
         self.kubeconfig.write_text(yaml.safe_dump(self.kubeconfig_document()), encoding="utf-8")
         self._old_kubeconfig = os.environ.get("KUBECONFIG")
         os.environ["KUBECONFIG"] = str(self.kubeconfig)
@@ -215,7 +217,7 @@ class LocalCluster:
 
     def writes(self) -> list[Any]:
         """Every write request the API has served so far (POST, PUT, PATCH, DELETE)."""
-        return [request for request in self.emulator if request.method.value in WRITE_METHODS]
+        return [request for request in self.emulator.history if request.method.value in WRITE_METHODS]
 
     async def wait_for(self, probe: Any, *, within: float = 30.0, interval: float = 0.1, what: str = "") -> Any:
         """Poll the async callable `probe` until it returns something truthy; that is returned."""

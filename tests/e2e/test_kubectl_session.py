@@ -100,7 +100,7 @@ async def test_a_users_kubectl_session(session: tuple[LocalCluster, Kubectl]) ->
     # apply, validated without flags (kubectl reads the OpenAPI, the server validates strictly)
     applied = await kubectl.run("apply", "-f", str(EXAMPLES / "sandbox-cpu.yaml"))
     assert applied.stdout.strip() == "npuinference.inference.npu.dev/tiny-llama created"
-    creates = [r for r in cluster.emulator if r.method.value == "POST" and r.resource == NPUINF]
+    creates = [r for r in cluster.emulator.history if r.method.value == "POST" and r.resource == NPUINF]
     assert creates[-1].params.get("fieldValidation") == "Strict"
 
     again = await kubectl.run("apply", "-f", str(EXAMPLES / "sandbox-cpu.yaml"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -36,13 +37,27 @@ def closure(extras: Iterable[str]) -> set[str]:
             continue
         seen.add((name, requested))
         names.add(canonicalize_name(name))
-        for text in importlib.metadata.distribution(name).requires or []:
+        for text in _requires(name):
             requirement = Requirement(text)
             marker = requirement.marker
             environments = [{"extra": extra} for extra in requested] or [{"extra": ""}]
             if marker is None or any(marker.evaluate(env) for env in environments):
                 wanted.append((requirement.name, frozenset(requirement.extras)))
     return names - {canonicalize_name(PROJECT)}
+
+
+def _requires(name: str) -> list[str]:
+    """A distribution's requirements; this project's from its pyproject.toml (the installed metadata
+    may be an older checkout's: the environment is shared by several work trees)."""
+    if canonicalize_name(name) != canonicalize_name(PROJECT):
+        return list(importlib.metadata.distribution(name).requires or [])
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    texts = list(project.get("dependencies", []))
+    for extra, requirements in project.get("optional-dependencies", {}).items():
+        texts += [
+            f"{text} and extra == {extra!r}" if ";" in text else f"{text}; extra == {extra!r}" for text in requirements
+        ]
+    return texts
 
 
 def build_site(extras: Iterable[str], site: Path) -> set[str]:

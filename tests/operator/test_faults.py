@@ -21,10 +21,10 @@ import aiohttp.web
 import kopf
 import pytest
 from kmock._internal import enums, rendering
-from npu_operator import crd, kube
+from npu_operator import crd
 from npu_operator.api import condition
+from npu_operator.client import NPU_INFERENCES, ApiError, KubeClient
 from npu_operator.config import OperatorConfig
-from npu_operator.kube import ApiUnreachable, KubeClient
 from npu_operator.worker import describe
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.emulator import KubeEmulator
@@ -309,7 +309,7 @@ async def test_a_burst_of_250_downgrades_is_one_event_and_a_small_status(
     await cluster.apply_npu_inference(manifest("burst"))
     await add_pod(cluster, "burst", "burst-a", port, await owner_of(cluster, "burst"))
     await ready_deployment(cluster, "burst")
-    await wait_for_status(cluster, "burst", lambda o: bool(o["status"].get("graph", {}).get("downgrades")))
+    await wait_for_status(cluster, "burst", lambda o: bool(o.get("status", {}).get("graph", {}).get("downgrades")))
     await asyncio.sleep(4)  # four more resyncs and polls
     posted = await events(cluster, "burst", "GraphModeDowngraded")
     status_bytes = len(json.dumps((await resource(cluster, "burst"))["status"]).encode())
@@ -373,7 +373,8 @@ async def test_a_refused_deployment_is_degraded_child_rejected_once(
     """Before: a permanent 403 left no phase, no condition, no Event; only a traceback in the log."""
     cluster, emulator = faulty
     quota = 'deployments.apps "quota" is forbidden: exceeded quota: npu-quota, requested: huawei.com/Ascend910=1'
-    emulator.rules.append(reject("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", 403, "Forbidden", quota))
+    # Children are created by server-side apply: a PATCH of the named object.
+    emulator.rules.append(reject("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/quota", 403, "Forbidden", quota))
     await cluster.apply_npu_inference(manifest("quota"))
     obj = await wait_for_status(
         cluster, "quota", lambda o: condition(o, "Degraded").get("reason") == "ChildRejected", what="ChildRejected"
@@ -391,14 +392,16 @@ async def test_a_forbidden_pod_monitor_api_blocks_no_resource(faulty: tuple[Loca
     """Before: a 403 on the PodMonitor API blocked every resource, even those that want no PodMonitor."""
     cluster, emulator = faulty
     denied = "podmonitors.monitoring.coreos.com is forbidden: User cannot list resource"
+    # RBAC refuses the podmonitors resource (list, watch, get, writes); discovery stays readable,
+    # as the system:discovery role grants it to every authenticated user.
     for method in ("GET", "POST", "PATCH", "DELETE"):
-        emulator.rules.append(reject(method, "/apis/monitoring.coreos.com", 403, "Forbidden", denied))
+        emulator.rules.append(reject(method, "/podmonitors", 403, "Forbidden", denied))
     await cluster.apply_npu_inference(manifest("plain"))
     await cluster.apply_npu_inference(manifest("monitored", metrics={"podMonitor": {"enabled": True}}))
     await deployment(cluster, "plain")
     await deployment(cluster, "monitored")
     await ready_deployment(cluster, "monitored")
-    obj = await wait_for_status(cluster, "monitored", lambda o: "PodMonitor not managed" in json.dumps(o["status"]))
+    obj = await wait_for_status(cluster, "monitored", lambda o: "PodMonitor not managed" in json.dumps(o.get("status")))
     assert condition(obj, "Degraded")["status"] == "False"
 
 
@@ -495,11 +498,14 @@ async def test_a_request_that_times_out_names_itself() -> None:
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    client = KubeClient(kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"), timeout=0.3)
+    client = KubeClient(lambda: kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"), timeout=0.3)
     try:
-        with pytest.raises(ApiUnreachable) as caught:
-            await client.get(kube.NPU_INFERENCES, NS, "x")
+        with pytest.raises(ApiError) as caught:
+            await client.get(NPU_INFERENCES, NS, "x")
     finally:
         await client.close()
         await runner.cleanup()
-    assert describe(caught.value).startswith("ApiUnreachable: GET /apis/inference.npu.dev/v1alpha1/namespaces/faults/")
+    assert caught.value.status == 0 and caught.value.transient  # no answer: retried with backoff
+    assert describe(caught.value).startswith(
+        "ApiError: 0 TimeoutError: GET /apis/inference.npu.dev/v1alpha1/namespaces/faults/"
+    )

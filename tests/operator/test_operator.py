@@ -8,6 +8,7 @@ writes status over real HTTP. The tests play the deployment controller where one
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -243,12 +244,12 @@ async def test_a_settled_resource_costs_no_writes(operator: LocalCluster) -> Non
     await wait_condition(operator, "tiny-llama", "Ready", "True")
     await asyncio.sleep(1.5)  # the Ready event is posted asynchronously
 
-    requests_before = len(list(operator.emulator))
+    requests_before = len(operator.emulator.history)
     writes_before = len(operator.writes())
     window = 3 * TEST_CONFIG.resync_seconds
     await asyncio.sleep(window)
     writes = operator.writes()[writes_before:]
-    reads = len(list(operator.emulator)) - requests_before - len(writes)
+    reads = len(operator.emulator.history) - requests_before - len(writes)
     print(f"\nidle for {window:.1f}s (3 resync intervals): {len(writes)} writes, {reads} reads")
     assert writes == [], [f"{r.method.value} {r.url.path}" for r in writes]
 
@@ -410,3 +411,25 @@ async def test_a_multi_node_replica_is_an_owned_leader_worker_set_collected_with
             await cluster.wait_for(all_gone, what="the resource and its LeaderWorkerSet")
         finally:
             await cluster.stop_operator()
+
+
+async def test_a_child_change_wakes_the_worker_without_waiting_for_a_resync(cluster: LocalCluster) -> None:
+    slow = dataclasses.replace(TEST_CONFIG, resync_seconds=60.0, status_poll_seconds=60.0)
+    await cluster.start_operator(slow)
+    try:
+        await cluster.apply_npu_inference(manifest())
+        await wait_condition(cluster, "tiny-llama", "Progressing", "True")
+        await asyncio.sleep(0.5)  # the first ticks are over: from now on only a wake-up can act
+        started = asyncio.get_running_loop().time()
+        await settle_deployment(cluster, "tiny-llama", ready=1)
+        await wait_condition(cluster, "tiny-llama", "Ready", "True")
+        assert asyncio.get_running_loop().time() - started < 5  # far below the 60 s resync
+
+        await cluster.delete("v1", "services", NS, "tiny-llama")
+
+        async def recreated() -> Any:
+            return await child(cluster, "v1", "services", "tiny-llama")
+
+        await cluster.wait_for(recreated, within=5, what="the deleted Service to be put back at once")
+    finally:
+        await cluster.stop_operator()

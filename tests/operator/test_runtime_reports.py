@@ -194,3 +194,28 @@ async def test_what_a_hostile_pod_answers_is_not_taken(runtimes: tuple[Runtimes,
     assert asyncio.get_running_loop().time() - started < 2.5  # one deadline for the whole read
     assert fake.hits.get(ports[1], 0) == 0
     assert fake.streamed < 16 * 2**20  # cut near the cap (plus socket buffers), not at the pod's end
+
+
+async def test_hung_pods_do_not_hold_the_reads_of_healthy_ones(runtimes: tuple[Runtimes, list[int]]) -> None:
+    fake, ports = runtimes
+    clock = Clock()
+    collector = ReportCollector(concurrency=4, timeout=0.5, poll_seconds=10, clock=clock)
+    hung = [pod(f"h{i}", port) for i, port in enumerate(ports[:4])]
+    healthy = [pod("ok", ports[4])]
+    for port in ports[:4]:
+        fake.behaviour[port] = "hang"
+    try:
+        await collector.collect("hung", hung)  # the first hang costs a timeout; then they are suspects
+        clock.now = 100
+
+        async def timed_healthy_read() -> float:
+            started = asyncio.get_running_loop().time()
+            (report,) = await collector.collect("healthy", healthy)
+            assert report.reachable
+            return asyncio.get_running_loop().time() - started
+
+        _, healthy_seconds = await asyncio.gather(collector.collect("hung", hung), timed_healthy_read())
+    finally:
+        await collector.close()
+    assert healthy_seconds < 0.4  # not behind the hung pods' 0.5 s timeouts
+    assert fake.hits[ports[4]] == 1

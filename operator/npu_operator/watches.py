@@ -1,0 +1,196 @@
+"""Children and pods watched through kopf: caches keyed by the owner, and a wake-up on each change.
+
+kopf keeps one watch per kind in `children.KINDS` (objects labelled as ours) and one on pods
+(objects with our name label). For each kind there is:
+- a kopf index keyed by (namespace, owner name), holding the latest objects: the worker reads its
+  children and pods there (`WatchedView`), with no request to the API server (someone else's
+  object under a child's name is not labelled as ours, so it is not seen: `reconcile` creates
+  children with an unforced apply, which such an object answers with 409);
+- an event handler that wakes the owner's worker (`Wakeups.wake`); the worker stays the only
+  writer of the status.
+Children of an optional kind (PodMonitor, LeaderWorkerSet) are kept by their event handler in
+`SeenChildren` instead of a kopf index: kopf holds every worker back until each index has been
+filled by its first listing, and an optional API the operator may not list (a 403 from RBAC)
+must never hold the required children back. Until its first event such a child is unknown, which
+costs at most one unforced apply (an object of ours answers it as a no-op).
+ReplicaSets with our name label are indexed too (no wake-up): a pod is ours only when its owner
+chain through them leads to our workload (`ownership`), since labels can be copied.
+kopf starts the workers only once every index has been filled by its first listing. A kind whose
+API is not installed is not watched (kopf skips it) and its index stays empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import kopf
+
+from npu_operator import builders, children
+from npu_operator.children import ChildKind
+from npu_operator.client import PODS, REPLICA_SETS, Resource
+
+OwnerKey = tuple[str, str]  # (namespace, NPUInference name)
+OURS: Final[Mapping[str, Any]] = {builders.NAME_LABEL: kopf.PRESENT, "app.kubernetes.io/managed-by": "npu-operator"}
+POD_LABELS: Final = {builders.NAME_LABEL: kopf.PRESENT}
+POD_INDEX: Final = "npu_pods"
+REPLICA_SET_INDEX: Final = "npu_replicasets"
+
+
+def index_name(kind: ChildKind) -> str:
+    """The kopf index (and handler id) of one kind of child; kopf passes it to handlers by this name."""
+    return f"npu_children_{kind.resource.plural}"
+
+
+def owner_key(namespace: str | None, labels: Mapping[str, str]) -> OwnerKey:
+    return (namespace or "", labels[builders.NAME_LABEL])
+
+
+@dataclasses.dataclass
+class SeenChildren:
+    """The children of optional kinds, as their latest watch events showed them (in the memo)."""
+
+    objects: dict[tuple[str, OwnerKey], dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+
+    def see(self, kind: ChildKind, key: OwnerKey, body: Mapping[str, Any], *, deleted: bool) -> None:
+        name = str(body.get("metadata", {}).get("name", ""))
+        found = self.objects.setdefault((kind.kind, key), {})
+        if deleted:
+            found.pop(name, None)
+        else:
+            found[name] = essentials(body)
+        if not found:
+            del self.objects[(kind.kind, key)]
+
+    def get(self, kind: ChildKind, key: OwnerKey) -> Sequence[Mapping[str, Any]]:
+        return list(self.objects.get((kind.kind, key), {}).values())
+
+
+@dataclasses.dataclass
+class Wakeups:
+    """Per-resource wake-up signals, shared by the handlers and the workers (in the memo).
+
+    Set only from the event loop (every handler that wakes is async), so `asyncio.Event` is safe.
+    """
+
+    events: dict[OwnerKey, asyncio.Event] = dataclasses.field(default_factory=dict)
+
+    def for_owner(self, key: OwnerKey) -> asyncio.Event:
+        return self.events.setdefault(key, asyncio.Event())
+
+    def wake(self, key: OwnerKey) -> None:
+        event = self.events.get(key)
+        if event is not None:  # no worker (yet): its first tick reads the latest state anyway
+            event.set()
+
+    def forget(self, key: OwnerKey) -> None:
+        self.events.pop(key, None)
+
+
+class WatchedView:
+    """The live children and pods of the resources, from kopf's indexes (see `reconcile.LiveView`)."""
+
+    def __init__(self, indexes: Mapping[str, Any], seen: SeenChildren) -> None:
+        self._children: dict[ChildKind, kopf.Index[OwnerKey, Any]] = {
+            kind: indexes[index_name(kind)] for kind in children.KINDS if not kind.optional
+        }
+        self._seen = seen
+        self._pods: kopf.Index[OwnerKey, Any] = indexes[POD_INDEX]
+        self._replica_sets: kopf.Index[OwnerKey, Any] = indexes[REPLICA_SET_INDEX]
+
+    def child(self, kind: ChildKind, namespace: str, name: str) -> Mapping[str, Any] | None:
+        index = self._children.get(kind)
+        found = index.get((namespace, name), ()) if index is not None else self._seen.get(kind, (namespace, name))
+        for obj in found:
+            if obj.get("metadata", {}).get("name") == name:
+                return dict(obj)
+        return None
+
+    def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        return [dict(pod) for pod in self._pods.get((namespace, name), ())]
+
+    def replica_sets(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        return [dict(obj) for obj in self._replica_sets.get((namespace, name), ())]
+
+
+# What the reconcile reads of a child and of a pod; the rest (a child's spec, most of all the pod
+# template) is not kept, so 1,000 resources fit in little memory.
+_CHILD_METADATA: Final = ("name", "namespace", "uid", "generation", "labels", "ownerReferences", "managedFields")
+_POD_METADATA: Final = ("name", "namespace", "uid", "labels", "deletionTimestamp", "ownerReferences")
+_LINK_METADATA: Final = ("name", "namespace", "uid", "ownerReferences")
+
+
+def essentials(body: Mapping[str, Any], *, pod: bool = False) -> dict[str, Any]:
+    """The part of a watched object that the reconcile reads (metadata it needs, status; a pod's containers)."""
+    meta = body.get("metadata", {})
+    kept: dict[str, Any] = {key: meta[key] for key in (_POD_METADATA if pod else _CHILD_METADATA) if key in meta}
+    if not pod and (digest := (meta.get("annotations") or {}).get(children.DIGEST_ANNOTATION)) is not None:
+        kept["annotations"] = {children.DIGEST_ANNOTATION: digest}
+    # Parts of the event's own object (kopf does not change it afterwards), not copies.
+    result: dict[str, Any] = {"metadata": kept, "status": body.get("status") or {}}
+    if pod:
+        containers = body.get("spec", {}).get("containers", [])
+        result["spec"] = {"containers": [{"name": c.get("name"), "ports": c.get("ports", [])} for c in containers]}
+    return result
+
+
+def _index_child(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
+    return {owner_key(namespace, labels): essentials(body)}
+
+
+def _index_pod(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
+    return {owner_key(namespace, labels): essentials(body, pod=True)}
+
+
+def _index_link(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
+    """A link of a pod's owner chain (a ReplicaSet): only who it is and who owns it."""
+    meta = body.get("metadata", {})
+    return {owner_key(namespace, labels): {"metadata": {key: meta[key] for key in _LINK_METADATA if key in meta}}}
+
+
+async def _wake_owner(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    memo.wakeups.wake(owner_key(namespace, labels))
+
+
+async def _see_optional(
+    type: str | None,
+    resource: kopf.Resource,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    body: kopf.Body,
+    memo: Any,
+    **_: Any,
+) -> None:
+    key = owner_key(namespace, labels)
+    kind = next(kind for kind in children.KINDS if kind.resource.plural == resource.plural)
+    memo.seen_children.see(kind, key, body, deleted=type == "DELETED")
+    memo.wakeups.wake(key)
+
+
+def quiet_wakeups(record: logging.LogRecord) -> bool:
+    """A logging filter: kopf's "Handler 'wake_for_…' succeeded." for every child and pod event is noise."""
+    return not record.getMessage().startswith("Handler 'wake_for_")
+
+
+def register() -> None:
+    """The indexes and wake-up handlers of every kind of child and of pods (called once, on import)."""
+    for kind in children.KINDS:
+        if kind.optional:
+            group, version, plural = kind.resource.group, kind.resource.version, kind.resource.plural
+            kopf.on.event(group=group, version=version, plural=plural, labels=OURS, id=f"wake_for_{plural}")(
+                _see_optional
+            )
+        else:
+            _watch(kind.resource, OURS, index_name(kind), _index_child)
+    _watch(PODS, POD_LABELS, POD_INDEX, _index_pod)
+    group, version, plural = REPLICA_SETS.group, REPLICA_SETS.version, REPLICA_SETS.plural
+    kopf.index(group=group, version=version, plural=plural, labels=POD_LABELS, id=REPLICA_SET_INDEX)(_index_link)
+
+
+def _watch(resource: Resource, labels: Mapping[str, Any], index: str, indexer: Any) -> None:
+    group, version, plural = resource.group, resource.version, resource.plural
+    kopf.index(group=group, version=version, plural=plural, labels=labels, id=index)(indexer)
+    kopf.on.event(group=group, version=version, plural=plural, labels=labels, id=f"wake_for_{plural}")(_wake_owner)

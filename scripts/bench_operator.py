@@ -1,0 +1,350 @@
+"""Benchmark: the real operator against the API emulator at N resources, next to a minimal kopf floor.
+
+For each N, in the same run, on a fresh emulator each time:
+- `npu-operator`: `python -m npu_operator.cli run` in its own process (the code on --operator-path,
+  so the same script measures an older checkout too), talking to the emulator over HTTP;
+- `floor`: the smallest kopf operator that creates the same Deployment and Service per resource
+  (this script with --serve-floor): the cost of kopf itself on this machine.
+Printed per run: settle time (all N created until all N have `status.observedGeneration` 1, which
+the floor writes once its handler has applied both children), the operator's requests per resource to settle, its
+requests per settled resource per resync interval while nothing happens, its CPU seconds and peak
+RSS, and (ours only) the latency from a child's change to the resource's status showing it, p50 and
+p95 over samples: a Deployment turning Ready, a pod going into CrashLoopBackOff.
+
+    python scripts/bench_operator.py                       # N = 10, 100, 1000
+    python scripts/bench_operator.py --sizes 10,100 --operator-path /tmp/old/operator
+
+The emulator runs in this process; its CPU seconds are printed too, to show when it, rather than
+the operator, is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import os
+import resource
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SCRIPT = Path(__file__).resolve()
+ROOT = SCRIPT.parents[1]
+for _part in ("operator", "runtime", "sandbox"):
+    if str(ROOT / _part) not in sys.path:
+        sys.path.insert(0, str(ROOT / _part))
+
+NS = "default"
+CLIENT_AGENT = "npu-sandbox"  # this script's own requests (LocalCluster's User-Agent): not the operator's
+
+
+def _proc_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _manifest(index: int) -> dict[str, Any]:
+    import yaml
+
+    document: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "sandbox-cpu.yaml").read_text())
+    document = copy.deepcopy(document)
+    document["metadata"] = {"name": f"bench-{index:04d}", "namespace": NS}
+    return document
+
+
+def _operator_requests(emulator: Any, start: int = 0) -> int:
+    return sum(
+        1 for request in emulator.history[start:] if not request.headers.get("User-Agent", "").startswith(CLIENT_AGENT)
+    )
+
+
+def _stored(emulator: Any, plural: str, name: str) -> dict[str, Any] | None:
+    for (resource_, namespace, obj_name), obj in emulator.objects.items():
+        if resource_.plural == plural and namespace == NS and obj_name == name and not obj.deleted:
+            raw: dict[str, Any] = obj.raw
+            return raw
+    return None
+
+
+def _all(emulator: Any, plural: str) -> dict[str, dict[str, Any]]:
+    return {
+        name: obj.raw
+        for (resource_, namespace, name), obj in emulator.objects.items()
+        if resource_.plural == plural and namespace == NS and not obj.deleted
+    }
+
+
+def _condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for item in (obj or {}).get("status", {}).get("conditions", []):
+        if item.get("type") == kind:
+            found: dict[str, Any] = item
+            return found
+    return {}
+
+
+def _settled(obj: Any) -> bool:
+    """Our status, or the floor's one field of it, written for generation 1."""
+    return bool((obj.get("status") or {}).get("observedGeneration") == 1)
+
+
+async def _until(probe: Any, within: float, interval: float = 0.02) -> float | None:
+    """Seconds until `probe()` is true, or None after `within`."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < within:
+        if probe():
+            return time.perf_counter() - started
+        await asyncio.sleep(interval)
+    return None
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
+    from npu_operator import crd
+    from npu_sandbox.cluster import LocalCluster
+
+    async with LocalCluster() as cluster:
+        emulator = cluster.emulator
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "PYTHONPATH": os.pathsep.join([args.operator_path, str(ROOT / "runtime"), str(ROOT / "sandbox")]),
+            "NPU_OPERATOR_STANDALONE": "true",
+            "NPU_OPERATOR_METRICS_PORT": "0",
+            "NPU_OPERATOR_HEALTH_PORT": "0",
+            "NPU_OPERATOR_LOG_LEVEL": "WARNING",
+            "NPU_OPERATOR_RESYNC_SECONDS": str(args.resync),
+            "NPU_OPERATOR_STATUS_POLL_SECONDS": str(args.resync),
+        }
+        command = (
+            [sys.executable, "-m", "npu_operator.cli", "run"]
+            if which == "npu-operator"
+            else [sys.executable, str(SCRIPT), "--serve-floor"]
+        )
+        log_path = cluster.workdir / "operator.log"
+        with log_path.open("wb") as log:
+            process = await asyncio.create_subprocess_exec(*command, env=env, stdout=log, stderr=log)
+        emulator_cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        try:
+            await asyncio.sleep(args.warmup)  # the operator logs in and starts its watches
+            if process.returncode is not None:
+                raise RuntimeError(f"{which} exited at start:\n" + log_path.read_text(errors="replace")[-3000:])
+            names = [f"bench-{i:04d}" for i in range(size)]
+            requests0 = len(emulator.history)
+            started = time.perf_counter()
+            for index in range(size):
+                await cluster.create(_manifest(index), crd.PLURAL)
+
+            def settled_count() -> int:
+                stored = _all(emulator, crd.PLURAL)
+                return sum(_settled(stored.get(name) or {}) for name in names)
+
+            waited = await _until(lambda: settled_count() == size, args.timeout, interval=0.2)
+            settle = time.perf_counter() - started if waited is not None else None
+            settled = settled_count()
+            to_settle = _operator_requests(emulator, requests0)
+            await asyncio.sleep(args.grace)
+            idle0 = len(emulator.history)
+            await asyncio.sleep(args.idle_resyncs * args.resync)
+            idle = _operator_requests(emulator, idle0)
+            latencies: dict[str, list[float]] = {"deployment ready": [], "pod failing": []}
+            if which == "npu-operator" and settle is not None:
+                latencies = await _latencies(cluster, names[: args.samples], args)
+            peak_rss = _proc_peak_rss_mb(process.pid)
+            cpu = _proc_cpu_seconds(process.pid)
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        emulator_cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        errors = log_path.read_text(errors="replace").splitlines()
+        tail = [line for line in errors if "Traceback" in line or "ERROR" in line]
+        if tail:
+            print(*errors[-40:], sep="\n", file=sys.stderr)
+        return {
+            "which": which,
+            "n": size,
+            "settle": settle,
+            "settled": settled,
+            "to_settle": to_settle / size,
+            "idle": idle / size / args.idle_resyncs,
+            "cpu": cpu,
+            "rss": peak_rss,
+            "emulator_cpu": (emulator_cpu1.ru_utime + emulator_cpu1.ru_stime)
+            - (emulator_cpu0.ru_utime + emulator_cpu0.ru_stime),
+            "latencies": latencies,
+            "errors": len(tail),
+        }
+
+
+async def _latencies(cluster: Any, names: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
+    """Seconds from a child's change to the resource's status showing it, one sample per name."""
+    from npu_operator import crd
+
+    emulator = cluster.emulator
+    ready: list[float] = []
+    failing: list[float] = []
+    for name in names:
+        deployment = _stored(emulator, "deployments", name)
+        assert deployment is not None
+        replicas = deployment["spec"]["replicas"]
+        await cluster.patch(
+            "apps/v1",
+            "deployments",
+            NS,
+            name,
+            {
+                "status": {
+                    "observedGeneration": deployment["metadata"]["generation"],
+                    "replicas": replicas,
+                    "updatedReplicas": replicas,
+                    "readyReplicas": replicas,
+                    "availableReplicas": replicas,
+                }
+            },
+            subresource="status",
+        )
+        took = await _until(
+            lambda n=name: _condition(_stored(emulator, crd.PLURAL, n), "Ready").get("status") == "True", 60
+        )
+        ready.append(took if took is not None else float("inf"))
+    for name in names:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{name}-pod", "namespace": NS, "labels": _pod_labels(name)},
+            "spec": {"containers": [{"name": "runtime", "image": "x"}]},
+        }
+        await cluster.create(pod, "pods")  # the API server drops a status sent with a create
+        crash_looping = {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "runtime",
+                    "restartCount": 3,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+                }
+            ],
+        }
+        await cluster.patch("v1", "pods", NS, f"{name}-pod", {"status": crash_looping}, subresource="status")
+        took = await _until(
+            lambda n=name: _condition(_stored(emulator, crd.PLURAL, n), "Degraded").get("status") == "True", 60
+        )
+        failing.append(took if took is not None else float("inf"))
+    return {"deployment ready": ready, "pod failing": failing}
+
+
+def _pod_labels(name: str) -> dict[str, str]:
+    from npu_operator import builders
+
+    return builders.selector_labels(name)
+
+
+def report(rows: list[dict[str, Any]], label: str) -> None:
+    print(f"\n## {label}\n")
+    print(
+        "| N | operator | settled | settle s | requests/resource to settle | idle requests/resource/resync "
+        "| operator CPU s | peak RSS MB | emulator CPU s | Ready latency p50/p95 s | pod failure latency p50/p95 s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        settle = f"{row['settle']:.2f}" if row["settle"] is not None else "not settled"
+        cells = []
+        for key in ("deployment ready", "pod failing"):
+            values = row["latencies"].get(key) or []
+            cells.append(f"{statistics.median(values):.2f} / {_percentile(values, 0.95):.2f}" if values else "-")
+        print(
+            f"| {row['n']} | {row['which']} | {row['settled']}/{row['n']} | {settle} | {row['to_settle']:.1f} "
+            f"| {row['idle']:.2f} | {row['cpu']:.1f} | {row['rss']:.0f} | {row['emulator_cpu']:.1f} "
+            f"| {cells[0]} | {cells[1]} |" + (f" ({row['errors']} error lines)" if row["errors"] else "")
+        )
+
+
+def serve_floor() -> None:
+    """The floor: on create, apply the same Deployment and Service and say so in the status; nothing else, ever."""
+    import logging
+
+    import kopf
+    from npu_operator import builders, children, crd
+    from npu_operator.api import parse_spec
+    from npu_operator.client import KubeClient, connection_info
+    from npu_operator.config import OperatorConfig
+
+    config = OperatorConfig()
+
+    @kopf.on.startup()
+    async def start(settings: kopf.OperatorSettings, memo: Any, logger: Any, **_: Any) -> None:
+        settings.posting.level = logging.WARNING
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=crd.GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=crd.GROUP)
+        memo.client = KubeClient(lambda: connection_info(settings, logger))
+
+    @kopf.on.cleanup()
+    async def stop(memo: Any, **_: Any) -> None:
+        await memo.client.close()
+
+    @kopf.on.login()
+    def login(settings: kopf.OperatorSettings, logger: Any, **_: Any) -> kopf.ConnectionInfo:
+        return connection_info(settings, logger)
+
+    @kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL, id="create_children")
+    async def create_children(body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        spec = parse_spec(body.get("spec", {}))
+        made = [builders.build_deployment(name, namespace, spec, config), builders.build_service(name, namespace)]
+        kopf.adopt(made, owner=body)
+        for child in made:
+            await memo.client.apply(children.BY_KIND[child["kind"]].resource, namespace, child)
+        # Written with kopf's own patch after the handler (a field the CRD's status schema has).
+        patch.status["observedGeneration"] = body["metadata"]["generation"]
+
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(kopf.operator(clusterwide=True, standalone=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10,100,1000")
+    parser.add_argument("--operator-path", default=str(ROOT / "operator"), help="the npu_operator to measure")
+    parser.add_argument("--label", default="", help="a title for the table")
+    parser.add_argument("--only", choices=("npu-operator", "floor"), help="run one of the two")
+    parser.add_argument("--resync", type=float, default=10.0, help="the operator's resync and status poll, s")
+    parser.add_argument("--idle-resyncs", type=int, default=2, help="resync intervals watched while idle")
+    parser.add_argument("--samples", type=int, default=20, help="latency samples per kind of change")
+    parser.add_argument("--timeout", type=float, default=600.0, help="settle deadline, s")
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--grace", type=float, default=3.0, help="after settling, before the idle window, s")
+    parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_floor:
+        serve_floor()
+        return
+    rows = []
+    for size in (int(part) for part in args.sizes.split(",")):
+        for which in ("npu-operator", "floor"):
+            if args.only in (None, which):
+                row = asyncio.run(run_one(which, size, args))
+                rows.append(row)
+                print(row, file=sys.stderr, flush=True)
+    report(rows, args.label or f"operator from {args.operator_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The pure half of reconcile: which write a child needs, decided from the watch cache alone."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from npu_operator import children
+from npu_operator.children import DIGEST_ANNOTATION, plan, stamped, taken_fields
+from npu_operator.client import FIELD_MANAGER
+
+DESIRED: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "x", "namespace": "ns", "labels": {"a": "1"}, "ownerReferences": [{"uid": "owner"}]},
+    "spec": {"ports": [{"port": 8000}], "selector": {"a": "1"}},
+}
+OURS_V1: dict[str, Any] = {
+    "f:metadata": {"f:labels": {"f:a": {}}, "f:annotations": {f"f:{DIGEST_ANNOTATION}": {}}, "f:ownerReferences": {}},
+    "f:spec": {"f:ports": {}, "f:selector": {"f:a": {}}},
+}
+
+
+def live_from(manifest: dict[str, Any], *others: dict[str, Any]) -> dict[str, Any]:
+    """What the API server returns after our apply of `manifest` (plus fields it defaults)."""
+    live = copy.deepcopy(manifest)
+    live["metadata"]["uid"] = "child"
+    live["metadata"]["managedFields"] = [
+        {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": copy.deepcopy(OURS_V1)},
+        *others,
+    ]
+    live["spec"]["clusterIP"] = "10.0.0.1"
+    return live
+
+
+def test_a_missing_child_is_applied_with_the_digest_of_its_manifest() -> None:
+    manifest = stamped(DESIRED)
+    assert manifest["metadata"]["annotations"][DIGEST_ANNOTATION]
+    assert {k: v for k, v in manifest["metadata"].items() if k != "annotations"} == DESIRED["metadata"]
+    step = plan(children.SERVICE, "x", manifest, None, "owner")
+    assert step is not None and step.action == "create" and step.body == manifest
+
+
+def test_a_child_as_last_applied_needs_nothing_whatever_the_server_added() -> None:
+    manifest = stamped(DESIRED)
+    status_writer = {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status",
+                     "fieldsV1": {"f:status": {"f:loadBalancer": {}}}}  # fmt: skip
+    defaulter = {"manager": "kube-controller-manager", "operation": "Update",
+                 "fieldsV1": {"f:metadata": {"f:annotations": {"f:other/annotation": {}}}}}  # fmt: skip
+    assert plan(children.SERVICE, "x", manifest, live_from(manifest, status_writer, defaulter), "owner") is None
+
+
+def test_a_changed_manifest_is_applied_again() -> None:
+    before = stamped(DESIRED)
+    after = stamped({**DESIRED, "spec": {**DESIRED["spec"], "ports": [{"port": 9000}]}})
+    assert before["metadata"]["annotations"] != after["metadata"]["annotations"]
+    step = plan(children.SERVICE, "x", after, live_from(before), "owner")
+    assert step is not None and step.action == "apply"
+
+
+def test_a_field_taken_by_another_manager_is_taken_back() -> None:
+    manifest = stamped(DESIRED)
+    live = live_from(manifest, {"manager": "kubectl-edit", "operation": "Update",
+                                "fieldsV1": {"f:spec": {"f:selector": {"f:a": {}}}}})  # fmt: skip
+    del live["metadata"]["managedFields"][0]["fieldsV1"]["f:spec"]["f:selector"]  # moved to kubectl-edit
+    assert taken_fields(live, manifest)
+    step = plan(children.SERVICE, "x", manifest, live, "owner")
+    assert step is not None and step.action == "apply"
+
+
+def test_a_field_both_managers_hold_is_shared_not_taken() -> None:
+    manifest = stamped(DESIRED)
+    shared = {"manager": "kubectl", "operation": "Apply", "fieldsV1": {"f:spec": {"f:selector": {"f:a": {}}}}}
+    assert not taken_fields(live_from(manifest, shared), manifest)
+
+
+def test_a_field_of_ours_another_manager_holds_below_a_list_counts_as_taken() -> None:
+    manifest = stamped(DESIRED)
+    below = {"manager": "x", "operation": "Update", "fieldsV1": {"f:spec": {"f:ports": {'k:{"port":8000}': {}}}}}
+    assert taken_fields(live_from(manifest, below), manifest)
+
+
+def test_an_unwanted_child_is_deleted_only_if_it_exists() -> None:
+    step = plan(children.POD_DISRUPTION_BUDGET, "x", None, {"metadata": {}}, "owner")
+    assert step is not None and step.action == "delete"
+    assert plan(children.POD_DISRUPTION_BUDGET, "x", None, None, "owner") is None
+
+
+def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
+    assert [kind.kind for kind in children.KINDS] == [
+        "Deployment",
+        "LeaderWorkerSet",
+        "Service",
+        "PodDisruptionBudget",
+        "PodMonitor",
+    ]
+    assert [kind.kind for kind in children.KINDS if kind.optional] == ["LeaderWorkerSet", "PodMonitor"]
+    assert children.WORKLOADS == (children.DEPLOYMENT, children.LEADER_WORKER_SET)
+    assert children.owned_by(DESIRED, "owner") and not children.owned_by(DESIRED, "someone")

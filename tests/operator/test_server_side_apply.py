@@ -1,0 +1,77 @@
+"""The emulator's server-side apply, over HTTP with the operator's own client: what ownership it keeps.
+
+Faithful (and tested here): an apply creates or merges, records its fields as the manager's, removes
+a field the manager no longer applies, leaves fields of other managers alone, answers 409 on a
+conflict unless forced, and a non-apply write takes the fields it changes from their manager.
+Simplified (see npu_sandbox.fields): lists are atomic; the status subresource is not tracked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+import pytest
+from npu_operator.client import FIELD_MANAGER, ApiError, KubeClient, Resource, connection_info
+from npu_sandbox.cluster import LocalCluster
+
+SERVICES = Resource("", "v1", "services", "Service")
+
+
+def service(**spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "default"}, "spec": spec}
+
+
+def managers(obj: dict[str, Any]) -> dict[tuple[str, str], Any]:
+    return {(e["manager"], e["operation"]): e["fieldsV1"] for e in obj["metadata"]["managedFields"]}
+
+
+async def test_apply_creates_merges_removes_and_leaves_others_alone(cluster: LocalCluster) -> None:
+    client = KubeClient(lambda: connection_info(kopf.OperatorSettings()))
+    try:
+        created = await client.apply(SERVICES, "default", service(ports=[{"port": 80}], selector={"a": "1", "b": "2"}))
+        assert created["metadata"]["uid"] and created["spec"]["selector"] == {"a": "1", "b": "2"}
+        assert managers(created)[(FIELD_MANAGER, "Apply")]["f:spec"]["f:selector"] == {"f:a": {}, "f:b": {}}
+
+        # Another writer (a merge patch from the tests' client) adds a field and changes one of ours.
+        await cluster.patch("v1", "services", "default", "s", {"spec": {"type": "NodePort", "ports": [{"port": 81}]}})
+        edited = await cluster.get("v1", "services", "default", "s")
+        assert edited is not None
+        other = next(fields for (who, _), fields in managers(edited).items() if who != FIELD_MANAGER)
+        assert other["f:spec"] == {"f:ports": {}, "f:type": {}}
+        assert "f:ports" not in managers(edited)[(FIELD_MANAGER, "Apply")]["f:spec"]
+
+        # We stop setting selector.b and take the ports back (forced); their `type` stays.
+        again = await client.apply(SERVICES, "default", service(ports=[{"port": 80}], selector={"a": "1"}))
+        assert again["spec"] == {"ports": [{"port": 80}], "selector": {"a": "1"}, "type": "NodePort"}
+        assert again["metadata"]["generation"] == 3
+        assert "f:ports" not in next(f for (w, _), f in managers(again).items() if w != FIELD_MANAGER)["f:spec"]
+
+        # Applying the same thing again changes nothing but the resourceVersion.
+        same = await client.apply(SERVICES, "default", service(ports=[{"port": 80}], selector={"a": "1"}))
+        assert same["spec"] == again["spec"] and same["metadata"]["generation"] == 3
+    finally:
+        await client.close()
+
+
+async def test_an_unforced_apply_conflicting_with_another_manager_is_refused(cluster: LocalCluster) -> None:
+    await cluster.create(service(ports=[{"port": 80}]), "services")
+    async with cluster._session.patch(  # type: ignore[union-attr]
+        cluster.url + "/api/v1/namespaces/default/services/s?fieldManager=someone",
+        json=service(ports=[{"port": 90}]),
+        headers={"Content-Type": "application/apply-patch+yaml"},
+    ) as response:
+        assert response.status == 409
+        assert 'conflict with "npu-sandbox"' in (await response.json())["message"]
+
+
+async def test_the_client_maps_errors_and_404s(cluster: LocalCluster) -> None:
+    client = KubeClient(lambda: connection_info(kopf.OperatorSettings()))
+    try:
+        assert await client.get(SERVICES, "default", "absent") is None
+        await client.delete(SERVICES, "default", "absent")  # already gone: fine
+        with pytest.raises(ApiError) as caught:
+            await client.apply(SERVICES, "default", {**service(), "metadata": {"name": "other"}, "kind": ""})
+        assert caught.value.status == 400 and not caught.value.transient
+    finally:
+        await client.close()
