@@ -197,6 +197,7 @@ async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, 
 async def _latencies(cluster: Any, names: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
     """Seconds from a child's change to the resource's status showing it, one sample per name."""
     from npu_operator import crd
+    from npu_sandbox.kubelet import replica_set_owner
 
     emulator = cluster.emulator
     ready: list[float] = []
@@ -205,31 +206,20 @@ async def _latencies(cluster: Any, names: list[str], args: argparse.Namespace) -
         deployment = _stored(emulator, "deployments", name)
         assert deployment is not None
         replicas = deployment["spec"]["replicas"]
-        await cluster.patch(
-            "apps/v1",
-            "deployments",
-            NS,
-            name,
-            {
-                "status": {
-                    "observedGeneration": deployment["metadata"]["generation"],
-                    "replicas": replicas,
-                    "updatedReplicas": replicas,
-                    "readyReplicas": replicas,
-                    "availableReplicas": replicas,
-                }
-            },
-            subresource="status",
-        )
+        await cluster.report_deployment(NS, name, deployment["metadata"]["generation"], replicas, replicas)
         took = await _until(
             lambda n=name: _condition(_stored(emulator, crd.PLURAL, n), "Ready").get("status") == "True", 60
         )
         ready.append(took if took is not None else float("inf"))
     for name in names:
+        # A pod of the Deployment's ReplicaSet: the operator reads only pods whose owner chain leads
+        # to its workload (made before the timed step, as the deployment controller would have).
+        owner = await replica_set_owner(cluster, NS, name)
+        meta = {"name": f"{name}-pod", "namespace": NS, "labels": _pod_labels(name), "ownerReferences": [owner]}
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": f"{name}-pod", "namespace": NS, "labels": _pod_labels(name)},
+            "metadata": meta,
             "spec": {"containers": [{"name": "runtime", "image": "x"}]},
         }
         await cluster.create(pod, "pods")  # the API server drops a status sent with a create

@@ -200,6 +200,14 @@ class LocalCluster:
         result: dict[str, Any] = await self._call("PATCH", path, patch, "application/merge-patch+json")
         return result
 
+    async def report_deployment(
+        self, namespace: str, name: str, generation: int, replicas: int, ready: int
+    ) -> dict[str, Any]:
+        """Play the Deployment controller: `replicas` updated to `generation`, `ready` of them ready."""
+        status = {"observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas}
+        status |= {"readyReplicas": ready, "availableReplicas": ready}
+        return await self.patch("apps/v1", "deployments", namespace, name, {"status": status}, subresource="status")
+
     async def delete(self, api_version: str, plural: str, namespace: str | None, name: str) -> None:
         await self._call("DELETE", resource_path(api_version, plural, namespace, name))
 

@@ -395,22 +395,7 @@ class LocalKubelet:
         if self._reported == (generation, len(self.pods), ready):
             return  # like the controller, write only what changed
         self._reported = (generation, len(self.pods), ready)
-        await self.cluster.patch(
-            "apps/v1",
-            "deployments",
-            self.namespace,
-            self.deployment,
-            {
-                "status": {
-                    "observedGeneration": generation,
-                    "replicas": len(self.pods),
-                    "updatedReplicas": len(self.pods),
-                    "readyReplicas": ready,
-                    "availableReplicas": ready,
-                }
-            },
-            subresource="status",
-        )
+        await self.cluster.report_deployment(self.namespace, self.deployment, generation, len(self.pods), ready)
 
     async def follow(self, until: asyncio.Event) -> None:
         """Keep the Deployment's status in step with the pods until `until` is set."""

@@ -244,9 +244,7 @@ async def owner_of(cluster: LocalCluster, name: str) -> dict[str, Any]:
 
 async def ready_deployment(cluster: LocalCluster, name: str) -> None:
     found = await deployment(cluster, name)
-    status = {"observedGeneration": found["metadata"]["generation"], "replicas": 1, "updatedReplicas": 1}
-    status |= {"readyReplicas": 1, "availableReplicas": 1}
-    await cluster.patch("apps/v1", "deployments", NS, name, {"status": status}, subresource="status")
+    await cluster.report_deployment(NS, name, found["metadata"]["generation"], 1, 1)
 
 
 def rss_bytes() -> int:

@@ -51,23 +51,8 @@ async def settle_deployment(cluster: LocalCluster, name: str, ready: int) -> Non
     """Play the deployment controller: all replicas updated, `ready` of them ready."""
     deployment = await child(cluster, "apps/v1", "deployments", name)
     assert deployment is not None
-    replicas = deployment["spec"]["replicas"]
-    await cluster.patch(
-        "apps/v1",
-        "deployments",
-        NS,
-        name,
-        {
-            "status": {
-                "observedGeneration": deployment["metadata"]["generation"],
-                "replicas": replicas,
-                "updatedReplicas": replicas,
-                "readyReplicas": ready,
-                "availableReplicas": ready,
-            }
-        },
-        subresource="status",
-    )
+    generation, replicas = deployment["metadata"]["generation"], deployment["spec"]["replicas"]
+    await cluster.report_deployment(NS, name, generation, replicas, ready)
 
 
 async def events(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:
