@@ -142,7 +142,7 @@ RULES: Final[tuple[Rule, ...]] = (
         target=lambda mode, ctx: NONE,
         message="--enforce-eager disables graph capture",
         source="vllm/config/vllm.py VllmConfig.__post_init__ ('Cudagraph is disabled under eager mode'); "
-        "vllm_ascend/platform.py _update_compilation_modes",
+        "vllm_ascend/platform.py NPUPlatform.check_and_update_config (0.23.0; later in _update_compilation_modes)",
     ),
     Rule(
         reason="PoolingModelNoFullGraphs",
@@ -156,8 +156,8 @@ RULES: Final[tuple[Rule, ...]] = (
         applies=lambda mode, ctx: ctx.device_kind == "npu" and ctx.is_encoder_decoder and mode not in (NONE, PIECEWISE),
         target=lambda mode, ctx: PIECEWISE,
         message="vllm-ascend runs encoder-decoder models in PIECEWISE mode only",
-        source="vllm_ascend/platform.py _update_compilation_modes ('Encoder-decoder models currently only "
-        "support PIECEWISE mode')",
+        source="vllm_ascend/platform.py NPUPlatform.check_and_update_config ('Encoder-decoder models currently "
+        "only support PIECEWISE mode'; 0.23.0, later moved to _update_compilation_modes)",
     ),
     Rule(
         reason="EncoderDecoderFullDecodeOnly",

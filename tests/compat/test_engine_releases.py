@@ -58,13 +58,7 @@ def test_every_rule_citing_a_function_is_resolved_somewhere(built: matrix.Matrix
     # but a citation no supported release has is a typo or a rule for an engine we do not ship.
     assert built.rules, "modes.RULES cites no function"
     nowhere = [row for row, cells in built.rules.items() if all(cell.status != resolve.BINDS for cell in cells)]
-    known_elsewhere = {
-        # vllm-ascend main (2026-08) moved these checks out of NPUPlatform.check_and_update_config
-        # into this function; v0.23.0 does the same checks in check_and_update_config.
-        "EnforceEager: vllm_ascend.platform._update_compilation_modes",
-        "EncoderDecoderPiecewiseOnly: vllm_ascend.platform._update_compilation_modes",
-    }
-    assert set(nowhere) <= known_elsewhere, nowhere
+    assert nowhere == []
 
 
 def test_the_newest_vllm_ascend_on_the_index_is_a_supported_release() -> None:
