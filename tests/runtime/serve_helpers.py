@@ -145,6 +145,12 @@ class ServeRun:
 
     def cleanup(self, engine_pids: list[int] | None = None) -> None:
         if self.process.poll() is None:
+            # serve starts the engine in a session of its own (as in a pod): its whole process
+            # group (API server or headless launcher, DP coordinator, engine cores, workers) goes
+            # first, or a SIGKILL of serve alone would leave it running.
+            with contextlib.suppress(OSError, ValueError, AssertionError, KeyError, TypeError):
+                engine = int(self.status()["engine"]["pid"])
+                os.killpg(engine, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(30)
