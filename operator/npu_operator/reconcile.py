@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 import kopf
 
@@ -33,8 +33,6 @@ from npu_operator.report_schema import one_line
 from npu_operator.runtime_reports import ReportCollector
 
 JSON = dict[str, Any]
-
-LWS_NOT_INSTALLED: Final = "LeaderWorkerSetNotInstalled"
 
 
 class LiveView(Protocol):
@@ -100,7 +98,7 @@ def desired_state(
             why = refused.get(kind.kind) or f"the {kind.resource.api_version} API is not installed"
             if kind is children.LEADER_WORKER_SET:
                 blocked = (
-                    LWS_NOT_INSTALLED,
+                    status.LWS_NOT_INSTALLED,
                     f"spec.npu.nodes is {spec.npu.nodes}: a multi-node replica is a LeaderWorkerSet, but {why}; "
                     "install LeaderWorkerSet (kubernetes-sigs/lws)",
                 )

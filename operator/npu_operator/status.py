@@ -25,6 +25,8 @@ DEGRADED: Final = "Degraded"
 INVALID_SPEC: Final = "InvalidSpec"
 GRAPH_MODE_DOWNGRADED: Final = "GraphModeDowngraded"
 CHILD_REJECTED: Final = "ChildRejected"
+CHILD_CONFLICT: Final = "ChildConflict"
+LWS_NOT_INSTALLED: Final = "LeaderWorkerSetNotInstalled"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,31 +116,25 @@ def invalid_status(generation: int, problems: Sequence[SpecError], previous: Map
     }
 
 
+def stuck(reason: str, message: str) -> list[Condition]:
+    """Nothing can roll out until something outside the spec changes: not Ready, not Progressing, Degraded."""
+    return [
+        Condition(READY, False, reason, message),
+        Condition(PROGRESSING, False, reason, message),
+        Condition(DEGRADED, True, reason, message),
+    ]
+
+
 def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
     """Ready, Progressing and Degraded for a valid spec, from the workload's own status (a
     Deployment's, or a LeaderWorkerSet's: the same replicas, updatedReplicas, readyReplicas and
     observedGeneration, counted in groups)."""
     if observed.conflicts:
-        message = "not owned by this NPUInference, left alone: " + ", ".join(observed.conflicts)
-        return [
-            Condition(READY, False, "ChildConflict", message),
-            Condition(PROGRESSING, False, "ChildConflict", message),
-            Condition(DEGRADED, True, "ChildConflict", message),
-        ]
+        return stuck(CHILD_CONFLICT, "not owned by this NPUInference, left alone: " + ", ".join(observed.conflicts))
     if observed.rejected:
-        message = "the API server refused: " + "; ".join(observed.rejected)
-        return [
-            Condition(READY, False, CHILD_REJECTED, message),
-            Condition(PROGRESSING, False, CHILD_REJECTED, message),
-            Condition(DEGRADED, True, CHILD_REJECTED, message),
-        ]
+        return stuck(CHILD_REJECTED, "the API server refused: " + "; ".join(observed.rejected))
     if observed.blocked is not None:
-        reason, message = observed.blocked
-        return [
-            Condition(READY, False, reason, message),
-            Condition(PROGRESSING, False, reason, message),
-            Condition(DEGRADED, True, reason, message),
-        ]
+        return stuck(*observed.blocked)
     deployment = observed.deployment
     if deployment is None:
         return [
