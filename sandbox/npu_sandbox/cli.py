@@ -167,6 +167,10 @@ async def run(
 
             heading("waiting for Ready")
             obj = await wait_ready(cluster, namespace, name, pod, args.timeout, started)
+            if prometheus is not None:
+                # A scrape of vLLM's counters before the completion, so that its histograms
+                # (time to first token: one observation) rise between two samples.
+                await prometheus.wait_for_scrapes_after(time.time())
             summary = await report(cluster, namespace, name, pod, obj, time.monotonic() - started)
             if prometheus is not None:
                 summary["prometheus"] = await prometheus_report(prometheus, since=wall_started)
