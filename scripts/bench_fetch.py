@@ -9,7 +9,7 @@ the same files into fresh directories (plain and fetch in alternating order, aft
 
 - plain:  `huggingface_hub.snapshot_download(repo, cache_dir=..., endpoint=...)` (or ModelScope's),
           nothing else;
-- fetch:  `npu_runtime.fetch.fetch(...)`, the init container's work in process: resolve the
+- fetch:  `npu_runtime.fetch.download.fetch(...)`, the init container's work in process: resolve the
           revision, take the cache's lock, download with the same library call (config.json
           first), check every file's size and hash, write the marker and progress file;
 - cached: `fetch` again on the complete cache (what every other replica and resource pays).
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "runtime"), str(ROOT / "sandbox")]
 
-from npu_runtime import fetch  # noqa: E402
+from npu_runtime.fetch import download as fetch  # noqa: E402
 from npu_sandbox.local_hub import LocalHub, Repo  # noqa: E402
 
 REPO = "bench/random-model"

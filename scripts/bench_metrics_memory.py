@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npu_runtime import reports
 from npu_runtime.observer.recorder import RECENT_SAMPLES, Recorder
-from npu_runtime.status import PlanView, RuntimeStatus
+from npu_runtime.serving.status import PlanView, RuntimeStatus
 
 
 def kib(n: int | float) -> str:
@@ -93,7 +93,7 @@ def main() -> None:
         status = RuntimeStatus(directory, "FULL_DECODE_ONLY")
         status.set_plan(PlanView("FULL_DECODE_ONLY", "FULL_DECODE_ONLY", {}))
 
-        from npu_runtime.server import exposition
+        from npu_runtime.serving.server import exposition
 
         exposition(status)  # imports and caches outside the measurement
         gc.collect()

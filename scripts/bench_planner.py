@@ -26,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "runtime"))
 
-from npu_runtime import sizes  # noqa: E402
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, PlanOptions  # noqa: E402
-from npu_runtime.model import ModelInfo, inspect_model  # noqa: E402
-from npu_runtime.plan import DoesNotFitError, PlanError, make_plan  # noqa: E402
-from npu_runtime.probe import DeviceInfo  # noqa: E402
+from npu_runtime.planner import sizes  # noqa: E402
+from npu_runtime.planner.model import ModelInfo, inspect_model  # noqa: E402
+from npu_runtime.planner.plan import DoesNotFitError, PlanError, make_plan  # noqa: E402
+from npu_runtime.planner.probe import DeviceInfo  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "runtime" / "fixtures" / "models"
 DEVICE = DeviceInfo("npu", "Ascend910B3", 8, 64 << 30, None, "override")

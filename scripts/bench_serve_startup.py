@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from npu_runtime import launch
 from npu_runtime.contract import parse_serve_args
-from npu_runtime.server import engine_healthy
+from npu_runtime.serving import launch
+from npu_runtime.serving.server import engine_healthy
 from npu_sandbox.kubelet import free_port
 
 from tests.runtime.serve_helpers import ServeRun, serve_environment

@@ -19,7 +19,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from npu_runtime import failures, fetch
+from npu_runtime.fetch import download as fetch
+from npu_runtime.serving import failures
 
 from npu_operator.api import condition, is_true
 from npu_operator.builders import CONTAINER_NAME, FETCH_CONTAINER_NAME

@@ -37,7 +37,7 @@ SHM_VOLUME: Final = "dshm"
 # Hub sources: the init container that downloads into the cache volume and links the revision.
 FETCH_CONTAINER_NAME: Final = "fetch-model"
 MODEL_LINK_VOLUME: Final = "model-link"
-TOKEN_ENV: Final = "NPU_MODEL_TOKEN"  # npu_runtime.fetch.TOKEN_ENV (the runtime is not imported for it)
+TOKEN_ENV: Final = "NPU_MODEL_TOKEN"  # npu_runtime.fetch.download.TOKEN_ENV (the runtime is not imported for it)
 CHIP_LABEL: Final = "node.kubernetes.io/npu.chip.name"
 # The runtime drains in-flight requests on SIGTERM; the kubelet's grace period must cover it.
 TERMINATION_GRACE_SECONDS: Final = 120

@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from npu_runtime import fetch
+from npu_runtime.fetch import download as fetch
 
 from npu_operator.aggregate import PodReport, fetch_cause, fetch_finished
 from npu_operator.api import HubSource

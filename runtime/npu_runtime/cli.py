@@ -2,8 +2,8 @@
 
     npu-runtime probe [--json]
     npu-runtime plan --model PATH [planner options] [--json]
-    npu-runtime fetch --hub H --repo ID --cache DIR [...] [--plan planner options]   (npu_runtime.fetch)
-    npu-runtime serve --model PATH [serve and planner options] [-- engine args]   (npu_runtime.serve)
+    npu-runtime fetch --hub H --repo ID --cache DIR [...] [--plan planner options]   (npu_runtime.fetch.download)
+    npu-runtime serve --model PATH [serve and planner options] [-- engine args]   (npu_runtime.serving.serve)
     npu-runtime doctor [--json] [--no-device]   (npu_runtime.doctor; exit 4: the observer would be blind)
 
 Exit status: 0 on success, 2 on invalid input (the message on stderr names the field), 3 when
@@ -32,8 +32,8 @@ EXIT_DOES_NOT_FIT: Final = 3
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "probe": ("npu_runtime.cli:probe_command", "show the accelerator this pod sees"),
     "plan": ("npu_runtime.cli:plan_command", "plan graph mode, capture sizes and memory for a model"),
-    "fetch": ("npu_runtime.fetch:fetch_command", "download a model repository into the shared cache, once"),
-    "serve": ("npu_runtime.serve:serve_command", "plan, start vLLM with the plan, report what the engine did"),
+    "fetch": ("npu_runtime.fetch.download:fetch_command", "download a model repository into the shared cache, once"),
+    "serve": ("npu_runtime.serving.serve:serve_command", "plan, start vLLM with the plan, report what the engine did"),
     "doctor": ("npu_runtime.doctor:doctor_command", "engine versions, CANN, observer hooks, plugin, device"),
 }
 
@@ -68,7 +68,7 @@ def probe_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="npu-runtime probe", description="Show the accelerator this pod sees.")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    from npu_runtime.probe import probe_device
+    from npu_runtime.planner.probe import probe_device
 
     device = probe_device()
     if args.json:
@@ -93,8 +93,8 @@ def plan_parser() -> argparse.ArgumentParser:
 
 def plan_command(argv: list[str]) -> int:
     args = plan_parser().parse_args(argv)
-    from npu_runtime.model import ModelError
-    from npu_runtime.plan import DoesNotFitError, PlanError, plan_for
+    from npu_runtime.planner.model import ModelError
+    from npu_runtime.planner.plan import DoesNotFitError, PlanError, plan_for
 
     try:
         plan = plan_for(plan_options_from_args(args), args.model)

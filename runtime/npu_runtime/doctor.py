@@ -128,7 +128,7 @@ def plugin_entry_point() -> str | None:
 
 
 def probe() -> dict[str, Any]:
-    from npu_runtime.probe import probe_device
+    from npu_runtime.planner.probe import probe_device
 
     try:
         return dataclasses.asdict(probe_device())

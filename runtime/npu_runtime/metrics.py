@@ -6,7 +6,7 @@ operator's own metrics (`npu_operator_*`) are defined by the operator.
 
 How the values get here: the graph observer runs inside vLLM's processes and writes one JSON
 report per process (`npu_runtime.reports`); the runtime aggregates them with the plan into a
-`Snapshot` (`npu_runtime.status`) and `families()` turns a snapshot into Prometheus metric
+`Snapshot` (`npu_runtime.serving.status`) and `families()` turns a snapshot into Prometheus metric
 families at scrape time. Nothing here touches vLLM's own metrics or PROMETHEUS_MULTIPROC_DIR.
 
 prometheus_client is imported inside `families()` only, so that the operator (which lists the

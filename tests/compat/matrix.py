@@ -14,10 +14,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from npu_runtime import modes
 from npu_runtime.engines import RELEASES, EngineRelease
 from npu_runtime.observer import compat as resolve
 from npu_runtime.observer import targets
+from npu_runtime.planner import modes
 
 from tests.compat import sources
 

@@ -232,6 +232,6 @@ def test_an_unknown_runtime_failure_does_not_hide_a_known_termination_message() 
 
 def test_every_runtime_failure_reason_has_a_condition() -> None:
     from npu_operator.aggregate import FAILURE_CONDITIONS
-    from npu_runtime.failures import REASONS
+    from npu_runtime.serving.failures import REASONS
 
     assert set(FAILURE_CONDITIONS) == set(REASONS)

@@ -177,7 +177,7 @@ def _pod_spec(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_hub_source_downloads_in_an_init_container_the_runtime_parses() -> None:
     from npu_runtime.cli import plan_parser
-    from npu_runtime.fetch import fetch_parser
+    from npu_runtime.fetch.download import fetch_parser
 
     manifest = _hub_manifest(
         huggingFace={

@@ -15,8 +15,8 @@ from npu_operator import builders, crd
 from npu_operator.api import parse_spec, validate_spec
 from npu_operator.config import OperatorConfig
 from npu_runtime.contract import parse_serve_args
-from npu_runtime.plan import make_plan, node_engine_args
-from npu_runtime.probe import DeviceInfo
+from npu_runtime.planner.plan import make_plan, node_engine_args
+from npu_runtime.planner.probe import DeviceInfo
 
 from tests.operator import lws_schema
 from tests.operator.conftest import EXAMPLES, example
@@ -71,7 +71,7 @@ def test_each_pod_starts_the_engine_for_its_own_node(index: str, role: str) -> N
     options = parse_serve_args(expand(args, {**LWS_POD_ENV, "LWS_WORKER_INDEX": index})[2:])
     assert options.node_rank == int(index)
     node = DeviceInfo("npu", "Ascend910B3", 8, 64 << 30, None, "override")
-    from npu_runtime.model import inspect_model
+    from npu_runtime.planner.model import inspect_model
 
     plan = make_plan(options.plan, node, inspect_model(R1_W8A8), environ={"HCCL_OP_EXPANSION_MODE": "AIV"})
     assert plan.effective_mode == "FULL_DECODE_ONLY"

@@ -6,8 +6,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from npu_runtime.model import ModelInfo, inspect_model
-from npu_runtime.probe import DeviceInfo
+from npu_runtime.planner.model import ModelInfo, inspect_model
+from npu_runtime.planner.probe import DeviceInfo
 
 GIB = 1 << 30
 FIXTURES = Path(__file__).parent / "fixtures" / "models"

@@ -173,7 +173,7 @@ def fake_serve(argv: list[str]) -> int:
 def test_plan_is_fast(model_name: str) -> None:
     # In-process: inspection + plan, the work `npu-runtime plan` does after Python starts.
     from npu_runtime.contract import PlanOptions
-    from npu_runtime.plan import DoesNotFitError, PlanError, plan_for
+    from npu_runtime.planner.plan import DoesNotFitError, PlanError, plan_for
 
     options = PlanOptions(device_kind="npu", device_name="Ascend910B3", device_memory=64 << 30, tensor_parallel=8)
     start = time.perf_counter()
@@ -190,8 +190,8 @@ def test_plan_is_fast(model_name: str) -> None:
 
 def test_runtime_imports_without_torch_or_vllm() -> None:
     code = (
-        "import sys, npu_runtime.cli, npu_runtime.plan, npu_runtime.probe, npu_runtime.model;"
-        "import npu_runtime.modes, npu_runtime.sizes;"
+        "import sys, npu_runtime.cli, npu_runtime.planner.plan, npu_runtime.planner.probe, npu_runtime.planner.model;"
+        "import npu_runtime.planner.modes, npu_runtime.planner.sizes;"
         "print(sorted(m for m in ('torch', 'torch_npu', 'vllm', 'vllm_ascend') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

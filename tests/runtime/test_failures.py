@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from npu_runtime import failures
-from npu_runtime.failures import Failure, FailureScanner, classify
+from npu_runtime.serving import failures
+from npu_runtime.serving.failures import Failure, FailureScanner, classify
 
 ERRORS = Path(__file__).parent / "data" / "errors"
 

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from npu_runtime import fetch
-from npu_runtime.fetch import FetchError, FetchOptions, Progress
+from npu_runtime.fetch import download as fetch
+from npu_runtime.fetch.download import FetchError, FetchOptions, Progress
 from npu_sandbox.local_hub import LocalHub, Repo
 
 REPO = "org/tiny-llama"

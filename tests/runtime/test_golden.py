@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from npu_runtime.contract import PlanOptions
-from npu_runtime.model import ModelInfo
-from npu_runtime.plan import DoesNotFitError, PlanError, make_plan
-from npu_runtime.probe import DeviceInfo
+from npu_runtime.planner.model import ModelInfo
+from npu_runtime.planner.plan import DoesNotFitError, PlanError, make_plan
+from npu_runtime.planner.probe import DeviceInfo
 
 from .conftest import DEVICES, GIB, MODEL_NAMES, POD_ENV, load_model
 

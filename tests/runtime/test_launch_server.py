@@ -20,12 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from npu_runtime import failures, launch, reports
+from npu_runtime import reports
 from npu_runtime.cli import EXIT_INVALID
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, ServeOptions
-from npu_runtime.serve import EXIT_FAILED, ServeError, Supervisor, check_port_free, local_address
-from npu_runtime.server import MetricsServer
-from npu_runtime.status import PlanView, RuntimeStatus
+from npu_runtime.serving import failures, launch
+from npu_runtime.serving.serve import EXIT_FAILED, ServeError, Supervisor, check_port_free, local_address
+from npu_runtime.serving.server import MetricsServer
+from npu_runtime.serving.status import PlanView, RuntimeStatus
 
 # ----- command line and environment -----
 
@@ -144,7 +145,7 @@ def test_a_stubborn_engine_is_killed_with_everything_it_left_behind(tmp_path: Pa
         textwrap.dedent(
             f"""
             import io, os, sys, time
-            from npu_runtime import launch
+            from npu_runtime.serving import launch
             assert launch.become_subreaper()
             lines = []
             engine = launch.EngineProcess([sys.executable, "-c", {STUBBORN_ENGINE!r}], dict(os.environ),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_runtime.model import ModelError, ModelInfo, inspect_model, safetensors_data_bytes
+from npu_runtime.planner.model import ModelError, ModelInfo, inspect_model, safetensors_data_bytes
 
 from .conftest import FIXTURES
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from npu_runtime import modes
 from npu_runtime.contract import GRAPH_MODES
-from npu_runtime.model import ModelInfo
-from npu_runtime.modes import RULES, Downgrade, resolve_mode
-from npu_runtime.probe import DeviceInfo
+from npu_runtime.planner import modes
+from npu_runtime.planner.model import ModelInfo
+from npu_runtime.planner.modes import RULES, Downgrade, resolve_mode
+from npu_runtime.planner.probe import DeviceInfo
 
 from .conftest import DEVICES
 

@@ -317,7 +317,7 @@ ENCODER_DECODER = vllm_config(is_encoder_decoder=True)
 def test_config_downgrade_reasons_are_the_planners_where_the_cause_is_the_same(
     config: Any, platform: Platform, final: str, reason: str
 ) -> None:
-    from npu_runtime import modes
+    from npu_runtime.planner import modes
 
     found, message = vllm_hooks.config_downgrade_reason(config, "FULL_AND_PIECEWISE", final, platform=platform)
     assert found == reason
@@ -326,7 +326,9 @@ def test_config_downgrade_reasons_are_the_planners_where_the_cause_is_the_same(
     if reason in ENGINE_ONLY_REASONS:
         assert reason not in planner, f"{reason} is a planner reason now: drop it from ENGINE_ONLY_REASONS"
     else:
-        assert reason in planner, f"{reason} is not a reason of npu_runtime.modes.RULES: the codes drifted apart"
+        assert reason in planner, (
+            f"{reason} is not a reason of npu_runtime.planner.modes.RULES: the codes drifted apart"
+        )
 
 
 # ----- decode steps and eager fallbacks (V1 runner) -----

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_runtime import cli, failures, sizes
+from npu_runtime import cli
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, MIB, PlanOptions, ServeOptions
-from npu_runtime.model import ModelInfo
-from npu_runtime.plan import DoesNotFitError, Plan, PlanError, make_plan, plan_for
-from npu_runtime.probe import DeviceInfo, probe_device
-from npu_runtime.serve import ServeError, make_serve_plan
+from npu_runtime.planner import sizes
+from npu_runtime.planner.model import ModelInfo
+from npu_runtime.planner.plan import DoesNotFitError, Plan, PlanError, make_plan, plan_for
+from npu_runtime.planner.probe import DeviceInfo, probe_device
+from npu_runtime.serving import failures
+from npu_runtime.serving.serve import ServeError, make_serve_plan
 
 from .conftest import DEVICES, FIXTURES, GIB, POD_ENV
 

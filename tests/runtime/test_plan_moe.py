@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from npu_runtime.contract import PlanOptions
-from npu_runtime.plan import DoesNotFitError, PlanError, make_plan, node_engine_args
-from npu_runtime.probe import DeviceInfo
+from npu_runtime.planner.plan import DoesNotFitError, PlanError, make_plan, node_engine_args
+from npu_runtime.planner.probe import DeviceInfo
 
 from .conftest import FIXTURES, GIB, load_model
 
@@ -147,7 +147,7 @@ def test_cli_json_has_the_per_rank_layout() -> None:
 
 def test_serve_adds_this_nodes_flags_and_needs_the_leaders_address() -> None:
     from npu_runtime.contract import parse_serve_args
-    from npu_runtime.serve import ServeError, Supervisor, node_args
+    from npu_runtime.serving.serve import ServeError, Supervisor, node_args
 
     argv = ["--model", str(FIXTURES / "deepseek-r1-w8a8"), "--nodes", "2", "--data-parallel", "4"]
     argv += ["--tensor-parallel", "4", "--enable-expert-parallel", "--max-model-len", "4096", "--node-rank", "1"]
@@ -177,20 +177,20 @@ def test_serve_adds_this_nodes_flags_and_needs_the_leaders_address() -> None:
 
 
 def test_a_headless_worker_runs_vllms_headless_launcher_not_the_api_server() -> None:
-    from npu_runtime import launch
     from npu_runtime.contract import ServeOptions
+    from npu_runtime.serving import launch
 
     options = ServeOptions(model="/m")
     worker = launch.engine_argv(options, ("--data-parallel-size-local", "2", "--headless"), python="py")
     leader = launch.engine_argv(options, ("--data-parallel-size-local", "2"), python="py")
-    assert worker[:3] == ["py", "-m", "npu_runtime.headless"]
+    assert worker[:3] == ["py", "-m", "npu_runtime.serving.headless"]
     assert leader[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
 
 
 def test_the_headless_entry_point_refuses_to_start_an_api_server() -> None:
     # In a child interpreter: importing vLLM (and torch) here would leak into other tests.
     out = subprocess.run(
-        [sys.executable, "-m", "npu_runtime.headless", "--model", "/m"],
+        [sys.executable, "-m", "npu_runtime.serving.headless", "--model", "/m"],
         capture_output=True,
         text=True,
         check=False,

@@ -7,11 +7,11 @@ from typing import Any
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from npu_runtime import sizes
 from npu_runtime.contract import GRAPH_MODES, PlanOptions
-from npu_runtime.model import ModelInfo
-from npu_runtime.plan import DoesNotFitError, Plan, PlanError, make_plan
-from npu_runtime.probe import DeviceInfo
+from npu_runtime.planner import sizes
+from npu_runtime.planner.model import ModelInfo
+from npu_runtime.planner.plan import DoesNotFitError, Plan, PlanError, make_plan
+from npu_runtime.planner.probe import DeviceInfo
 
 from .conftest import GIB, MODEL_NAMES, load_model
 

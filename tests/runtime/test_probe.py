@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from npu_runtime.contract import PlanError, PlanOptions
-from npu_runtime.probe import (
+from npu_runtime.planner.probe import (
     DeviceError,
     DeviceInfo,
     _probe_npu_smi,
@@ -81,7 +81,7 @@ def test_partial_overrides_apply_on_top_of_the_probe() -> None:
 
 def test_probe_without_torch_finds_the_cpu() -> None:
     # This environment has neither torch nor npu-smi: the probe must still answer.
-    code = "from npu_runtime.probe import probe_device; d = probe_device(); print(d.kind, d.total_bytes > 0)"
+    code = "from npu_runtime.planner.probe import probe_device; d = probe_device(); print(d.kind, d.total_bytes > 0)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split()[1] == "True"
 

@@ -3,7 +3,7 @@
 Each gets the args the operator renders for a two-node replica (one data-parallel rank per
 node), expanded as the kubelet expands $(LWS_WORKER_INDEX) and $(LWS_LEADER_ADDRESS): the leader
 starts vLLM's API server with its local rank, the worker vLLM's headless launcher
-(`npu_runtime.headless`) from data-parallel rank 1, and the leader answers completions served
+(`npu_runtime.serving.headless`) from data-parallel rank 1, and the leader answers completions served
 by both. Dense model, eager: vLLM's CPU build has no all_gatherv for expert parallelism
 (CpuCommunicator), so DP + EP is not run here.
 """

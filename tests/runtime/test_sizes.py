@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from npu_runtime import sizes
+from npu_runtime.planner import sizes
 
 
 def test_grid_is_vllms() -> None:

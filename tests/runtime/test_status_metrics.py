@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from npu_runtime import metrics, reports
-from npu_runtime.failures import Failure
-from npu_runtime.status import PlanView, RuntimeStatus, aggregate
+from npu_runtime.serving.failures import Failure
+from npu_runtime.serving.status import PlanView, RuntimeStatus, aggregate
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.design_metrics import RUNTIME_TABLE
@@ -171,7 +171,7 @@ def test_a_failure_is_terminal_and_shown(status: RuntimeStatus) -> None:
 
 
 def scrape(status: RuntimeStatus) -> dict[str, Any]:
-    from npu_runtime.server import exposition
+    from npu_runtime.serving.server import exposition
 
     text = exposition(status).decode()
     return {family.name: family for family in text_string_to_metric_families(text)}
@@ -231,8 +231,8 @@ def test_reports_are_replaced_atomically_and_foreign_files_ignored(tmp_path: Pat
 def test_serve_hands_the_plan_to_the_status_as_plain_data() -> None:
     from npu_runtime.cli import render_plan
     from npu_runtime.contract import PlanOptions
-    from npu_runtime.plan import make_plan
-    from npu_runtime.serve import describe_plan, plan_view
+    from npu_runtime.planner.plan import make_plan
+    from npu_runtime.serving.serve import describe_plan, plan_view
 
     from .conftest import DEVICES, load_model
 
@@ -250,7 +250,7 @@ def test_serve_hands_the_plan_to_the_status_as_plain_data() -> None:
 
 
 def test_nothing_is_claimed_about_the_mode_before_the_plan_is_made(tmp_path: Path) -> None:
-    from npu_runtime.server import exposition
+    from npu_runtime.serving.server import exposition
 
     starting = RuntimeStatus(str(tmp_path), "FULL_DECODE_ONLY")
     document = starting.document()

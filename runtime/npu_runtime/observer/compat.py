@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from npu_runtime.modes import Rule
 from npu_runtime.observer.targets import Read, Target, check_parameters
+from npu_runtime.planner.modes import Rule
 
 MAX_DEPTH: Final = 8
 

@@ -6,7 +6,7 @@ install (listed as unavailable with the name, counted in npu_graph_instrumentati
 attributes read on the hooked object are checked at its first call. The table is checked against
 every release in `npu_runtime.engines.RELEASES` by tests/compat (docs/serve.md shows the matrix);
 what a release lacks is simply not hooked and is listed as unavailable. Engine-stage reason codes
-reuse the planner's (npu_runtime.modes) where the cause is the same, so a dashboard can put the
+reuse the planner's (npu_runtime.planner.modes) where the cause is the same, so a dashboard can put the
 predicted and the observed downgrade side by side.
 
 Hooks (the name is the `hook` label of npu_graph_instrumentation_errors_total):
@@ -267,7 +267,7 @@ def config_downgrade_reason(config: Any, requested: str, final: str, *, platform
     """Why VllmConfig (with the platform's check_and_update_config) changed the mode, best known.
 
     `platform` is vLLM's current_platform unless given. Where the cause is one the planner knows,
-    the reason is its rule's (npu_runtime.modes.RULES; a test holds the two together).
+    the reason is its rule's (npu_runtime.planner.modes.RULES; a test holds the two together).
     """
     change = f"cudagraph_mode {requested} -> {final}"
     model_config = getattr(config, "model_config", None)

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from npu_runtime.model import ModelInfo
-from npu_runtime.probe import DeviceInfo, device_family
+from npu_runtime.planner.model import ModelInfo
+from npu_runtime.planner.probe import DeviceInfo, device_family
 
 NONE: Final = "NONE"
 PIECEWISE: Final = "PIECEWISE"

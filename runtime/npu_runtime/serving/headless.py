@@ -1,4 +1,4 @@
-"""`python -m npu_runtime.headless ARGS`: a headless vLLM engine for a multi-node replica's worker.
+"""`python -m npu_runtime.serving.headless ARGS`: a headless vLLM engine for a multi-node replica's worker.
 
 vLLM runs the engines of a data-parallel worker node with `vllm serve --headless` (no API
 server; vllm/entrypoints/cli/serve.py `run_headless`). `python -m vllm.entrypoints.openai.api_server`
@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _make_arg_parser()(parser_class(description="vLLM headless data-parallel engines"))
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if not args.headless:
-        print("npu_runtime.headless: --headless is required", file=sys.stderr)
+        print("npu_runtime.serving.headless: --headless is required", file=sys.stderr)
         return 2
     if getattr(args, "model_tag", None):
         args.model = args.model_tag

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from npu_runtime import metrics, reports
-from npu_runtime.failures import Failure
+from npu_runtime.serving.failures import Failure
 
 STATES: Final = ("starting", "loading", "capturing", "ready", "failed", "stopping")
 STATUS_SCHEMA: Final = 1

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final
 
-from npu_runtime import modes, sizes
 from npu_runtime.contract import DEVICE_KINDS, GIB, GRAPH_MODES, KIB, MIB, PlanError, PlanOptions, format_gib
-from npu_runtime.model import (
+from npu_runtime.planner import modes, sizes
+from npu_runtime.planner.model import (
     ASCEND_QUANTIZATION,
     DTYPE_BYTES,
     MODELSLIM_DESCRIPTION,
@@ -41,8 +41,8 @@ from npu_runtime.model import (
     canonical_dtype,
     inspect_model,
 )
-from npu_runtime.modes import Downgrade
-from npu_runtime.probe import DeviceInfo, device_family, device_from_options
+from npu_runtime.planner.modes import Downgrade
+from npu_runtime.planner.probe import DeviceInfo, device_family, device_from_options
 
 __all__ = [
     "DEFAULT_STREAM_BUDGET",

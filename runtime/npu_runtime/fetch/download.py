@@ -56,8 +56,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from npu_runtime import failures
-from npu_runtime.failures import Failure, write_termination_message
+from npu_runtime.serving import failures
+from npu_runtime.serving.failures import Failure, write_termination_message
 
 HUGGING_FACE: Final = "huggingface"
 MODEL_SCOPE: Final = "modelscope"
@@ -658,8 +658,8 @@ def _planner(flags: list[str]) -> OnConfig:
     def check(snapshot: Path) -> None:
         from npu_runtime.cli import plan_parser, render_plan
         from npu_runtime.contract import option_name, plan_options_from_args
-        from npu_runtime.model import ModelError
-        from npu_runtime.plan import DoesNotFitError, PlanError, plan_for
+        from npu_runtime.planner.model import ModelError
+        from npu_runtime.planner.plan import DoesNotFitError, PlanError, plan_for
 
         args = plan_parser().parse_args(["--model", str(snapshot / CONFIG_FILE), *flags])
         try:

@@ -33,7 +33,6 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from npu_runtime import failures, launch
 from npu_runtime.cli import EXIT_DOES_NOT_FIT, EXIT_INVALID
 from npu_runtime.contract import (
     ASCEND_RECOMMENDED_ENV,
@@ -43,12 +42,13 @@ from npu_runtime.contract import (
     option_name,
     parse_serve_args,
 )
-from npu_runtime.failures import Failure
-from npu_runtime.server import MetricsServer, address_family, engine_healthy, listening_socket_options
-from npu_runtime.status import PlanView, RuntimeStatus
+from npu_runtime.serving import failures, launch
+from npu_runtime.serving.failures import Failure
+from npu_runtime.serving.server import MetricsServer, address_family, engine_healthy, listening_socket_options
+from npu_runtime.serving.status import PlanView, RuntimeStatus
 
 if TYPE_CHECKING:
-    from npu_runtime.plan import Plan
+    from npu_runtime.planner.plan import Plan
 
 EXIT_FAILED: Final = 1
 POLL_SECONDS: Final = 0.5
@@ -96,8 +96,8 @@ def make_serve_plan(options: ServeOptions, environ: Mapping[str, str] | None = N
     With --engine-resolves-mode the requested mode goes to the engine unchanged
     (resolve_mode=False): the engine's own downgrades are then seen by the observer.
     """
-    from npu_runtime.model import ModelError
-    from npu_runtime.plan import DoesNotFitError, plan_for
+    from npu_runtime.planner.model import ModelError
+    from npu_runtime.planner.plan import DoesNotFitError, plan_for
 
     check_model_path(options.model)
     engine_environ = {**ASCEND_RECOMMENDED_ENV, **(os.environ if environ is None else environ)}
@@ -116,7 +116,7 @@ def make_serve_plan(options: ServeOptions, environ: Mapping[str, str] | None = N
 
 def node_args(options: ServeOptions, plan: Plan) -> tuple[str, ...]:
     """This pod's multi-node data-parallel flags (none on a one-node replica)."""
-    from npu_runtime.plan import node_engine_args
+    from npu_runtime.planner.plan import node_engine_args
 
     if plan.layout.nodes == 1:
         return ()

@@ -30,7 +30,7 @@ from npu_runtime import reports
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, ServeOptions
 
 ENGINE_MODULE: Final = "vllm.entrypoints.openai.api_server"
-HEADLESS_MODULE: Final = "npu_runtime.headless"
+HEADLESS_MODULE: Final = "npu_runtime.serving.headless"
 PROMETHEUS_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 PLUGINS_ENV: Final = "VLLM_PLUGINS"
 
@@ -111,7 +111,7 @@ def kill_adopted_children(timeout: float = 5.0) -> list[int]:
 def engine_argv(options: ServeOptions, vllm_args: Sequence[str], *, python: str | None = None) -> list[str]:
     """The engine's command line: model, address, the plan's engine flags, then the user's extras.
 
-    A multi-node replica's worker (--headless among the flags) runs `npu_runtime.headless`, vLLM's
+    A multi-node replica's worker (--headless among the flags) runs `npu_runtime.serving.headless`, vLLM's
     headless launcher, instead of the API server.
     """
     module = HEADLESS_MODULE if "--headless" in vllm_args else ENGINE_MODULE

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from npu_runtime import metrics
-from npu_runtime.status import RuntimeStatus
+from npu_runtime.serving.status import RuntimeStatus
 
 HEALTH_TIMEOUT_SECONDS = 2.0
 

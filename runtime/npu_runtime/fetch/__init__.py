@@ -1,0 +1,1 @@
+"""Fetching: a model repository from a hub into the shared cache (`npu-runtime fetch`)."""
