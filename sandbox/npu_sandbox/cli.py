@@ -48,6 +48,8 @@ DEFAULT_WORKDIR: Final = Path("/tmp/npu-sandbox")
 KUBECTL: Final = ROOT / ".cache" / "k8s-tools" / "bin" / "kubectl"
 HUB_REPOSITORY: Final = "sandbox/tiny-llama"
 HUB_FIELDS: Final = {"hf": "huggingFace", "ms": "modelScope"}
+# How long a Ready resource may go without status.graph before the sandbox goes on without it.
+GRAPH_GRACE_SECONDS: Final = 30.0
 
 
 class SandboxFailed(Exception):
@@ -362,6 +364,7 @@ async def wait_ready(
     """Print each change of phase, condition reason and engine states until Ready (or a failure)."""
     deadline = time.monotonic() + within
     last: tuple[Any, ...] = ()
+    ready_since: float | None = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
         while True:
             obj = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name) or {}
@@ -383,8 +386,13 @@ async def wait_ready(
                     + (f" download={download}" if download else "")
                 )
                 last = now
-            if is_true(obj, "Ready") and status.get("graph", {}).get("effectiveMode"):
-                return obj
+            if is_true(obj, "Ready"):
+                if status.get("graph", {}).get("effectiveMode"):
+                    return obj
+                ready_since = ready_since or time.monotonic()
+                if time.monotonic() - ready_since > GRAPH_GRACE_SECONDS:
+                    say(f"(Ready, but no status.graph after {GRAPH_GRACE_SECONDS:.0f}s: no pod of it was read)")
+                    return obj
             if exited := [pod for pod in pods if pod.exited.is_set()]:
                 pod = exited[0]
                 raise SandboxFailed(
@@ -430,8 +438,8 @@ async def report(
     say(await kubectl_get(cluster, namespace, kinds))
 
     heading(f"kubectl get npuinf {name} -o yaml | yq .status.graph")
-    graph = obj["status"]["graph"]
-    say(yaml.safe_dump(graph, sort_keys=False).rstrip())
+    graph = obj["status"].get("graph", {})
+    say(yaml.safe_dump(graph, sort_keys=False).rstrip() if graph else "(none)")
 
     heading("Events")
     events = await events_of(cluster, namespace, name)

@@ -344,6 +344,12 @@ def rolling_update_partition(states: Sequence[tuple[bool, bool]], replicas: int,
     return min(partition, current)
 
 
+def rolling_update_replicas(replicas: int, surge: int, unavailable: int, unready: int) -> int:
+    """calculateRollingUpdateReplicas: keep surge groups while more desired groups are unready than
+    maxUnavailable allows, reclaim them gradually after."""
+    return replicas + max(0, unready - unavailable) if unready <= surge else replicas + surge
+
+
 def rolling_update_parameters(
     lws: JSON, snapshot: Snapshot, leader: JSON | None, key: str, updated: bool
 ) -> tuple[int, int]:
@@ -357,8 +363,8 @@ def rolling_update_parameters(
     surge, unavailable = _max_surge_and_unavailable(spec)
     burst = replicas + surge
 
-    def want(unready: int) -> int:  # calculateRollingUpdateReplicas
-        return replicas + max(0, unready - unavailable) if unready <= surge else burst
+    def want(unready: int) -> int:
+        return rolling_update_replicas(replicas, surge, unavailable, unready)
 
     if updated:  # Case 2: a new rolling update; scaling first
         partition = min(replicas, sts_replicas)
