@@ -67,6 +67,15 @@ RESOURCES: dict[str, Any] = {
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status", "scale"},
     },
+    "apps/v1/statefulsets": {
+        "kind": "StatefulSet",
+        "singular": "statefulset",
+        "shortnames": {"sts"},
+        "categories": {"all"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status", "scale"},
+    },
     "v1/services": {
         "kind": "Service",
         "singular": "service",
