@@ -46,6 +46,7 @@ NPU_ONLY = frozenset(
         "Capture time per batch size",
         "Replay latency p50 per batch size",
         "Replay latency p99 per batch size",
+        "Replay latency p99 per rank",
         "Eager fallbacks per second",
         "Eager share of decode steps",
     }
@@ -437,6 +438,41 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
         ],
     ),
     (
+        # The PodMonitors copy a LeaderWorkerSet pod's group and worker index into `group` and
+        # `node_rank` (builders.RANK_TARGET_LABELS); a one-node replica's series have neither.
+        "Multi-node replicas: per rank",
+        [
+            (
+                timeseries(
+                    "Replay latency p99 per rank",
+                    "99th percentile device time of one graph replay, per group and node of a multi-node "
+                    "replica (LeaderWorkerSet): one slow node holds its whole group back.",
+                    quantiles(
+                        "npu_graph_replay_latency_seconds_bucket",
+                        "inference_npu_dev_name, group, node_rank, size",
+                        "{{inference_npu_dev_name}} group {{group}} node {{node_rank}} size {{size}}",
+                        0.99,
+                    ),
+                    "s",
+                ),
+                12,
+                9,
+            ),
+            (
+                table(
+                    "Graph-mode downgrades per rank",
+                    "Each downgrade with the group and node that made it (empty for one-node replicas): "
+                    "a node can fall back alone, e.g. on an HCCL buffer or stream shortfall.",
+                    "max by (namespace, inference_npu_dev_name, group, node_rank, pod, from_mode, to_mode, reason) "
+                    f"(npu_graph_downgrades_total{{{SEL}}}) > 0",
+                    [],
+                ),
+                12,
+                9,
+            ),
+        ],
+    ),
+    (
         "Operator",
         [
             (
@@ -533,7 +569,9 @@ def dashboard() -> dict[str, Any]:
             "NPUInference resources on Ascend NPUs: the graph mode requested and run, downgrades, graph "
             "capture memory and time, replay latency, eager fallbacks, the device memory plan, vLLM's "
             "latency and queue, and the operator. Labels: namespace and inference_npu_dev_name (the pod "
-            "label inference.npu.dev/name, copied by the PodMonitors' podTargetLabels). NPU only (empty "
+            "label inference.npu.dev/name, copied by the PodMonitors' podTargetLabels); for the pods of a "
+            "multi-node replica also group and node_rank (LeaderWorkerSet's group and worker index, "
+            "relabeled by the PodMonitors). NPU only (empty "
             "where the engine runs without graphs, e.g. vLLM's CPU build): "
             + ", ".join(title for title in ALL_TITLES if title in NPU_ONLY)
             + "."

@@ -158,7 +158,11 @@ class GroupFindings:
 
 
 def group_findings(
-    pods: Sequence[Mapping[str, Any]], reports: Sequence[PodReport], nodes: int, previous: Mapping[str, Any]
+    pods: Sequence[Mapping[str, Any]],
+    reports: Sequence[PodReport],
+    nodes: int,
+    previous: Mapping[str, Any],
+    replicas: int = 1,
 ) -> GroupFindings:
     """Which groups LeaderWorkerSet is recreating and which ranks of the others do not serve.
 
@@ -167,7 +171,8 @@ def group_findings(
     and its pods with it, and the leader StatefulSet makes the group anew (kubernetes-sigs/lws
     v0.10.0, pkg/controllers/pod_controller.go handleRestartPolicy). So a group is restarting
     while one of its pods restarted a container or is being deleted, and, once its new pods are
-    there, until they all serve (remembered in the previous status's `restartingGroups`).
+    there, until they all serve (remembered in the previous status's `restartingGroups`; a group
+    of those, below `replicas`, with no pod at all is between its old pods and its new ones).
     """
     if nodes <= 1:
         return GroupFindings()
@@ -198,6 +203,9 @@ def group_findings(
             restarting[group] = f"recreated, {ready}/{nodes} pods ready"
         else:
             not_serving += idle
+    for group in sorted(before - set(groups)):
+        if group < replicas:
+            restarting[group] = "its pods are gone; LeaderWorkerSet makes them anew"
     return GroupFindings(restarting, tuple(not_serving))
 
 

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 import math
+import re
 from typing import Any, Final
 
 from npu_runtime.contract import (
@@ -51,6 +52,25 @@ LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"  # the leader pod's DNS name, s
 LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"  # 0 for the leader, 1.. for the workers
 LWS_WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"  # the group, 0..replicas-1
+# Target labels of every series of a multi-node replica's pods, from LeaderWorkerSet's pod labels:
+# a panel can split replay latency and downgrades by group and node. A Deployment's pods have
+# neither label, and Prometheus drops a target label whose value is empty.
+RANK_TARGET_LABELS: Final = {"group": LWS_GROUP_INDEX_LABEL, "node_rank": LWS_WORKER_INDEX_LABEL}
+
+
+def rank_relabelings() -> list[JSON]:
+    """The PodMonitor endpoints' relabelings that copy RANK_TARGET_LABELS from Prometheus' pod metadata
+    (`__meta_kubernetes_pod_label_<name>`, the name's other characters made underscores)."""
+    return [
+        {
+            "action": "replace",
+            "sourceLabels": ["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)],
+            "targetLabel": target,
+        }
+        for target, label in RANK_TARGET_LABELS.items()
+    ]
+
+
 # The pod's own interface for HCCL's, Gloo's and the TP socket's bootstrap traffic, as vllm-ascend's
 # multi-node tutorials export them (HCCL_IF_IP, GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME,
 # HCCL_SOCKET_IFNAME). A pod's network is eth0; spec.engine.env overrides each one.
@@ -484,8 +504,8 @@ def build_pod_monitor(name: str, namespace: str, spec: NPUInferenceSpec) -> JSON
             "podTargetLabels": [NAME_LABEL],
             "podMetricsEndpoints": [
                 # npu_graph_* and npu_device_* from the runtime; vllm:* from the engine itself.
-                {"port": "metrics", "path": "/metrics", "interval": interval},
-                {"port": "http", "path": "/metrics", "interval": interval},
+                {"port": "metrics", "path": "/metrics", "interval": interval, "relabelings": rank_relabelings()},
+                {"port": "http", "path": "/metrics", "interval": interval, "relabelings": rank_relabelings()},
             ],
         },
     }

@@ -230,7 +230,7 @@ async def reconcile(
         same_generation=previous.get("observedGeneration") == generation,
         nodes=spec.npu.nodes,
     )
-    groups = aggregate.group_findings(pods, reports, spec.npu.nodes, previous.get("graph", {}))
+    groups = aggregate.group_findings(pods, reports, spec.npu.nodes, previous.get("graph", {}), spec.replicas)
     if restarting := aggregate.restarting_groups(groups):
         graph["restartingGroups"] = restarting
         # A group being recreated is not failing: why it restarts is in the GroupRestarting message.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -425,10 +426,19 @@ def test_both_inference_pod_monitors_give_series_the_same_labels(tmp_path: Path)
     assert chart_monitor["spec"]["podTargetLabels"] == operator_monitor["spec"]["podTargetLabels"]
     assert operator_monitor["spec"]["podTargetLabels"] == [builders.NAME_LABEL]
 
-    def endpoints(monitor: JSON) -> list[tuple[str, str]]:
-        return sorted((e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"])
+    def endpoints(monitor: JSON) -> list[tuple[str, str, str]]:
+        return sorted(
+            (e["port"], e["path"], json.dumps(e["relabelings"], sort_keys=True))
+            for e in monitor["spec"]["podMetricsEndpoints"]
+        )
 
     assert endpoints(chart_monitor) == endpoints(operator_monitor)
+    # A LeaderWorkerSet pod's group and node become the target labels `group` and `node_rank`.
+    relabelings = operator_monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert {r["targetLabel"]: r["sourceLabels"] for r in relabelings} == {
+        "group": ["__meta_kubernetes_pod_label_leaderworkerset_sigs_k8s_io_group_index"],
+        "node_rank": ["__meta_kubernetes_pod_label_leaderworkerset_sigs_k8s_io_worker_index"],
+    }
 
 
 def test_operator_pod_monitor_selects_the_operator_pod(tmp_path: Path) -> None:

@@ -61,7 +61,19 @@ def test_the_issues_panels_are_there(board: dict[str, Any]) -> None:
         "Time to first token",
         "Inter-token latency",
         "Requests running and waiting",
+        "Replay latency p99 per rank",
+        "Graph-mode downgrades per rank",
     } <= titles
+
+
+def test_the_rank_panels_split_by_the_podmonitors_rank_labels(board: dict[str, Any]) -> None:
+    """`group` and `node_rank`: the target labels the PodMonitors' relabelings give LeaderWorkerSet pods."""
+    from npu_operator import builders
+
+    by_title = {panel["title"]: panel for panel in panels(board)}
+    for title in ("Replay latency p99 per rank", "Graph-mode downgrades per rank"):
+        expr = by_title[title]["targets"][0]["expr"]
+        assert all(f"{label}," in expr for label in builders.RANK_TARGET_LABELS), (title, expr)
 
 
 def test_panels_tile_the_grid_without_overlapping(board: dict[str, Any]) -> None:

@@ -15,7 +15,6 @@ with it (the emulator's garbage collector), and the group is made anew. The runt
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 from npu_operator import crd
 from npu_operator.api import condition
 from npu_operator.config import OperatorConfig
-from npu_sandbox.cluster import ApiRejected, LocalCluster
+from npu_sandbox.cluster import LocalCluster
 
 from tests.operator.test_faults import HOSTILE, FakeRuntimes, report
 
@@ -270,5 +269,13 @@ async def test_every_rank_is_read_shown_and_recovers_with_its_group(
     assert "restartingGroups" not in graph and graph["reportingPods"] == 2
     assert all(runtimes.hits.get(port, 0) == 0 for port in foreign_ports)
     assert first  # the old group's runtimes are gone with their pods
-    with contextlib.suppress(ApiRejected):
-        await cluster.delete(crd.API_VERSION, crd.PLURAL, NS, NAME)
+
+    # Deleting the resource takes the LeaderWorkerSet, and with it every StatefulSet and pod of ours.
+    await cluster.delete(crd.API_VERSION, crd.PLURAL, NS, NAME)
+
+    async def all_gone() -> bool:
+        pods = [p["metadata"]["name"] for p in await cluster.list_objects("v1", "pods", NS)]
+        sets = [s["metadata"]["name"] for s in await cluster.list_objects("apps/v1", "statefulsets", NS)]
+        return await controller.lws() is None and pods == ["other-0", "other-0-1"] and sets == ["other", "other-0"]
+
+    await cluster.wait_for(all_gone, what="the LeaderWorkerSet, its StatefulSets and pods to go")

@@ -88,7 +88,8 @@ def test_unread_and_stale_ranks_say_so_and_show_no_old_state() -> None:
     by_rank = {(r["group"], r["node"]): r for r in graph["ranks"]}
     assert by_rank[(0, 1)] == {"group": 0, "node": 1, "pod": "r1-0-1", "dataParallelRanks": "2-3", "reading": "Stale"}
     assert by_rank[(1, 0)]["reading"] == "Unreachable" and by_rank[(1, 0)]["mode"] == "FULL_DECODE_ONLY"
-    assert [r["reading"] for r in graph["ranks"][:2]] == ["Unreachable", "Stale"] or graph["ranks"][0]["group"] == 0
+    # Unread ranks come before read ones; of those, the one with nothing to show first.
+    assert [(r["group"], r["node"]) for r in graph["ranks"]] == [(0, 1), (1, 0), (0, 0)]
     assert (graph["reportingPods"], graph["unreachablePods"], graph["stalePods"]) == (1, 1, 1)
 
 
@@ -173,6 +174,9 @@ def test_a_restarted_worker_marks_its_group_restarting_until_the_new_group_serve
     assert list(again.restarting) == [0] and "1/2 pods ready" in again.restarting[0]
     deleting = group_findings([lws_pod(0, 0, deletionTimestamp=NOW)], [], 2, {})
     assert "being deleted" in deleting.restarting[0]
+    between = group_findings([], [], 2, remembered, replicas=1)  # old pods gone, new ones not made yet
+    assert list(between.restarting) == [0]
+    assert group_findings([], [], 2, remembered, replicas=0).restarting == {}  # scaled away: not coming back
 
     back = group_findings([lws_pod(0, 0), lws_pod(0, 1)], [], 2, remembered)
     conditions = {c.type: c for c in status.assess(spec, status.Observed(deployment=lws, groups=back))}
