@@ -300,10 +300,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
         key, info = POD_MONITORS
         self.resources[key] = info
 
-    def serve_autoscaling_and_routing(self) -> None:
-        """Pretend KEDA's and the Gateway API Inference Extension's CRDs are installed; nothing runs them."""
-        for key, info in (SCALED_OBJECTS, INFERENCE_POOLS):
-            self.resources[key] = info
+    def serve_scaled_objects(self) -> None:
+        """Pretend KEDA's CRDs are installed; nothing runs KEDA (tests scale as its HPA would)."""
+        key, info = SCALED_OBJECTS
+        self.resources[key] = info
+
+    def serve_inference_pools(self) -> None:
+        """Pretend the Gateway API Inference Extension's CRDs are installed; no gateway runs them."""
+        key, info = INFERENCE_POOLS
+        self.resources[key] = info
 
     def serve_leader_worker_sets(self) -> None:
         """Serve the LeaderWorkerSet API (kubernetes-sigs/lws), as its CRD does; the sandbox's
