@@ -191,6 +191,7 @@ NAMESPACED_RULES = {
     ("", "pods"): {"get", "list", "watch"},
     ("", "persistentvolumeclaims"): {"get", "create", "patch"},
     ("apps", "replicasets"): {"get", "list", "watch"},
+    ("apps", "statefulsets"): {"get", "list", "watch"},
     ("", "events"): {"create"},
     ("keda.sh", "scaledobjects"): {"get", "list", "watch", "create", "patch", "delete"},
     ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch", "create", "patch", "delete"},
