@@ -77,10 +77,11 @@ async def test_the_scaled_objects_query_under_load_then_a_scale_to_two(tiny_mode
             pod = await cluster.get("v1", "pods", NS, first.name)
             assert pod is not None
             server.set_targets("pods", prometheus.pod_targets(pod, first.ports))
+            await server.wait_for_scrapes_after(time.time(), within=60)  # the engine is scraped before the load
 
             # Requests in flight (as many as the engine's max_num_seqs, 8: all run at once, none wait), and
             # the query KEDA would send, sampled until they are done: Prometheus scrapes every second.
-            load = [asyncio.create_task(generate(first.api_url, 200)) for _ in range(8)]
+            load = [asyncio.create_task(generate(first.api_url, 240)) for _ in range(8)]
             samples: list[float] = []
             while not all(task.done() for task in load):
                 answer = await instant(server, trigger["query"])
