@@ -52,6 +52,22 @@ NPU_ONLY = frozenset(
     }
 )
 NPU_ONLY_NOTE = " NPU only: empty where the engine runs without graphs (mode NONE, e.g. vLLM's CPU build)."
+# Panels of spec.autoscaling: KEDA's HPA as kube-state-metrics exports it. KEDA names a resource's
+# HPA keda-hpa-<resource> (kedacore/keda v2.20.2 controllers/keda/hpa.go getHPAName) and its first
+# trigger's metric s0-prometheus (pkg/scalers/prometheus_scaler.go): the running-requests target.
+KEDA_ONLY = frozenset({"Replicas: current, desired and max", "Running requests per replica and the target"})
+KEDA_ONLY_NOTE = " Needs KEDA and kube-state-metrics: empty for resources without spec.autoscaling."
+HPA = 'namespace=~"$namespace", horizontalpodautoscaler=~"keda-hpa-$npuinference"'
+RUNNING_TARGET = ', metric_name="s0-prometheus", metric_target_type="average"'
+
+
+def hpa(metric: str, extra: str = "") -> str:
+    """A series of a resource's KEDA HPA, labelled with the resource's name as the pods' series are."""
+    return (
+        f'label_replace(kube_horizontalpodautoscaler_{metric}{{{HPA}{extra}}}, "inference_npu_dev_name", "$1", '
+        '"horizontalpodautoscaler", "keda-hpa-(.+)")'
+    )
+
 
 Panel = dict[str, Any]
 
@@ -473,6 +489,61 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
         ],
     ),
     (
+        "Autoscaling",
+        [
+            (
+                timeseries(
+                    "Replicas: current, desired and max",
+                    "spec.autoscaling: the replicas KEDA's HPA runs, asks for and may not exceed. Desired stuck at"
+                    " max while the eager share grows: raise spec.autoscaling.maxReplicas." + KEDA_ONLY_NOTE,
+                    [
+                        target(
+                            f"max by (inference_npu_dev_name) ({hpa('status_current_replicas')})",
+                            "current {{inference_npu_dev_name}}",
+                        ),
+                        target(
+                            f"max by (inference_npu_dev_name) ({hpa('status_desired_replicas')})",
+                            "desired {{inference_npu_dev_name}}",
+                            ref="B",
+                        ),
+                        target(
+                            f"max by (inference_npu_dev_name) ({hpa('spec_max_replicas')})",
+                            "max {{inference_npu_dev_name}}",
+                            ref="C",
+                        ),
+                    ],
+                    "short",
+                ),
+                12,
+                8,
+            ),
+            (
+                timeseries(
+                    "Running requests per replica and the target",
+                    "Running requests over the replicas KEDA's HPA counts, against the per-replica target the"
+                    " operator took from the capture plan (status.autoscaling): above it, KEDA adds replicas."
+                    + KEDA_ONLY_NOTE,
+                    [
+                        target(
+                            f"sum by (inference_npu_dev_name) (vllm:num_requests_running{{{SEL}}})"
+                            f" / on (inference_npu_dev_name) max by (inference_npu_dev_name) "
+                            f"({hpa('status_current_replicas')})",
+                            "per replica {{inference_npu_dev_name}}",
+                        ),
+                        target(
+                            f"max by (inference_npu_dev_name) ({hpa('spec_target_metric', RUNNING_TARGET)})",
+                            "target {{inference_npu_dev_name}}",
+                            ref="B",
+                        ),
+                    ],
+                    "short",
+                ),
+                12,
+                8,
+            ),
+        ],
+    ),
+    (
         "Operator",
         [
             (
@@ -574,7 +645,7 @@ def dashboard() -> dict[str, Any]:
             "relabeled by the PodMonitors). NPU only (empty "
             "where the engine runs without graphs, e.g. vLLM's CPU build): "
             + ", ".join(title for title in ALL_TITLES if title in NPU_ONLY)
-            + "."
+            + ". The Autoscaling row needs KEDA (spec.autoscaling) and kube-state-metrics."
         ),
         "tags": ["npu", "ascend", "vllm", "npu-inference-operator"],
         "editable": True,

@@ -153,6 +153,36 @@ class PodMonitorSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class AutoscalingSpec:
+    """spec.autoscaling: a KEDA ScaledObject on the resource's scale subresource (see `scaling`)."""
+
+    min_replicas: int  # 0: scale to zero (needs spec.routing)
+    max_replicas: int
+    target_utilization: int  # percent of the plan's per-replica capacity
+    running_requests_per_replica: int | None  # None: from the plan
+    queue_depth_per_replica: int | None  # None: the running target
+    scale_up_period_seconds: int | None  # None: the observed startup time
+    scale_down_stabilization_seconds: int | None  # None: from the observed startup time
+    polling_interval_seconds: int
+    prometheus_address: str | None  # None: the operator's setting
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayRef:
+    name: str
+    namespace: str | None
+    section_name: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingSpec:
+    """spec.routing: an InferencePool and its endpoint picker (see `routing`)."""
+
+    failure_mode: str  # FailOpen | FailClose
+    gateway: GatewayRef | None
+
+
+@dataclasses.dataclass(frozen=True)
 class NPUInferenceSpec:
     model: ModelSpec
     replicas: int
@@ -163,6 +193,8 @@ class NPUInferenceSpec:
     resources: JSON  # requests/limits of cpu, memory, ephemeral-storage, as written
     template: PodTemplateSpec
     pod_monitor: PodMonitorSpec
+    autoscaling: AutoscalingSpec | None = None
+    routing: RoutingSpec | None = None
 
 
 class SpecError(ValueError):
@@ -246,6 +278,34 @@ def _parse(s: JSON) -> NPUInferenceSpec:
             image_pull_secrets=tuple(secret["name"] for secret in template.get("imagePullSecrets", ())),
         ),
         pod_monitor=PodMonitorSpec(monitor["enabled"], monitor["interval"], monitor.get("labels", {})),
+        autoscaling=_autoscaling(s.get("autoscaling")),
+        routing=_routing(s.get("routing")),
+    )
+
+
+def _autoscaling(value: JSON | None) -> AutoscalingSpec | None:
+    if value is None:
+        return None
+    return AutoscalingSpec(
+        min_replicas=value["minReplicas"],
+        max_replicas=value["maxReplicas"],
+        target_utilization=value["targetUtilization"],
+        running_requests_per_replica=value.get("runningRequestsPerReplica"),
+        queue_depth_per_replica=value.get("queueDepthPerReplica"),
+        scale_up_period_seconds=value.get("scaleUpPeriodSeconds"),
+        scale_down_stabilization_seconds=value.get("scaleDownStabilizationSeconds"),
+        polling_interval_seconds=value["pollingIntervalSeconds"],
+        prometheus_address=value.get("prometheus", {}).get("address"),
+    )
+
+
+def _routing(value: JSON | None) -> RoutingSpec | None:
+    if value is None:
+        return None
+    gateway = value.get("gateway")
+    return RoutingSpec(
+        failure_mode=value["failureMode"],
+        gateway=GatewayRef(gateway["name"], gateway.get("namespace"), gateway.get("sectionName")) if gateway else None,
     )
 
 

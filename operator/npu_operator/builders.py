@@ -24,7 +24,7 @@ from npu_runtime.contract import (
     serve_argv,
 )
 
-from npu_operator import crd
+from npu_operator import crd, routing, scaling
 from npu_operator.api import HUB_MODEL_DIR, HUB_MODEL_PATH, NPUInferenceSpec
 from npu_operator.config import OperatorConfig
 
@@ -82,6 +82,13 @@ class Capabilities:
     """What the cluster offers, found out by the caller (builders never ask the API)."""
 
     pod_monitor: bool = False
+    scaled_object: bool = False  # keda.sh/v1alpha1
+    inference_pool: bool = False  # inference.networking.k8s.io/v1
+    http_route: bool = False  # gateway.networking.k8s.io/v1
+
+    @classmethod
+    def everything(cls) -> Capabilities:
+        return cls(pod_monitor=True, scaled_object=True, inference_pool=True, http_route=True)
 
 
 NAME_LABEL: Final = f"{crd.GROUP}/name"
@@ -92,8 +99,9 @@ def selector_labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "npu-inference", NAME_LABEL: name}
 
 
-def selector_string(name: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+def selector_string(name: str, *, multi_node: bool = False) -> str:
+    """The scale subresource's selector (status.selector): the pods that count as replicas."""
+    return ",".join(f"{k}={v}" for k, v in sorted(serving_pod_labels(name, multi_node=multi_node).items()))
 
 
 def labels(name: str) -> dict[str, str]:
@@ -117,11 +125,13 @@ def build_children(
     spec: NPUInferenceSpec,
     config: OperatorConfig,
     capabilities: Capabilities = Capabilities(),
+    startup_seconds: int | None = None,
 ) -> list[JSON]:
     """Every child the resource should have, in apply order.
 
     One node per replica: a Deployment. More: a LeaderWorkerSet, whether or not its API is
-    installed (the caller reports a missing API; see `Capabilities`).
+    installed (the caller reports a missing API; see `Capabilities`). `startup_seconds` is the
+    startup seen so far (status.autoscaling.startupSeconds); None: the spec's startup timeout.
     """
     workload = (
         build_leader_worker_set(name, namespace, spec, config)
@@ -133,6 +143,29 @@ def build_children(
         children.append(build_pod_disruption_budget(name, namespace))
     if spec.pod_monitor.enabled and capabilities.pod_monitor:
         children.append(build_pod_monitor(name, namespace, spec))
+    if spec.autoscaling is None and spec.routing is None:
+        return children
+    cap = scaling.capacity(spec, plan_options(spec))
+    if spec.autoscaling is not None and capabilities.scaled_object:
+        startup = startup_seconds or spec.engine.startup_timeout_seconds
+        children.append(
+            scaling.build_scaled_object(
+                name, namespace, spec.autoscaling, cap, labels(name), config.prometheus_address, startup
+            )
+        )
+    if spec.routing is not None and capabilities.inference_pool:
+        pool = routing.Pool(
+            name=name,
+            namespace=namespace,
+            labels=labels(name),
+            pods=serving_pod_labels(name, multi_node=spec.npu.nodes > 1),
+            max_concurrency=cap.per_replica,
+            failure_mode=spec.routing.failure_mode,
+        )
+        children += routing.build_picker(pool, config.picker_image)
+        children.append(routing.build_inference_pool(pool))
+        if spec.routing.gateway is not None and capabilities.http_route:
+            children.append(routing.build_http_route(pool, spec.routing.gateway))
     return children
 
 
@@ -457,12 +490,20 @@ def build_cache_claim(namespace: str, spec: NPUInferenceSpec) -> JSON | None:
     }
 
 
+def serving_pod_labels(name: str, *, multi_node: bool) -> dict[str, str]:
+    """The labels of the pods that serve the API, one per replica: every pod of a one-node replica, the
+    leader (LeaderWorkerSet's worker index 0) of a multi-node one. The Service, the InferencePool
+    and the scale subresource's selector (status.selector) all select these."""
+    selector = selector_labels(name)
+    if multi_node:
+        selector[LWS_WORKER_INDEX_LABEL] = "0"
+    return _sorted(selector)
+
+
 def build_service(name: str, namespace: str, *, leaders_only: bool = False) -> JSON:
     """The endpoint. For a LeaderWorkerSet only the leaders serve the API: the selector adds
     LeaderWorkerSet's worker-index label 0."""
-    selector = selector_labels(name)
-    if leaders_only:
-        selector[LWS_WORKER_INDEX_LABEL] = "0"
+    selector = serving_pod_labels(name, multi_node=leaders_only)
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -34,10 +34,32 @@ class ChildKind:
     resource: Resource
     # Served only where its API is installed; skipped, with a note in the status, where it is not.
     optional: bool = False
+    # The child is named after the resource plus this suffix (two children of one kind differ by it).
+    suffix: str = ""
+    # The optional kind this child is only useful with: skipped, without a note of its own, where
+    # that kind's API is not served (the endpoint picker's objects without the InferencePool API).
+    needs: str | None = None
 
     @property
     def kind(self) -> str:
         return self.resource.kind
+
+    @property
+    def key(self) -> str:
+        """Unique among KINDS: the kind, plus the suffix where there is one."""
+        return self.kind + self.suffix
+
+    def child_name(self, owner: str) -> str:
+        """The child's name: the owner's name plus the suffix, shortened (with a digest of the whole)
+        to stay a DNS-1035 label of at most 63 characters, as a Service name must be."""
+        if len(owner) + len(self.suffix) <= MAX_NAME:
+            return owner + self.suffix
+        digest = hashlib.sha256(owner.encode()).hexdigest()[:8]
+        keep = MAX_NAME - len(self.suffix) - len(digest) - 1
+        return f"{owner[:keep].rstrip('-')}-{digest}{self.suffix}"
+
+
+MAX_NAME: Final = 63
 
 
 DEPLOYMENT: Final = ChildKind(Resource("apps", "v1", "deployments", "Deployment"))
@@ -48,11 +70,59 @@ POD_MONITOR: Final = ChildKind(Resource("monitoring.coreos.com", "v1", "podmonit
 LEADER_WORKER_SET: Final = ChildKind(
     Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"), optional=True
 )
+# spec.autoscaling: KEDA's ScaledObject on the resource's scale subresource (see `scaling`).
+SCALED_OBJECT: Final = ChildKind(Resource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject"), optional=True)
+# spec.routing: the Gateway API Inference Extension's pool, its endpoint picker (llm-d's router,
+# one per resource, named <resource>-epp) and, with routing.gateway, an HTTPRoute (see `routing`).
+INFERENCE_POOL: Final = ChildKind(
+    Resource("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool"), optional=True
+)
+PICKER_SUFFIX: Final = "-epp"
+
+
+def _picker(resource: Resource) -> ChildKind:
+    return ChildKind(resource, suffix=PICKER_SUFFIX, needs=INFERENCE_POOL.kind)
+
+
+PICKER_SERVICE_ACCOUNT: Final = _picker(Resource("", "v1", "serviceaccounts", "ServiceAccount"))
+PICKER_ROLE: Final = _picker(Resource("rbac.authorization.k8s.io", "v1", "roles", "Role"))
+PICKER_ROLE_BINDING: Final = _picker(Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"))
+PICKER_CONFIG: Final = _picker(Resource("", "v1", "configmaps", "ConfigMap"))
+PICKER_DEPLOYMENT: Final = _picker(DEPLOYMENT.resource)
+PICKER_SERVICE: Final = _picker(SERVICE.resource)
+HTTP_ROUTE: Final = ChildKind(
+    Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"), optional=True, needs="InferencePool"
+)
 # In apply order.
-KINDS: Final = (DEPLOYMENT, LEADER_WORKER_SET, SERVICE, POD_DISRUPTION_BUDGET, POD_MONITOR)
+KINDS: Final = (
+    DEPLOYMENT,
+    LEADER_WORKER_SET,
+    SERVICE,
+    POD_DISRUPTION_BUDGET,
+    POD_MONITOR,
+    SCALED_OBJECT,
+    PICKER_SERVICE_ACCOUNT,
+    PICKER_ROLE,
+    PICKER_ROLE_BINDING,
+    PICKER_CONFIG,
+    PICKER_DEPLOYMENT,
+    PICKER_SERVICE,
+    INFERENCE_POOL,
+    HTTP_ROUTE,
+)
 # The kinds that run the pods: one of them per resource, chosen by spec.npu.nodes.
 WORKLOADS: Final = (DEPLOYMENT, LEADER_WORKER_SET)
-BY_KIND: Final = {child.kind: child for child in KINDS}
+BY_KEY: Final = {child.key: child for child in KINDS}
+# The distinct APIs of KINDS (two kinds of child may share one, e.g. the two Deployments).
+RESOURCES: Final = tuple(dict.fromkeys(child.resource for child in KINDS))
+
+
+def kind_of(manifest: Mapping[str, Any], owner: str) -> ChildKind:
+    """The entry of KINDS that `manifest`, a child of the resource named `owner`, belongs to."""
+    for child in KINDS:
+        if child.kind == manifest["kind"] and child.child_name(owner) == manifest["metadata"]["name"]:
+            return child
+    raise KeyError(f"{manifest['kind']} {manifest['metadata']['name']} is no child kind of {owner}")
 
 
 @dataclasses.dataclass(frozen=True)

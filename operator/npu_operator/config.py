@@ -48,6 +48,11 @@ class OperatorConfig:
     # The operator's own endpoints: kopf's liveness probe and Prometheus metrics (0 disables each).
     health_port: int = 8081
     metrics_port: int = 8080
+    # spec.autoscaling: the Prometheus KEDA queries, unless the resource names one.
+    prometheus_address: str = "http://prometheus-operated.monitoring.svc:9090"
+    # spec.routing: the endpoint picker's image, llm-d's router EPP (the image the Gateway API
+    # Inference Extension points to since v1.6.0), pinned to a release.
+    picker_image: str = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.9.0"
 
 
 def _positive_float(text: Any) -> float:
@@ -89,6 +94,13 @@ def _non_empty(text: Any) -> str:
     return value
 
 
+def _url(text: Any) -> str:
+    value = _non_empty(text)
+    if not value.startswith(("http://", "https://")) or any(c.isspace() for c in value):
+        raise ValueError(f"must be an http:// or https:// URL, got {text!r}")
+    return value
+
+
 def _resource_name(text: Any) -> str:
     value = _non_empty(text)
     if problem := extended_resource_problem(value):
@@ -125,6 +137,8 @@ _PARSERS: Final[dict[str, Callable[[Any], Any]]] = {
     "standalone": _boolean,
     "health_port": _port,
     "metrics_port": _port,
+    "prometheus_address": _url,
+    "picker_image": _non_empty,
 }
 
 

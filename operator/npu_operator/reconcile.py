@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from npu_operator import aggregate, builders, children, ownership, status
+from npu_operator import aggregate, builders, children, ownership, scaling, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.children import ChildKind, Step
 from npu_operator.client import PERSISTENT_VOLUME_CLAIMS, ApiError, KubeClient
@@ -76,7 +76,7 @@ def read_spec(body: Mapping[str, Any]) -> tuple[NPUInferenceSpec | None, list[Sp
         spec = parse_spec(body.get("spec", {}))
     except SpecError as exc:
         return None, [exc]
-    return spec, validate_spec(spec)
+    return spec, validate_spec(spec) + scaling.spec_problems(spec, builders.plan_options(spec))
 
 
 def desired_state(
@@ -91,9 +91,13 @@ def desired_state(
     manifests: dict[str, JSON] = {}
     notes: list[str] = []
     blocked: tuple[str, str] | None = None
+    owner = body["metadata"]["name"]
+    startup = scaling.seen_startup_seconds(body.get("status") or {})
     # Built as if every optional API were served, so that what cannot be created is named.
-    for child in adopted_children(body, spec, config, builders.Capabilities(pod_monitor=True)):
-        kind = children.BY_KIND[child["kind"]]
+    for child in adopted_children(body, spec, config, builders.Capabilities.everything(), startup):
+        kind = children.kind_of(child, owner)
+        if kind.needs is not None and kind.needs not in served:
+            continue  # useless without the API it needs, whose own note says it is missing
         if kind.optional and kind.kind not in served:
             why = refused.get(kind.kind) or f"the {kind.resource.api_version} API is not installed"
             if kind is children.LEADER_WORKER_SET:
@@ -105,7 +109,7 @@ def desired_state(
             else:
                 notes.append(f"{kind.kind} not managed: {why}")
             continue
-        manifests[kind.kind] = children.stamped(child)
+        manifests[kind.key] = children.stamped(child)
     claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
     return Desired(spec, (), manifests, tuple(notes), blocked, claim)
 
@@ -123,7 +127,8 @@ class DesiredCache:
     ) -> Desired:
         meta = body["metadata"]
         labels = tuple(sorted((meta.get("labels") or {}).items()))
-        key = (meta.get("uid"), meta.get("generation"), labels, served, tuple(sorted(refused.items())))
+        startup = scaling.seen_startup_seconds(body.get("status") or {})
+        key = (meta.get("uid"), meta.get("generation"), labels, served, tuple(sorted(refused.items())), startup)
         if self.value is None or key != self.key:
             self.key, self.value = key, desired_state(body, config, served, refused)
             self.cache_claim_checked = False
@@ -177,12 +182,13 @@ async def reconcile(
     for kind in children.KINDS:
         if kind.optional and kind.kind not in served:
             continue
-        manifest = desired.manifests.get(kind.kind)
-        live = view.child(kind, namespace, name)
+        child_name = kind.child_name(name)
+        manifest = desired.manifests.get(kind.key)
+        live = view.child(kind, namespace, child_name)
         if live is not None and not children.owned_by(live, uid):
-            conflicts.append(f"{kind.kind} {namespace}/{name}")
+            conflicts.append(f"{kind.kind} {namespace}/{child_name}")
             continue
-        step = children.plan(kind, name, manifest, live, uid)
+        step = children.plan(kind, child_name, manifest, live, uid)
         if step is not None:
             steps.append(step)
         if kind in children.WORKLOADS and manifest is not None:
@@ -244,6 +250,10 @@ async def reconcile(
         graph=graph,
         blocked=desired.blocked,
         model=model_status(spec.model.hub, pods, reports, previous.get("model", {})),
+        startup_seconds=max(
+            (seen for seen in (scaling.observed_startup_seconds(pods), scaling.seen_startup_seconds(previous)) if seen),
+            default=None,
+        ),
         groups=groups,
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
@@ -275,6 +285,7 @@ def adopted_children(
     spec: NPUInferenceSpec,
     config: OperatorConfig,
     capabilities: builders.Capabilities,
+    startup_seconds: int | None = None,
 ) -> list[JSON]:
     """The desired children, owned by `body` (owner references, namespace, the owner's labels)."""
     meta = body["metadata"]
@@ -284,7 +295,7 @@ def adopted_children(
         "kind": body["kind"],
         "metadata": {**meta, "namespace": namespace},
     }
-    built = builders.build_children(meta["name"], namespace, spec, config, capabilities)
+    built = builders.build_children(meta["name"], namespace, spec, config, capabilities, startup_seconds)
     for child in built:
         kopf.adopt(child, owner=owner)  # type: ignore[arg-type]
     return built

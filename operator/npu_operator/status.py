@@ -12,10 +12,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from npu_operator import api
+from npu_operator import api, routing, scaling
 from npu_operator.aggregate import GroupFindings, PodFindings
 from npu_operator.api import NPUInferenceSpec, SpecError
-from npu_operator.builders import endpoint, selector_string
+from npu_operator.builders import endpoint, plan_options, selector_string
 
 JSON = dict[str, Any]
 
@@ -66,6 +66,8 @@ class Observed:
     blocked: tuple[str, str] | None = None
     # The download of a hub source (see `model_status`); None for a volume source.
     model: JSON | None = None
+    # The longest startup seen among ready pods, kept across ticks (see `scaling.observed_startup_seconds`).
+    startup_seconds: int | None = None
     # The groups of a multi-node replica (see `aggregate.group_findings`).
     groups: GroupFindings = dataclasses.field(default_factory=GroupFindings)
 
@@ -88,13 +90,20 @@ def compute_status(
         "readyReplicas": ready,
         "updatedReplicas": updated,
         "ready": f"{ready}/{spec.replicas}",
-        "selector": selector_string(name),
+        "selector": selector_string(name, multi_node=spec.npu.nodes > 1),
         "endpoint": endpoint(name, namespace),
         "graph": observed.graph or {**previous.get("graph", {}), "requestedMode": spec.graph.mode},
         "conditions": merge_conditions(previous.get("conditions", ()), conditions, now=now, generation=generation),
     }
     if observed.model is not None:
         status["model"] = observed.model
+    if spec.autoscaling is not None or spec.routing is not None:
+        cap = scaling.capacity(spec, plan_options(spec))  # read_spec refused a spec it raises for
+        if spec.autoscaling is not None:
+            timeout = spec.engine.startup_timeout_seconds
+            status["autoscaling"] = scaling.autoscaling_status(spec.autoscaling, cap, observed.startup_seconds, timeout)
+        if spec.routing is not None:
+            status["routing"] = routing.routing_status(name, cap.per_replica)
     status["phase"], status["reason"] = summarize(conditions, created=observed.deployment is not None)
     return status
 

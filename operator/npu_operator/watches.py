@@ -182,14 +182,15 @@ def quiet_wakeups(record: logging.LogRecord) -> bool:
 
 def register() -> None:
     """The indexes and wake-up handlers of every kind of child and of pods (called once, on import)."""
-    for kind in children.KINDS:
+    for resource in children.RESOURCES:  # two kinds of child may share an API (the picker's Deployment)
+        kind = next(kind for kind in children.KINDS if kind.resource == resource)
         if kind.optional:
-            group, version, plural = kind.resource.group, kind.resource.version, kind.resource.plural
+            group, version, plural = resource.group, resource.version, resource.plural
             kopf.on.event(group=group, version=version, plural=plural, labels=OURS, id=f"wake_for_{plural}")(
                 _see_optional
             )
         else:
-            _watch(kind.resource, OURS, index_name(kind), _index_child)
+            _watch(resource, OURS, index_name(kind), _index_child)
     _watch(PODS, POD_LABELS, POD_INDEX, _index_pod)
     for link, index in LINK_INDEXES.items():
         group, version, plural = link.group, link.version, link.plural

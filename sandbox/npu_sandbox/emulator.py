@@ -131,6 +131,33 @@ RESOURCES: dict[str, Any] = {
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status"},
     },
+    # The endpoint picker's objects (spec.routing): built into every cluster.
+    "v1/serviceaccounts": {
+        "kind": "ServiceAccount",
+        "singular": "serviceaccount",
+        "shortnames": {"sa"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+    "v1/configmaps": {
+        "kind": "ConfigMap",
+        "singular": "configmap",
+        "shortnames": {"cm"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+    "rbac.authorization.k8s.io/v1/roles": {
+        "kind": "Role",
+        "singular": "role",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+    "rbac.authorization.k8s.io/v1/rolebindings": {
+        "kind": "RoleBinding",
+        "singular": "rolebinding",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
     "kopf.dev/v1/kopfpeerings": {
         "kind": "KopfPeering",
         "singular": "kopfpeering",
@@ -153,6 +180,30 @@ POD_MONITORS: tuple[str, Any] = (
         "singular": "podmonitor",
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+)
+
+# Optional APIs of spec.autoscaling and spec.routing (KEDA; the Gateway API Inference Extension).
+SCALED_OBJECTS: tuple[str, Any] = (
+    "keda.sh/v1alpha1/scaledobjects",
+    {
+        "kind": "ScaledObject",
+        "singular": "scaledobject",
+        "shortnames": {"so"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status"},
+    },
+)
+INFERENCE_POOLS: tuple[str, Any] = (
+    "inference.networking.k8s.io/v1/inferencepools",
+    {
+        "kind": "InferencePool",
+        "singular": "inferencepool",
+        "shortnames": {"infpool"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status"},
     },
 )
 
@@ -247,6 +298,16 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def serve_pod_monitors(self) -> None:
         """Pretend the prometheus-operator CRDs are installed."""
         key, info = POD_MONITORS
+        self.resources[key] = info
+
+    def serve_scaled_objects(self) -> None:
+        """Pretend KEDA's CRDs are installed; nothing runs KEDA (tests scale as its HPA would)."""
+        key, info = SCALED_OBJECTS
+        self.resources[key] = info
+
+    def serve_inference_pools(self) -> None:
+        """Pretend the Gateway API Inference Extension's CRDs are installed; no gateway runs them."""
+        key, info = INFERENCE_POOLS
         self.resources[key] = info
 
     def serve_leader_worker_sets(self) -> None:

@@ -219,6 +219,10 @@ class LocalPod:
         )
         self.ports: dict[str, int] = {}
         self.started_at = ""
+        # status.startTime (when the kubelet took the pod on) and when Ready last flipped, as a kubelet
+        # reports them: the operator reads a replica's startup time from the two.
+        self.start_time = ""
+        self._ready_condition: tuple[str, str] = ("", "")  # (status, lastTransitionTime)
         self.process: asyncio.subprocess.Process | None = None
         stem = f"{self.name}-{self.uid[:8]}"
         self.log_path = self.workdir / f"{stem}.log"
@@ -368,6 +372,11 @@ class LocalPod:
         restarts: int = 0,
     ) -> None:
         flag = "True" if ready else "False"
+        now = utc_now()
+        self.start_time = self.start_time or now
+        if self._ready_condition[0] != flag:
+            self._ready_condition = (flag, now)
+        transition = self._ready_condition[1]
         container_status = {
             "name": self.container["name"],
             "ready": ready,
@@ -384,10 +393,11 @@ class LocalPod:
                 "status": {
                     "phase": phase,
                     "podIP": LOCAL_IP,
+                    "startTime": self.start_time,
                     "conditions": [
-                        {"type": "PodScheduled", "status": "True"},
-                        {"type": "ContainersReady", "status": flag},
-                        {"type": "Ready", "status": flag},
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": self.start_time},
+                        {"type": "ContainersReady", "status": flag, "lastTransitionTime": transition},
+                        {"type": "Ready", "status": flag, "lastTransitionTime": transition},
                     ],
                     "containerStatuses": [container_status],
                     **({"initContainerStatuses": self.init_statuses} if self.init_statuses else {}),

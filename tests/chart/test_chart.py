@@ -194,6 +194,18 @@ NAMESPACED_RULES = {
     ("apps", "replicasets"): {"get", "list", "watch"},
     ("apps", "statefulsets"): {"get", "list", "watch"},
     ("", "events"): {"create"},
+    ("keda.sh", "scaledobjects"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("gateway.networking.k8s.io", "httproutes"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "serviceaccounts"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "patch", "delete"},
+    # Only so that the picker's Role may grant it (RBAC escalation check).
+    ("inference.networking.x-k8s.io", "inferenceobjectives"): {"get", "list", "watch"},
+    ("inference.networking.x-k8s.io", "inferencemodelrewrites"): {"get", "list", "watch"},
+    ("llm-d.ai", "inferenceobjectives"): {"get", "list", "watch"},
+    ("llm-d.ai", "inferencemodelrewrites"): {"get", "list", "watch"},
 }
 
 

@@ -208,6 +208,34 @@ INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
     ("bad-cpu-quantity", setting("spec.resources", {"requests": {"cpu": "eight"}}), "does not match"),
     ("bad-toleration-operator", setting("spec.template", {"tolerations": [{"operator": "In"}]}), "is not one of"),
     ("bad-scrape-interval", setting("spec.metrics", {"podMonitor": {"interval": "30"}}), "does not match"),
+    ("autoscaling-without-max", setting("spec.autoscaling", {"minReplicas": 1}), "'maxReplicas' is a required"),
+    (
+        "autoscaling-min-above-max",
+        setting("spec.autoscaling", {"minReplicas": 5, "maxReplicas": 2}),
+        "autoscaling.minReplicas (5) may not exceed autoscaling.maxReplicas (2)",
+    ),
+    (
+        "scale-to-zero-without-routing",
+        setting("spec.autoscaling", {"minReplicas": 0, "maxReplicas": 2}),
+        "(scale to zero) needs spec.routing",
+    ),
+    (
+        "utilization-above-100",
+        setting("spec.autoscaling", {"maxReplicas": 2, "targetUtilization": 101}),
+        "greater than the maximum",
+    ),
+    (
+        "scale-up-period-above-hpa-limit",
+        setting("spec.autoscaling", {"maxReplicas": 2, "scaleUpPeriodSeconds": 3600}),
+        "greater than the maximum",
+    ),
+    (
+        "prometheus-not-a-url",
+        setting("spec.autoscaling", {"maxReplicas": 2, "prometheus": {"address": "prometheus:9090"}}),
+        "does not match",
+    ),
+    ("routing-unknown-failure-mode", setting("spec.routing", {"failureMode": "Maybe"}), "is not one of"),
+    ("gateway-without-name", setting("spec.routing", {"gateway": {"namespace": "gw"}}), "'name' is a required"),
 ]
 
 
@@ -228,6 +256,13 @@ def test_the_corpus_is_large_enough() -> None:
 
 def test_the_base_manifest_is_valid() -> None:
     assert crd.validate(base()) == []
+
+
+def test_scale_to_zero_with_routing_is_valid() -> None:
+    manifest = base()
+    manifest["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2}
+    manifest["spec"]["routing"] = {}
+    assert crd.validate(manifest) == []
 
 
 @pytest.mark.parametrize(

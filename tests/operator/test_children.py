@@ -87,13 +87,47 @@ def test_an_unwanted_child_is_deleted_only_if_it_exists() -> None:
 
 
 def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
-    assert [kind.kind for kind in children.KINDS] == [
+    assert [kind.key for kind in children.KINDS] == [
         "Deployment",
         "LeaderWorkerSet",
         "Service",
         "PodDisruptionBudget",
         "PodMonitor",
+        "ScaledObject",
+        "ServiceAccount-epp",
+        "Role-epp",
+        "RoleBinding-epp",
+        "ConfigMap-epp",
+        "Deployment-epp",
+        "Service-epp",
+        "InferencePool",
+        "HTTPRoute",
     ]
-    assert [kind.kind for kind in children.KINDS if kind.optional] == ["LeaderWorkerSet", "PodMonitor"]
+    assert [kind.kind for kind in children.KINDS if kind.optional] == [
+        "LeaderWorkerSet",
+        "PodMonitor",
+        "ScaledObject",
+        "InferencePool",
+        "HTTPRoute",
+    ]
+    # The endpoint picker's objects (and the route to its pool) are only made where InferencePools are served.
+    assert {kind.key for kind in children.KINDS if kind.needs == "InferencePool"} == {
+        "ServiceAccount-epp",
+        "Role-epp",
+        "RoleBinding-epp",
+        "ConfigMap-epp",
+        "Deployment-epp",
+        "Service-epp",
+        "HTTPRoute",
+    }
     assert children.WORKLOADS == (children.DEPLOYMENT, children.LEADER_WORKER_SET)
     assert children.owned_by(DESIRED, "owner") and not children.owned_by(DESIRED, "someone")
+
+
+def test_a_child_name_stays_a_dns_label_however_long_the_owner() -> None:
+    assert children.PICKER_SERVICE.child_name("qwen") == "qwen-epp"
+    longest = "a" * 63
+    name = children.PICKER_SERVICE.child_name(longest)
+    assert len(name) == 63 and name.endswith("-epp")
+    assert name != children.PICKER_SERVICE.child_name("a" * 62 + "b")  # the digest keeps them apart
+    assert children.DEPLOYMENT.child_name(longest) == longest

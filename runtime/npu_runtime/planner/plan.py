@@ -54,6 +54,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "StreamPlan",
+    "largest_decode_batch",
     "make_plan",
     "node_engine_args",
     "plan_for",
@@ -563,6 +564,22 @@ def _dtype(options: PlanOptions, model: ModelInfo, family: str) -> str:
 
 
 # -- capture sizes -----------------------------------------------------------------------------------
+
+
+def largest_decode_batch(options: PlanOptions) -> int:
+    """The largest decode batch, in requests, that a plan for `options` runs in a captured graph.
+
+    It depends on the spec alone, never on the device or the model: every plan keeps its ceiling
+    when it thins the candidates (`sizes.thin` keeps the largest size, `_choose_sizes`), and a
+    decode step of n requests is a batch of n x (1 + speculative tokens) tokens. 0 for graph mode
+    NONE. A planner downgrade on the device (to NONE, or a capture that failed) is the pods' to
+    report (status.graph). Raises PlanError for options make_plan would refuse the same way.
+    """
+    if options.graph_mode == modes.NONE or options.enforce_eager:
+        return 0
+    q = 1 + options.speculative_tokens
+    ceiling, _ = _candidate_sizes(options, options.graph_mode, q, [])
+    return min(ceiling // q, options.max_num_seqs)
 
 
 def _candidate_sizes(options: PlanOptions, mode: str, q: int, warnings: list[str]) -> tuple[int, tuple[int, ...]]:
