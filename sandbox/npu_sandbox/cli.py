@@ -33,6 +33,7 @@ import prometheus_client
 import yaml
 from npu_operator import crd
 from npu_operator.api import is_true
+from npu_operator.builders import LWS_API_VERSION, LWS_WORKER_INDEX_LABEL
 from npu_operator.config import OperatorConfig
 
 from npu_sandbox import printer
@@ -47,6 +48,8 @@ DEFAULT_WORKDIR: Final = Path("/tmp/npu-sandbox")
 KUBECTL: Final = ROOT / ".cache" / "k8s-tools" / "bin" / "kubectl"
 HUB_REPOSITORY: Final = "sandbox/tiny-llama"
 HUB_FIELDS: Final = {"hf": "huggingFace", "ms": "modelScope"}
+# How long a Ready resource may go without status.graph before the sandbox goes on without it.
+GRAPH_GRACE_SECONDS: Final = 30.0
 
 
 class SandboxFailed(Exception):
@@ -58,7 +61,20 @@ def main(argv: list[str] | None = None) -> int:
         prog="npu-sandbox", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--model", type=Path, help="serve this model directory instead of the generated tiny one")
-    parser.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST, help="the NPUInference to apply")
+    parser.add_argument(
+        "--example",
+        "--manifest",
+        dest="manifest",
+        type=example_path,
+        default=DEFAULT_MANIFEST,
+        help="the NPUInference to apply: a file, or the name of one in examples/ (default sandbox-cpu.yaml;\n"
+        "sandbox-cpu-2node.yaml: one replica over two nodes, a LeaderWorkerSet group)",
+    )
+    parser.add_argument(
+        "--kill-worker",
+        action="store_true",
+        help="multi-node: once Ready, kill the worker's engine and time the group's recreation until Ready",
+    )
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="models, logs, kubeconfig")
     parser.add_argument("--keep-running", action="store_true", help="stay up for exploration until Ctrl-C")
     parser.add_argument("--summary", type=Path, help="write the final JSON summary to this file")
@@ -105,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def example_path(text: str) -> Path:
+    """A path as given, or a file of the repository's examples/ named by its file name."""
+    path = Path(text)
+    return path if path.exists() or path.parent != Path(".") else ROOT / "examples" / text
+
+
 def say(text: str = "") -> None:
     print(text, flush=True)
 
@@ -138,7 +160,8 @@ async def run(
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
-    async with LocalCluster(workdir=workdir / "cluster") as cluster:
+    multi_node = int(manifest["spec"].get("npu", {}).get("nodes", 1)) > 1
+    async with LocalCluster(workdir=workdir / "cluster", leader_worker_sets=True) as cluster:
         heading("Kubernetes API (in memory, over HTTP) and the operator")
         say(f"API server  {cluster.url}")
         say(f"kubeconfig  {cluster.kubeconfig}")
@@ -150,36 +173,40 @@ async def run(
         say(f"npuinference.inference.npu.dev/{name} created")
 
         kubelet = LocalKubelet(cluster, namespace, name, workdir=workdir / "pods")
-        following = asyncio.Event()
-        follower: asyncio.Task[None] | None = None
         try:
             if prometheus is not None:
                 await start_prometheus(prometheus, operator_metrics_port)
-            await cluster.wait_for(lambda: cluster.get("apps/v1", "deployments", namespace, name), within=60)
-            heading("kubelet: running the Deployment's pod on this machine")
-            (pod,) = await kubelet.start_pods()
-            follower = asyncio.create_task(kubelet.follow(following))
-            say(f"pod {pod.name}: npu-runtime serve ... (log {pod.log_path})")
-            say(f"pod ports: http {pod.ports['http']}, metrics {pod.ports['metrics']} (127.0.0.1)")
+            workload = ("leaderworkersets", "LeaderWorkerSet") if multi_node else ("deployments", "Deployment")
+            await cluster.wait_for(lambda: workload_of(cluster, namespace, name, multi_node), within=60)
+            heading(
+                f"kubelet: the {workload[1]}'s pods on this machine"
+                + (" (the LeaderWorkerSet controller's stand-in makes its StatefulSets)" if multi_node else "")
+            )
+            pods = await kubelet.start_pods()
+            for pod in pods:
+                say(f"pod {pod.name}: npu-runtime serve ... (log {pod.log_path})")
+                say("  ports: " + ", ".join(f"{key} {value}" for key, value in pod.ports.items()) + " (127.0.0.1)")
             if prometheus is not None:
-                pod_object = await cluster.get("v1", "pods", namespace, pod.name) or {}
-                prometheus.set_targets("pods", prom.pod_targets(pod_object, pod.ports))
+                await set_pod_targets(cluster, kubelet, prometheus)
 
             heading("waiting for Ready")
-            obj = await wait_ready(cluster, namespace, name, pod, args.timeout, started)
+            obj = await wait_ready(cluster, namespace, name, kubelet, args.timeout, started)
             if prometheus is not None:
                 # A scrape of vLLM's counters before the completion, so that its histograms
                 # (time to first token: one observation) rise between two samples.
                 await prometheus.wait_for_scrapes_after(time.time())
-            summary = await report(cluster, namespace, name, pod, obj, time.monotonic() - started)
+            summary = await report(cluster, kubelet, namespace, name, obj, time.monotonic() - started)
             if prometheus is not None:
                 summary["prometheus"] = await prometheus_report(prometheus, since=wall_started)
             if hub is not None:
-                summary["hub"] = await second_resource(cluster, manifest, workdir, hub)
+                summary["hub"] = await second_resource(cluster, kubelet, manifest, hub)
+            if args.kill_worker:
+                summary["recovery"] = await kill_worker_engine(cluster, kubelet, namespace, name, args.timeout)
             if args.keep_running:
+                pod = kubelet.pods[0]
                 heading("kept running: explore, then Ctrl-C")
                 say(f"export KUBECONFIG={cluster.kubeconfig}")
-                say(f"{KUBECTL} get npuinf,deploy,svc,pods")
+                say(f"{KUBECTL} get {'npuinf,lws,sts,svc,pods' if multi_node else 'npuinf,deploy,svc,pods'}")
                 say(f"{KUBECTL} describe npuinf {name}   (more in README.md: Explore the sandbox with kubectl)")
                 say(f"OpenAI API        {pod.api_url}/v1  (model {manifest['spec']['model']['name']})")
                 say(f"runtime metrics   {pod.metrics_url}/metrics   status {pod.metrics_url}/status")
@@ -187,11 +214,9 @@ async def run(
                 if prometheus is not None:
                     say(f"Prometheus        {prometheus.url}  (alerts {prometheus.url}/alerts)")
                 await asyncio.Event().wait()
+            summary["deletion"] = await delete_resource(cluster, kubelet, namespace, name)
             return summary
         finally:
-            following.set()
-            if follower is not None:
-                await follower
             heading("cleaning up")
             codes = await kubelet.stop()
             await cluster.stop_operator()
@@ -276,7 +301,7 @@ def hub_manifest(path: Path, model: Path, source: str, endpoint: str) -> dict[st
 
 
 async def second_resource(
-    cluster: LocalCluster, manifest: dict[str, Any], workdir: Path, hub: LocalHub
+    cluster: LocalCluster, kubelet: LocalKubelet, manifest: dict[str, Any], hub: LocalHub
 ) -> dict[str, Any]:
     """A second NPUInference with the same repository and revision: its pod finds the cache complete."""
     before = dict(hub.served)
@@ -285,10 +310,7 @@ async def second_resource(
     second["metadata"]["name"] = name
     heading(f"a second resource with the same repository: {name}")
     await cluster.apply_npu_inference(second)
-    kubelet = LocalKubelet(cluster, namespace, name, workdir=workdir / "pods")
     try:
-        await cluster.wait_for(lambda: cluster.get("apps/v1", "deployments", namespace, name), within=60)
-        await kubelet.start_pods()
 
         async def model_ready() -> dict[str, Any] | None:
             obj = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name) or {}
@@ -296,9 +318,11 @@ async def second_resource(
             return model if model.get("phase") in ("Ready", "Failed") else None
 
         model = await cluster.wait_for(model_ready, within=120, what=f"{name}'s status.model")
-    finally:
-        await kubelet.stop()  # its engine is not needed to make the point
+    finally:  # its engine is not needed to make the point: the kubelet stops its pod once it is deleted
         await cluster.delete(crd.API_VERSION, crd.PLURAL, namespace, name)
+        await cluster.wait_for(
+            lambda: asyncio.sleep(0, not [p for p in kubelet.pods if p.name.startswith(f"{name}-")]), within=60
+        )
     downloaded = {
         key: hub.served[key] - before.get(key, 0) for key in hub.served if hub.served[key] != before.get(key, 0)
     }
@@ -320,22 +344,38 @@ def sandbox_manifest(path: Path, model: Path) -> dict[str, Any]:
     return manifest
 
 
+async def workload_of(cluster: LocalCluster, namespace: str, name: str, multi_node: bool) -> dict[str, Any] | None:
+    if multi_node:
+        return await cluster.get(LWS_API_VERSION, "leaderworkersets", namespace, name)
+    return await cluster.get("apps/v1", "deployments", namespace, name)
+
+
+async def set_pod_targets(cluster: LocalCluster, kubelet: LocalKubelet, prometheus: prom.LocalPrometheus) -> None:
+    targets = []
+    for pod in kubelet.pods:
+        pod_object = await cluster.get("v1", "pods", pod.namespace, pod.name) or {}
+        targets += prom.pod_targets(pod_object, pod.ports)
+    prometheus.set_targets("pods", targets)
+
+
 async def wait_ready(
-    cluster: LocalCluster, namespace: str, name: str, pod: LocalPod, within: float, started: float
+    cluster: LocalCluster, namespace: str, name: str, kubelet: LocalKubelet, within: float, started: float
 ) -> dict[str, Any]:
-    """Print each change of phase, condition reason and engine state until Ready (or a failure)."""
+    """Print each change of phase, condition reason and engine states until Ready (or a failure)."""
     deadline = time.monotonic() + within
     last: tuple[Any, ...] = ()
+    ready_since: float | None = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
         while True:
             obj = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name) or {}
             status = obj.get("status", {})
-            engine = await runtime_state(session, pod)
+            pods = kubelet.pods
+            engines = ",".join([await runtime_state(session, pod) or "-" for pod in pods])
             download = status.get("model", {}).get("progress")
             now = (
                 status.get("phase"),
                 status.get("reason"),
-                engine,
+                engines,
                 status.get("graph", {}).get("effectiveMode"),
                 download,
             )
@@ -346,15 +386,22 @@ async def wait_ready(
                     + (f" download={download}" if download else "")
                 )
                 last = now
-            if is_true(obj, "Ready") and status.get("graph", {}).get("effectiveMode"):
-                return obj
-            if pod.exited.is_set():
+            if is_true(obj, "Ready"):
+                if status.get("graph", {}).get("effectiveMode"):
+                    return obj
+                ready_since = ready_since or time.monotonic()
+                if time.monotonic() - ready_since > GRAPH_GRACE_SECONDS:
+                    say(f"(Ready, but no status.graph after {GRAPH_GRACE_SECONDS:.0f}s: no pod of it was read)")
+                    return obj
+            if exited := [pod for pod in pods if pod.exited.is_set()]:
+                pod = exited[0]
                 raise SandboxFailed(
-                    f"the runtime exited (phase {status.get('phase')}, reason {status.get('reason')}).\n"
-                    f"Last lines of {pod.log_path}:\n{pod.log_tail(25)}"
+                    f"the runtime of pod {pod.name} exited (phase {status.get('phase')}, reason "
+                    f"{status.get('reason')}).\nLast lines of {pod.log_path}:\n{pod.log_tail(25)}"
                 )
             if time.monotonic() > deadline:
-                raise SandboxFailed(f"not Ready after {within:.0f}s; last lines of {pod.log_path}:\n{pod.log_tail(25)}")
+                tails = "\n".join(f"--- {pod.log_path}\n{pod.log_tail(25)}" for pod in pods)
+                raise SandboxFailed(f"not Ready after {within:.0f}s; last lines of the pods' logs:\n{tails}")
             await asyncio.sleep(1.0)
 
 
@@ -367,32 +414,48 @@ async def runtime_state(session: aiohttp.ClientSession, pod: LocalPod) -> str | 
         return None
 
 
+async def behind_service(cluster: LocalCluster, kubelet: LocalKubelet, namespace: str, name: str) -> LocalPod:
+    """The pod the resource's Service sends a request to here: a ready pod its selector matches (for a
+    LeaderWorkerSet, a leader), reached on the local port mapped to the Service's targetPort."""
+    service = await cluster.get("v1", "services", namespace, name)
+    if service is None:
+        raise SandboxFailed(f"no Service {namespace}/{name}")
+    selector = service["spec"].get("selector", {})
+    for pod in kubelet.pods:
+        if pod.ready.is_set() and not pod.exited.is_set() and all(pod.labels.get(k) == v for k, v in selector.items()):
+            return pod
+    raise SandboxFailed(f"no ready pod behind Service {namespace}/{name} (selector {selector})")
+
+
 async def report(
-    cluster: LocalCluster, namespace: str, name: str, pod: LocalPod, obj: dict[str, Any], elapsed: float
+    cluster: LocalCluster, kubelet: LocalKubelet, namespace: str, name: str, obj: dict[str, Any], elapsed: float
 ) -> dict[str, Any]:
     """Show what a user would look at, and return it as the summary."""
+    multi_node = int(obj["spec"].get("npu", {}).get("nodes", 1)) > 1
     heading(f"Ready after {elapsed:.0f}s")
-    heading("kubectl get npuinf")
-    say(await kubectl_get(cluster, namespace))
+    kinds = "npuinf,leaderworkersets,statefulsets,pods" if multi_node else "npuinf,deployments,pods"
+    heading(f"kubectl get {kinds}")
+    say(await kubectl_get(cluster, namespace, kinds))
 
     heading(f"kubectl get npuinf {name} -o yaml | yq .status.graph")
-    graph = obj["status"]["graph"]
-    say(yaml.safe_dump(graph, sort_keys=False).rstrip())
+    graph = obj["status"].get("graph", {})
+    say(yaml.safe_dump(graph, sort_keys=False).rstrip() if graph else "(none)")
 
     heading("Events")
-    events = [
-        e
-        for e in await cluster.list_objects("v1", "events", namespace)
-        if e.get("involvedObject", {}).get("name") == name
-    ]
+    events = await events_of(cluster, namespace, name)
     say(
         printer.columns(
-            [("TYPE", "REASON", "MESSAGE")] + [(e["type"], e["reason"], e.get("message", "")) for e in events]
+            [("TYPE", "REASON", "OBJECT", "MESSAGE")]
+            + [
+                (e["type"], e["reason"], f"{e['involvedObject']['kind'].lower()}/{name}", e.get("message", ""))
+                for e in events
+            ]
         )
     )
 
     model_name = obj["spec"]["model"]["name"]
-    heading(f"POST {pod.api_url}/v1/completions")
+    pod = await behind_service(cluster, kubelet, namespace, name)
+    heading(f"POST http://{name}.{namespace}.svc:8000/v1/completions -> pod {pod.name}: {pod.api_url}/v1/completions")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         request = {"model": model_name, "prompt": "Graph capture on Ascend", "max_tokens": 16, "temperature": 0}
         say(json.dumps(request))
@@ -406,8 +469,12 @@ async def report(
             metrics_text = await response.text()
         metric_lines = [line for line in metrics_text.splitlines() if line.startswith("npu_graph_")]
         say("\n".join(metric_lines))
-        async with session.get(f"{pod.metrics_url}/status") as response:
-            runtime_status = await response.json(content_type=None)
+        pids: dict[str, int | None] = {}
+        for each in kubelet.pods:
+            async with session.get(f"{each.metrics_url}/status") as response:
+                runtime_status = await response.json(content_type=None)
+            pids[f"{each.name} runtime"] = each.process.pid if each.process else None
+            pids[f"{each.name} engine"] = runtime_status["engine"]["pid"]
 
     status = obj["status"]
     return {
@@ -418,21 +485,128 @@ async def report(
         "requested_mode": graph.get("requestedMode"),
         "effective_mode": graph.get("effectiveMode"),
         "downgrades": graph.get("downgrades", []),
+        "graph": graph,
         "events": [{"type": e["type"], "reason": e["reason"], "message": e.get("message", "")} for e in events],
         "completion": completion,
+        "served_by": pod.name,
         "metrics": metric_lines,
-        "pids": {"runtime": pod.process.pid if pod.process else None, "engine": runtime_status["engine"]["pid"]},
-        "logs": str(pod.log_path),
+        "pids": pids,
+        "pods": [each.name for each in kubelet.pods],
+        "logs": [str(each.log_path) for each in kubelet.pods],
     }
 
 
-async def kubectl_get(cluster: LocalCluster, namespace: str) -> str:
+async def events_of(cluster: LocalCluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The Events of the resource and of its workload (a LeaderWorkerSet has the resource's name)."""
+    return [
+        e
+        for e in await cluster.list_objects("v1", "events", namespace)
+        if e.get("involvedObject", {}).get("name") == name
+    ]
+
+
+async def kill_worker_engine(
+    cluster: LocalCluster, kubelet: LocalKubelet, namespace: str, name: str, within: float
+) -> dict[str, Any]:
+    """Kill the engine of the last worker pod; watch the group come back (RecreateGroupOnPodRestart)."""
+    workers = [pod for pod in kubelet.pods if pod.labels.get(LWS_WORKER_INDEX_LABEL, "0") != "0"]
+    if not workers:
+        raise SandboxFailed("--kill-worker: no worker pod (a multi-node example has one per extra node)")
+    worker = workers[-1]
+    before = {pod.uid for pod in kubelet.pods}
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+        session.get(f"{worker.metrics_url}/status") as response,
+    ):
+        engine = (await response.json(content_type=None))["engine"]["pid"]
+    heading(f"kill -9 {engine}: the engine of worker pod {worker.name}")
+    killed = time.monotonic()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(engine, signal.SIGKILL)  # the engine runs in a process group of its own
+    seen: list[str] = []
+    last: tuple[Any, ...] = ()
+    while True:
+        obj = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name) or {}
+        status = obj.get("status", {})
+        progressing: dict[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "Progressing"), {})
+        now = (status.get("phase"), status.get("reason"), progressing.get("status"), progressing.get("reason"))
+        pods = ",".join(f"{p.name}{'(ready)' if p.ready.is_set() else ''}" for p in kubelet.pods)
+        if now != last:
+            say(
+                f"[{time.monotonic() - killed:6.1f}s] phase={now[0]} reason={now[1] or '-'} "
+                f"Progressing={now[2]}/{now[3]} pods={pods}"
+            )
+            seen.append(f"{now[0]}/{now[3]}")
+            last = now
+        renewed = kubelet.pods and not ({pod.uid for pod in kubelet.pods} & before)
+        if renewed and is_true(obj, "Ready") and "Progressing" in " ".join(seen) and len(seen) > 1:
+            break
+        if time.monotonic() - killed > within:
+            raise SandboxFailed(f"the group was not Ready again {within:.0f}s after its worker's engine died")
+        await asyncio.sleep(0.5)
+    seconds = round(time.monotonic() - killed, 1)
+    say(f"Ready again {seconds}s after the worker's engine was killed; new pods: {[p.name for p in kubelet.pods]}")
+    events = [e for e in await events_of(cluster, namespace, name) if e["reason"] == "RecreateGroup"]
+    for e in events:
+        say(f"Event {e['type']} {e['reason']} ({e['involvedObject']['kind']}): {e['message']}")
+    return {
+        "seconds_to_ready": seconds,
+        "states": seen,
+        "recreate_events": [e["message"] for e in events],
+        "graph": obj["status"].get("graph", {}),
+    }
+
+
+async def delete_resource(cluster: LocalCluster, kubelet: LocalKubelet, namespace: str, name: str) -> dict[str, Any]:
+    """`kubectl delete npuinf NAME`: every child, pod and process goes (owner references, the kubelet)."""
+    heading(f"kubectl delete npuinf {name}")
+    pids = [pod.process.pid for pod in kubelet.pods if pod.process is not None]
+    began = time.monotonic()
+    await cluster.delete(crd.API_VERSION, crd.PLURAL, namespace, name)
+    kinds = (
+        ("apps/v1", "deployments"),
+        ("apps/v1", "replicasets"),
+        ("apps/v1", "statefulsets"),
+        (LWS_API_VERSION, "leaderworkersets"),
+        ("v1", "services"),
+        ("v1", "pods"),
+    )
+
+    async def left() -> list[str]:
+        found = [
+            f"{plural}/{obj['metadata']['name']}"
+            for api_version, plural in kinds
+            for obj in await cluster.list_objects(api_version, plural, namespace)
+        ]
+        return found + [f"pid {pid}" for pid in pids if process_alive(pid)]
+
+    with contextlib.suppress(TimeoutError):
+        await cluster.wait_for(lambda: _none(left), within=180, interval=0.5, what="everything deleted")
+    remaining = await left()
+    outcome = "nothing left" if not remaining else "left: " + ", ".join(remaining)
+    say(f"deleted: {outcome} after {time.monotonic() - began:.1f}s")
+    return {"left": remaining, "seconds": round(time.monotonic() - began, 1)}
+
+
+async def _none(probe: Any) -> bool:
+    return not await probe()
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+async def kubectl_get(cluster: LocalCluster, namespace: str, kinds: str = "npuinf") -> str:
     """The real kubectl when scripts/bootstrap fetched it; else the same Table, printed here."""
     kubectl = shutil.which("kubectl", path=f"{KUBECTL.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     if kubectl is not None:
         result = await asyncio.to_thread(
             subprocess.run,
-            [kubectl, "--kubeconfig", str(cluster.kubeconfig), "-n", namespace, "get", "npuinf"],
+            [kubectl, "--kubeconfig", str(cluster.kubeconfig), "-n", namespace, "get", kinds],
             capture_output=True,
             text=True,
             timeout=30,

@@ -245,11 +245,16 @@ class LocalCluster:
         return result
 
     async def report_deployment(
-        self, namespace: str, name: str, generation: int, replicas: int, ready: int
+        self, namespace: str, name: str, generation: int, replicas: int, ready: int, *, updated: int | None = None
     ) -> dict[str, Any]:
-        """Play the Deployment controller: `replicas` updated to `generation`, `ready` of them ready."""
-        status = {"observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas}
-        status |= {"readyReplicas": ready, "availableReplicas": ready}
+        """Play the Deployment controller: `replicas` pods at `generation`, `updated` of them (all by
+        default) of the current template, `ready` of them ready (and available: minReadySeconds is 0).
+
+        The one place a Deployment's status is written (`npu_sandbox.controllers` and tests call it).
+        """
+        updated = replicas if updated is None else updated
+        status = {"observedGeneration": generation, "replicas": replicas, "updatedReplicas": updated}
+        status |= {"readyReplicas": ready, "availableReplicas": ready, "unavailableReplicas": max(0, replicas - ready)}
         return await self.patch("apps/v1", "deployments", namespace, name, {"status": status}, subresource="status")
 
     async def delete(self, api_version: str, plural: str, namespace: str | None, name: str) -> None:

@@ -60,6 +60,21 @@ RESOURCES: dict[str, Any] = {
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status", "scale"},
     },
+    "apps/v1/statefulsets": {
+        "kind": "StatefulSet",
+        "singular": "statefulset",
+        "shortnames": {"sts"},
+        "categories": {"all"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status", "scale"},
+    },
+    "apps/v1/controllerrevisions": {
+        "kind": "ControllerRevision",
+        "singular": "controllerrevision",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
     "v1/services": {
         "kind": "Service",
         "singular": "service",
@@ -274,7 +289,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.resources[key] = info
 
     def serve_leader_worker_sets(self) -> None:
-        """Pretend the LeaderWorkerSet CRD (kubernetes-sigs/lws) is installed; no controller runs it."""
+        """Serve the LeaderWorkerSet API (kubernetes-sigs/lws), as its CRD does; the sandbox's
+        stand-in for its controller is `npu_sandbox.lws` (nothing runs it unless a kubelet does)."""
         key, info = LEADER_WORKER_SETS
         self.resources[key] = info
 
@@ -676,14 +692,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """kubectl get asks for a server-side Table; a custom resource's columns are its CRD's printer columns."""
         if "as=Table" not in request.headers.get("Accept", "") or request.subresource is not None:
             return False
-        return self._custom_version(request) is not None or self._kind(request) in printer.BUILTIN_KINDS
+        kind = self._kind(request)
+        return self._custom_version(request) is not None or kind in printer.BUILTIN_KINDS or kind in printer.CRD_COLUMNS
 
     def _as_table(
         self, items: list[dict[str, Any]], request: rendering.Request, resource_version: str = "1"
     ) -> dict[str, Any]:
         version = self._custom_version(request)
         if version is None:
-            return printer.builtin_table(self._kind(request), items, resource_version)
+            kind = self._kind(request)
+            if kind in printer.CRD_COLUMNS:  # a third-party CRD the sandbox serves without its object
+                return printer.table(printer.CRD_COLUMNS[kind], items, resource_version)
+            return printer.builtin_table(kind, items, resource_version)
         # Without printer columns, the API server prints a custom resource's name and age.
         age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
         return printer.table(version.get("additionalPrinterColumns") or [age], items, resource_version)

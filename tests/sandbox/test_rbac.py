@@ -44,7 +44,7 @@ def policy(objects: Sequence[JSON]) -> rbac.Policy:
     )
 
 
-def _named(selector: kopf.Selector) -> tuple[str, str]:
+def _named(selector: references.Selector) -> tuple[str, str]:
     """(group, plural) of a kopf selector; kopf's own constants name the plural positionally (any_name)."""
     return selector.group or "", str(selector.plural or selector.any_name)
 
