@@ -135,12 +135,13 @@ class LocalCluster:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def kubeconfig_document(self) -> dict[str, Any]:
+    def kubeconfig_document(self, token: str = "sandbox") -> dict[str, Any]:
+        """A kubeconfig for this API: as the sandbox's admin, or with a ServiceAccount's `token` (`create_token`)."""
         return {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "sandbox", "cluster": {"server": self.url}}],
-            "users": [{"name": "sandbox", "user": {"token": "sandbox"}}],
+            "users": [{"name": "sandbox", "user": {"token": token}}],
             "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "sandbox"}}],
             "current-context": "sandbox",
         }
@@ -212,6 +213,18 @@ class LocalCluster:
         namespace = obj["metadata"].get("namespace")
         result: dict[str, Any] = await self._call("POST", resource_path(obj["apiVersion"], plural, namespace), obj)
         return result
+
+    async def create_token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
+        """A token of the ServiceAccount (TokenRequest, as a kubelet asks for the token it projects into a pod)."""
+        path = resource_path("v1", "serviceaccounts", namespace, service_account) + "/token"
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": seconds},
+        }
+        answer = await self._call("POST", path, request)
+        token: str = answer["status"]["token"]
+        return token
 
     async def ensure(self, obj: dict[str, Any], plural: str) -> None:
         with contextlib.suppress(ApiRejected):
