@@ -1,15 +1,20 @@
 """`npu-sandbox`: the whole chain on this machine, no cluster and no NPU, in a few minutes.
 
-1. an in-memory Kubernetes API over HTTP and the real operator against it;
+1. an in-memory Kubernetes API over HTTP; the real helm installs the chart into it (README's
+   cluster command), and a local kubelet runs the chart's operator Deployment as `npu-operator
+   run` with its ServiceAccount's token, so the operator works under the chart's RBAC;
 2. examples/sandbox-cpu.yaml applied through the API, as kubectl apply would;
-3. a local kubelet that runs the Deployment's pod args (the real `npu-runtime serve`, which plans
+3. the kubelet runs the model Deployment's pod args (the real `npu-runtime serve`, which plans
    and starts a real vLLM engine on CPU) and reports the pod back to the API;
 4. progress until the NPUInference is Ready; then what a user would look at: `kubectl get npuinf`,
    status.graph, the Events, one OpenAI completion, the npu_graph_* metrics;
 5. when the `prometheus` binary is there (or with --prometheus): a real Prometheus scraping the
    operator and the pod with the chart's alerts loaded, and what its HTTP API holds at the end,
    the npu_graph_* series and the alerts pending or firing;
-6. every process stopped on exit, Ctrl-C included.
+6. `helm upgrade` with a changed value (the operator's pod rolls, the model keeps serving) and
+   `helm uninstall` (the operator goes; the CRDs and the NPUInference stay, as the chart documents),
+   then the resource deleted with its finalizer removed by hand, as the chart's NOTES say;
+7. every process stopped on exit, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -277,8 +282,9 @@ async def install_operator(cluster: LocalCluster, helm: Helm, kubelet: LocalKube
     """README's quick start on a cluster: helm install; the operator's pod then runs here."""
     await run_helm(helm, helm_command("install", SANDBOX_VALUES), lines=6)
     await run_helm(helm, ["list", "-A"])
-    heading(f"kubectl get deploy,sa,clusterrole -n {OPERATOR_NAMESPACE}")
-    say(await kubectl_get(cluster, OPERATOR_NAMESPACE, "deploy,sa,clusterrole,clusterrolebinding"))
+    kinds = "deploy,sa,clusterrole,clusterrolebinding"
+    heading(f"kubectl get {kinds} -n {OPERATOR_NAMESPACE}")
+    say(await kubectl_get(cluster, OPERATOR_NAMESPACE, kinds))
     deployment = await operator_deployment(cluster)
     if deployment is None:
         raise SandboxFailed(f"helm install made no Deployment in {OPERATOR_NAMESPACE}")

@@ -395,6 +395,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)
         if request.namespace and not meta.get("namespace"):
             meta["namespace"] = request.namespace
+        resource = request.resource
+        if resource is not None and self._stored(resource, request.namespace, str(meta.get("name"))) is not None:
+            qualified = f"{resource.plural}.{resource.group}" if resource.group else str(resource.plural)
+            raise kmock.KubernetesError(  # the API server's StatusReasonAlreadyExists, not kmock's wording
+                status=409,
+                reason="AlreadyExists",
+                message=f'{qualified} "{meta.get("name")}" already exists',
+                details={"name": meta.get("name"), "group": resource.group, "kind": resource.plural},
+            )
         if self._has_status(request.resource) and request.subresource is None:
             data.pop("status", None)
         admitted = self._admitted(request, data)
@@ -657,6 +666,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         version = self._custom_version(request)
         if request.resource is not None and (request.resource.group, request.resource.plural) == ("", "namespaces"):
             return dict(obj) | {"status": obj.get("status") or {"phase": "Active"}}  # the lifecycle's first phase
+        if _plural(request) == "secrets":
+            return dict(obj) | {"type": obj.get("type") or "Opaque"}  # core/v1 SetDefaults_Secret
         if _plural(request) == "customresourcedefinitions":
             errors = custom_resources.errors(obj)
             kind, group = "CustomResourceDefinition", "apiextensions.k8s.io"
