@@ -907,7 +907,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if self._openapi_cache.get("v2-key") != key:
             document = openapi.v2_document(served)
             self._openapi_cache.update({"v2-key": key, "v2": document, "v2-proto": None})
-        if openapi_v2_proto.CONTENT_TYPE in accept:
+        if any(media in accept for media in openapi_v2_proto.ACCEPTED):
             if self._openapi_cache["v2-proto"] is None:
                 self._openapi_cache["v2-proto"] = openapi_v2_proto.encode(json.loads(self._openapi_cache["v2"]))
             body, content_type = self._openapi_cache["v2-proto"], openapi_v2_proto.CONTENT_TYPE

@@ -1,7 +1,7 @@
 """OpenAPI v2 as protobuf: the form client-go asks `/openapi/v2` for (helm's and kubectl's validation).
 
 client-go's `DiscoveryClient.OpenAPISchema` sends `Accept: application/com.github.proto-openapi.spec.v2@v1.0+protobuf`
-and unmarshals the body into gnostic's `openapi_v2.Document`; kube-openapi's handler builds that body
+(see `ACCEPTED`) and unmarshals the body into gnostic's `openapi_v2.Document`; kube-openapi's handler builds that body
 from its JSON document with gnostic (`openapi_v2.ParseDocument`, then `proto.Marshal`). This module
 does the same from the JSON document `openapi.v2_document` writes: the messages are those of
 github.com/google/gnostic-models `openapiv2/OpenAPIv2.proto` (package `openapi.v2`; only the
@@ -25,7 +25,14 @@ import yaml
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-CONTENT_TYPE: Final = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
+# kube-openapi pkg/handler/handler.go: what clients ask for (client-go still sends the `@` form, which
+# the handler keeps as `subTypeProtobufDeprecated`) and what the server answers with (Go's
+# mime.ParseMediaType refuses the `@`, so kubectl could not read a response labelled with it).
+ACCEPTED: Final = (
+    "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+)
+CONTENT_TYPE: Final = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 PACKAGE: Final = "openapi.v2"
 
 _STRING = descriptor_pb2.FieldDescriptorProto.TYPE_STRING

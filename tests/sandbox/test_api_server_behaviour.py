@@ -86,7 +86,7 @@ async def test_openapi_v2_is_served_as_json_and_as_gnostic_protobuf(api: Any) ->
     assert status == 200 and document["swagger"] == "2.0"
     assert f"dev.npu.inference.{crd.VERSION}.{crd.KIND}" in document["definitions"]
     assert all(ref.startswith("#/definitions/") for ref in _refs(document))
-    protobuf = {"Accept": openapi_v2_proto.CONTENT_TYPE}
+    protobuf = {"Accept": openapi_v2_proto.ACCEPTED[0]}  # what client-go sends
     async with session.get("/openapi/v2", headers=protobuf) as response:
         assert response.status == 200 and response.content_type == openapi_v2_proto.CONTENT_TYPE
         decoded: Any = openapi_v2_proto.decode(await response.read())

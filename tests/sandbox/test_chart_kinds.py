@@ -207,6 +207,21 @@ async def test_kubectl_creates_namespaces_and_secrets_in_protobuf(cluster: Local
     kubernetes_validate.validate(secret, KUBERNETES_VERSION, strict=True)
 
 
+@pytest.mark.skipif(not KUBECTL.is_file(), reason="needs kubectl (scripts/bootstrap fetches it into .cache)")
+async def test_kubectl_reads_the_openapi_v2_protobuf(cluster: LocalCluster, tmp_path: Path) -> None:
+    """`kubectl explain --output plaintext-openapiv2` parses /openapi/v2 as kube-openapi's proto models."""
+    await cluster.create(copy.deepcopy(crd.load_crd()), "customresourcedefinitions")
+    result = await asyncio.to_thread(
+        kubectl, cluster, tmp_path, "explain", "npuinf.spec.graph.mode", "--output=plaintext-openapiv2"
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "FIELD:    mode <string>" in result.stdout and "FULL_DECODE_ONLY" in result.stdout
+    result = await asyncio.to_thread(
+        kubectl, cluster, tmp_path, "explain", "clusterrolebinding.subjects", "--output=plaintext-openapiv2"
+    )
+    assert result.returncode == 0 and "KIND:     ClusterRoleBinding" in result.stdout, result.stderr
+
+
 def chart_with_a_new_printer_column(tmp: Path) -> Path:
     chart = tmp / "chart"
     shutil.copytree(CHART, chart)
