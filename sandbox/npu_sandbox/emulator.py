@@ -768,7 +768,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         seconds = request.params.get("timeoutSeconds") or ""
         async with self._lock:
             marker = await bus.mark()
-            objects = [(obj.deleted, copy.deepcopy(obj.raw)) for obj in self._objects_for(request)]
+            # A deleted object keeps its last state (kmock soft-deletes; `raw` refuses those).
+            objects = [(obj.deleted, copy.deepcopy(obj.last.raw)) for obj in self._objects_for(request)]
         try:
             async with asyncio.timeout(float(seconds) if seconds.isdigit() and int(seconds) > 0 else None):
                 for event in self._catch_up(objects, since):

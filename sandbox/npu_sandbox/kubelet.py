@@ -431,6 +431,14 @@ class LocalPod:
             subresource="status",
         )
 
+    async def fail_to_start(self, message: str) -> None:
+        """The container could not be started here: the pod says so and stays down (no retry)."""
+        self.exited.set()
+        with contextlib.suppress(ApiRejected):
+            await self._set_status(
+                phase="Pending", ready=False, state={"waiting": {"reason": "RunContainerError", "message": message}}
+            )
+
     def readiness_url(self) -> str | None:
         """The readiness probe's URL on this machine (httpGet, its port by name or number); None: no probe."""
         probe = self.container.get("readinessProbe", {}).get("httpGet")
@@ -600,6 +608,9 @@ class LocalKubelet:
                 continue
             except ApiRejected:
                 continue  # deleted meanwhile
+            except Exception as exc:
+                logger.warning("pod %s cannot start: %s", local.name, exc)
+                await local.fail_to_start(f"{type(exc).__name__}: {exc}")
             self.running[uid] = local
 
     async def _run(self) -> None:
@@ -608,6 +619,8 @@ class LocalKubelet:
                 await self.sync()
             except (aiohttp.ClientError, ApiRejected) as exc:  # the API went away or refused: the next round
                 logger.warning("kubelet round failed: %s", exc)
+            except Exception:  # a kubelet outlives its bugs: logged, then the next round
+                logger.exception("kubelet round failed")
             await asyncio.sleep(self.interval)
 
     async def start(self) -> None:

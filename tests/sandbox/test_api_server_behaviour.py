@@ -289,3 +289,20 @@ async def test_namespaces_are_a_cluster_scoped_resource_with_the_usual_ones(api:
     status, fetched, _ = await call(session, "GET", "/api/v1/namespaces/team-a")
     assert status == 200 and fetched["metadata"]["uid"] == created["metadata"]["uid"]
     assert "namespace" not in fetched["metadata"]
+
+
+async def test_a_watch_from_a_resource_version_sees_a_deleted_object_as_deleted(api: Any) -> None:
+    """A watch resumed after a pod was deleted gets a DELETED event, not a 500 (kmock soft-deletes)."""
+    cluster, session = api
+    pods = "/api/v1/pods"  # cluster-wide, as the operator watches them
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gone", "namespace": "default"}}
+    pod["spec"] = {"containers": [{"name": "c", "image": "x"}]}
+    _, listed, _ = await call(session, "GET", pods)
+    await cluster.create(pod, "pods")
+    await cluster.delete("v1", "pods", "default", "gone")
+    version = listed["metadata"]["resourceVersion"]
+    params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "1"}
+    async with session.get(pods, params=params) as watch:
+        assert watch.status == 200
+        events = [json.loads(line) async for line in watch.content if line.strip()]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("DELETED", "gone")]

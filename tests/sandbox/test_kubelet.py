@@ -61,8 +61,7 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[LocalCluster, LocalKubelet
         try:
             yield cluster, kubelet
         finally:
-            for pod in await kubelet.stop():
-                assert pod is not None
+            await kubelet.stop()
             assert all(pod.process is None or pod.process.returncode is not None for pod in kubelet.stopped)
 
 
@@ -240,3 +239,26 @@ async def test_a_restarted_worker_recreates_its_whole_group(node: tuple[LocalClu
         f"Worker pod {NAME}-0-1 failed, deleted leader pod {NAME}-0 to recreate group 0"
     ]
     assert events[0]["involvedObject"]["kind"] == "LeaderWorkerSet"
+
+
+async def test_a_container_that_cannot_start_says_so_and_the_kubelet_goes_on(
+    node: tuple[LocalCluster, LocalKubelet],
+) -> None:
+    cluster, kubelet = node
+    broken = builders.build_deployment("broken", NS, spec(), CONFIG)
+    broken["spec"]["template"]["spec"]["containers"][0]["args"] = ["no-such-command-here", "--flag"]
+    await cluster.create(broken, "deployments")
+
+    async def refused() -> Any:
+        found = [p for p in await pods(cluster) if p["metadata"]["name"].startswith("broken-")]
+        states = [s["state"] for p in found for s in p.get("status", {}).get("containerStatuses", [])]
+        return next((s["waiting"] for s in states if s.get("waiting", {}).get("reason") == "RunContainerError"), None)
+
+    waiting = await cluster.wait_for(refused, within=10, what="RunContainerError")
+    assert "no-such-command-here" in waiting["message"]
+    await cluster.create(builders.build_deployment(NAME, NS, spec(), CONFIG), "deployments")
+
+    async def served() -> bool:
+        return any(p.name.startswith(f"{NAME}-") and p.ready.is_set() for p in kubelet.pods)
+
+    await cluster.wait_for(served, within=30, what="the next Deployment's pod, served")
