@@ -50,6 +50,7 @@ LWS_KIND: Final = "LeaderWorkerSet"
 LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"  # the leader pod's DNS name, set in every pod of a group
 LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"  # 0 for the leader, 1.. for the workers
 LWS_WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"  # the group, 0..replicas-1
 # The pod's own interface for HCCL's, Gloo's and the TP socket's bootstrap traffic, as vllm-ascend's
 # multi-node tutorials export them (HCCL_IF_IP, GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME,
 # HCCL_SOCKET_IFNAME). A pod's network is eth0; spec.engine.env overrides each one.

@@ -75,6 +75,7 @@ class Resource:
 NPU_INFERENCES: Final = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, crd.KIND)
 PODS: Final = Resource("", "v1", "pods", "Pod")
 REPLICA_SETS: Final = Resource("apps", "v1", "replicasets", "ReplicaSet")
+STATEFUL_SETS: Final = Resource("apps", "v1", "statefulsets", "StatefulSet")
 PERSISTENT_VOLUME_CLAIMS: Final = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 EVENTS: Final = Resource("", "v1", "events", "Event")
 

@@ -43,8 +43,8 @@ class LiveView(Protocol):
 
     def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]: ...
 
-    def replica_sets(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
-        """The ReplicaSets with the resource's labels: the links of a pod's owner chain."""
+    def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        """The ReplicaSets and StatefulSets with the resource's labels: the links of a pod's owner chain."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +228,13 @@ async def reconcile(
         previous.get("graph", {}),
         now=now,
         same_generation=previous.get("observedGeneration") == generation,
+        nodes=spec.npu.nodes,
     )
+    groups = aggregate.group_findings(pods, reports, spec.npu.nodes, previous.get("graph", {}))
+    if restarting := aggregate.restarting_groups(groups):
+        graph["restartingGroups"] = restarting
+        # A group being recreated is not failing: why it restarts is in the GroupRestarting message.
+        pods = [pod for pod in pods if (ownership.rank_of(pod) or (-1, 0))[0] not in groups.restarting]
     observed = status.Observed(
         deployment=dict(live_workload) if live_workload is not None else None,
         conflicts=tuple(conflicts),
@@ -238,6 +244,7 @@ async def reconcile(
         graph=graph,
         blocked=desired.blocked,
         model=model_status(spec.model.hub, pods, reports, previous.get("model", {})),
+        groups=groups,
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
     return _result(previous, new, tuple(applied_steps))
@@ -251,7 +258,8 @@ def own_pods(view: LiveView, namespace: str, name: str, workload: Mapping[str, A
     pods = view.pods(namespace, name)
     if not pods:
         return []
-    return ownership.owned_pods(pods, view.replica_sets(namespace, name), str(uid))
+    # A LeaderWorkerSet's leader pods are links too: they control their groups' worker StatefulSets.
+    return ownership.owned_pods(pods, [*view.owner_links(namespace, name), *pods], str(uid))
 
 
 async def ensure_cache_claim(client: KubeClient, namespace: str, claim: JSON) -> None:
@@ -286,7 +294,27 @@ def _result(
     previous: Mapping[str, Any], new: JSON, changes: tuple[Step, ...], problems: tuple[SpecError, ...] = ()
 ) -> Result:
     events = status.transition_events(previous.get("conditions", ()), new.get("conditions", ()))
-    for downgrade in aggregate.new_downgrades(previous.get("graph", {}), new.get("graph", {})):
+    old_graph, new_graph = previous.get("graph", {}), new.get("graph", {})
+    ranked = "ranks" in new_graph  # a multi-node replica: the Events name the rank instead
+    announced: set[str] = set()
+    for rank in aggregate.new_rank_problems(old_graph, new_graph):
+        where = f"group {rank['group']} node {rank['node']} (pod {rank['pod']})"
+        if "failure" in rank:
+            events.append(status.Event("Warning", status.RANK_FAILED, f"{where}: {rank['failure']}"))
+        if "downgrade" in rank:
+            reason = rank["downgrade"]
+            announced.add(reason)
+            known = next((d for d in new_graph.get("downgrades", []) if d["reason"] == reason), None)
+            message = (
+                f"{where}: {known['fromMode']} -> {known['toMode']} ({reason}, {known['stage']} stage): "
+                f"{known['message']}"
+                if known is not None
+                else f"{where}: {rank.get('mode', 'an other mode')} ({reason})"
+            )
+            events.append(status.Event("Warning", status.GRAPH_MODE_DOWNGRADED, message))
+    for downgrade in aggregate.new_downgrades(old_graph, new_graph):
+        if ranked and downgrade["reason"] in announced:
+            continue
         modes = f"{downgrade['fromMode']} -> {downgrade['toMode']}"
         why = downgrade["message"].removeprefix(f"{modes}: ")
         pods = f"{downgrade['pods']} pod" + ("s" if downgrade["pods"] != 1 else "")

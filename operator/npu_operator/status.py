@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from npu_operator import api
-from npu_operator.aggregate import PodFindings
+from npu_operator.aggregate import GroupFindings, PodFindings
 from npu_operator.api import NPUInferenceSpec, SpecError
 from npu_operator.builders import endpoint, selector_string
 
@@ -27,6 +27,10 @@ GRAPH_MODE_DOWNGRADED: Final = "GraphModeDowngraded"
 CHILD_REJECTED: Final = "ChildRejected"
 CHILD_CONFLICT: Final = "ChildConflict"
 LWS_NOT_INSTALLED: Final = "LeaderWorkerSetNotInstalled"
+# Multi-node replicas (LeaderWorkerSet groups).
+GROUP_RESTARTING: Final = "GroupRestarting"  # LeaderWorkerSet is recreating a group
+RANKS_NOT_SERVING: Final = "RanksNotServing"  # the groups count as ready, but a rank does not serve
+RANK_FAILED: Final = "RankFailed"  # Event: a rank's runtime reports a failure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,8 @@ class Observed:
     blocked: tuple[str, str] | None = None
     # The download of a hub source (see `model_status`); None for a volume source.
     model: JSON | None = None
+    # The groups of a multi-node replica (see `aggregate.group_findings`).
+    groups: GroupFindings = dataclasses.field(default_factory=GroupFindings)
 
 
 def compute_status(
@@ -163,9 +169,17 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
         message = f"the engines run {effective}, not the requested {spec.graph.mode} (spec.graph.onDowngrade: Degrade)"
         degraded = Condition(DEGRADED, True, GRAPH_MODE_DOWNGRADED, message)
 
+    groups = observed.groups
     if desired == 0:
         ready_condition = Condition(READY, True, "ScaledToZero", "0 replicas requested")
         rolling = total > 0
+    elif groups.restarting:
+        # Ready means every rank of every group serves; the LeaderWorkerSet's counters lag behind.
+        ready_condition = Condition(READY, False, GROUP_RESTARTING, groups.restarting_message)
+        rolling = True
+    elif current and updated == desired and ready >= desired and total == desired and groups.not_serving:
+        ready_condition = Condition(READY, False, RANKS_NOT_SERVING, groups.not_serving_message)
+        rolling = True
     else:
         done = current and updated == desired and ready >= desired and total == desired
         ready_condition = (
@@ -186,8 +200,10 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
         rolling = not done
     phases = ", ".join(f"{count} {phase}" for phase, count in observed.findings.starting.items())
     rollout = f"{updated}/{desired} replicas updated, {ready} ready" + (f"; starting: {phases}" if phases else "")
+    if groups.restarting:
+        rollout = f"{groups.restarting_message}; {rollout}"
     progressing = (
-        Condition(PROGRESSING, True, "RollingOut", rollout)
+        Condition(PROGRESSING, True, GROUP_RESTARTING if groups.restarting else "RollingOut", rollout)
         if rolling and not degraded.status
         else Condition(PROGRESSING, False, "RolloutComplete" if not rolling else degraded.reason, "")
     )
@@ -247,7 +263,17 @@ def transition_events(previous: Sequence[Mapping[str, Any]], current: Sequence[M
 
 
 def status_patch(previous: Mapping[str, Any], new: Mapping[str, Any]) -> JSON:
-    """A merge patch of `status` with only the keys that changed (None removes a key)."""
-    patch: JSON = {key: value for key, value in new.items() if previous.get(key) != value}
+    """A merge patch of `status` with only the keys that changed (None removes a key).
+
+    Recursive: a merge patch merges nested objects, so a key dropped inside one (`graph.modes`
+    once the pods agree, `graph.unreachablePods` once they answer) needs its own None, or the
+    stored status keeps it.
+    """
+    patch: JSON = {}
+    for key, value in new.items():
+        old = previous.get(key)
+        if old == value:
+            continue
+        patch[key] = status_patch(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
     patch.update({key: None for key in previous if key not in new})
     return patch

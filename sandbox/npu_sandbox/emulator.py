@@ -381,6 +381,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         collect = request.name is not None and (
             request.action == enums.action.DELETE or (request.action == enums.action.UPDATE and self._deleting(request))
         )
+        # An object created with an owner that is gone (a controller acting on a stale read while its
+        # owner was deleted) is collected at once, as the garbage collector would soon after.
+        collect = collect or (
+            request.action == enums.action.CREATE
+            and isinstance(request.data, dict)
+            and bool(request.data.get("metadata", {}).get("ownerReferences"))
+        )
         response = await super()._handle(request)
         if collect:
             await self._collect_garbage()

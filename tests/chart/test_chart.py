@@ -191,6 +191,7 @@ NAMESPACED_RULES = {
     ("", "pods"): {"get", "list", "watch"},
     ("", "persistentvolumeclaims"): {"get", "create", "patch"},
     ("apps", "replicasets"): {"get", "list", "watch"},
+    ("apps", "statefulsets"): {"get", "list", "watch"},
     ("", "events"): {"create"},
 }
 

@@ -52,6 +52,7 @@ def two_node_run(
         timeout=1500,
     )
     print(f"two-node sandbox run: {time.monotonic() - began:.0f}s")
+    (folder / "stdout.txt").write_text(result.stdout, encoding="utf-8")  # what a user would have seen
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     return result, json.loads(summary.read_text()), workdir
 

@@ -306,3 +306,14 @@ async def test_a_watch_from_a_resource_version_sees_a_deleted_object_as_deleted(
         assert watch.status == 200
         events = [json.loads(line) async for line in watch.content if line.strip()]
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("DELETED", "gone")]
+
+
+async def test_an_object_created_for_a_deleted_owner_is_collected(api: Any) -> None:
+    """The garbage collector deletes what a controller made from a stale read after its owner went."""
+    cluster, _ = api
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": "gone", "uid": "no-such-uid", "controller": True}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orphan", "namespace": "default"}}
+    pod["metadata"]["ownerReferences"] = [owner]
+    pod["spec"] = {"containers": [{"name": "c", "image": "x"}]}
+    await cluster.create(pod, "pods")
+    assert await cluster.get("v1", "pods", "default", "orphan") is None

@@ -76,7 +76,7 @@ async def ready_pods(cluster: LocalCluster, count: int, kubelet: LocalKubelet) -
         ok = [p for p in found if pod_ready(p) and p["metadata"]["uid"] in running]
         return ok if len(ok) == count and len(found) == count and len(kubelet.pods) == count else None
 
-    result: list[dict[str, Any]] = await cluster.wait_for(ready, within=30, what=f"{count} ready pods")
+    result: list[dict[str, Any]] = await cluster.wait_for(ready, within=60, what=f"{count} ready pods")
     return result
 
 
@@ -171,7 +171,7 @@ async def test_deleting_the_workload_deletes_its_pods_and_stops_their_processes(
         left = await pods(cluster) + await cluster.list_objects("apps/v1", "replicasets", NS)
         return not left and not kubelet.pods and not any(alive(pid) for pid in pids)
 
-    await cluster.wait_for(gone, within=20, what="no pods, no ReplicaSets, no processes")
+    await cluster.wait_for(gone, within=60, what="no pods, no ReplicaSets, no processes")
 
 
 def two_node_set() -> dict[str, Any]:

@@ -133,7 +133,8 @@ def node_args(options: ServeOptions, plan: Plan) -> tuple[str, ...]:
         ) from exc
 
 
-def plan_view(plan: Plan) -> PlanView:
+def plan_view(plan: Plan, node_rank: int = 0) -> PlanView:
+    """What /status shows of the plan; `node_rank` is this pod's node (--node-rank) in the layout."""
     memory: dict[str, int] = {}
     for kind, field in _MEMORY_KINDS.items():
         value = getattr(plan.memory, field, None)
@@ -146,7 +147,18 @@ def plan_view(plan: Plan) -> PlanView:
         plan=document,
         downgrades=document["downgrades"],
         memory=memory,
+        node=node_view(plan, node_rank),
     )
+
+
+def node_view(plan: Plan, node_rank: int) -> dict[str, Any]:
+    """This pod's node of the replica and the data-parallel ranks it runs, so that whoever reads
+    /status (the operator's per-rank status) need not work them out from the args."""
+    layout = plan.layout
+    if not 0 <= node_rank < len(layout.per_node):
+        return {"rank": node_rank, "nodes": layout.nodes, "data_parallel_ranks": []}
+    share = layout.per_node[node_rank]
+    return {"rank": node_rank, "nodes": layout.nodes, "data_parallel_ranks": list(share.data_parallel_ranks)}
 
 
 def describe_plan(plan: Plan) -> str:
@@ -255,7 +267,7 @@ class Supervisor:
             launch.become_subreaper()
             self.start_server()
             plan = make_serve_plan(self.options)
-            view = plan_view(plan)
+            view = plan_view(plan, self.options.node_rank)
             self.status.set_plan(view)
             log("plan:\n" + describe_plan(plan))
             if "--headless" not in node_args(self.options, plan):  # an invalid layout fails here, early

@@ -130,6 +130,9 @@ class PlanView:
     plan: Mapping[str, Any]
     downgrades: Sequence[Mapping[str, str]] = ()  # stage "plan"
     memory: Mapping[str, int] = dataclasses.field(default_factory=dict)  # kind -> bytes, planned
+    # Which part of the replica this pod runs: {"rank": node, "nodes": n, "data_parallel_ranks": [...]}
+    # (the node rank it was started with and its DP ranks in the plan's layout); empty before the plan.
+    node: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class RuntimeStatus:
@@ -210,6 +213,7 @@ class RuntimeStatus:
             "effective_mode": effective,
             "effective_mode_source": view.effective_source or "plan",
             "plan": dict(plan.plan),
+            "node": dict(plan.node) or None,
             "captures": captures,
             "downgrades": downgrades,
             "replay": replay,
