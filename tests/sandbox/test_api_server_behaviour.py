@@ -312,7 +312,7 @@ async def test_an_object_created_for_a_deleted_owner_is_collected(api: Any) -> N
     """The garbage collector deletes what a controller made from a stale read after its owner went."""
     cluster, _ = api
     owner = {"apiVersion": "v1", "kind": "Pod", "name": "gone", "uid": "no-such-uid", "controller": True}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orphan", "namespace": "default"}}
+    pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orphan", "namespace": "default"}}
     pod["metadata"]["ownerReferences"] = [owner]
     pod["spec"] = {"containers": [{"name": "c", "image": "x"}]}
     await cluster.create(pod, "pods")
