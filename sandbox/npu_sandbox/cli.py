@@ -1,15 +1,20 @@
 """`npu-sandbox`: the whole chain on this machine, no cluster and no NPU, in a few minutes.
 
-1. an in-memory Kubernetes API over HTTP and the real operator against it;
+1. an in-memory Kubernetes API over HTTP; the real helm installs the chart into it (README's
+   cluster command), and a local kubelet runs the chart's operator Deployment as `npu-operator
+   run` with its ServiceAccount's token, so the operator works under the chart's RBAC;
 2. examples/sandbox-cpu.yaml applied through the API, as kubectl apply would;
-3. a local kubelet that runs the Deployment's pod args (the real `npu-runtime serve`, which plans
+3. the kubelet runs the model Deployment's pod args (the real `npu-runtime serve`, which plans
    and starts a real vLLM engine on CPU) and reports the pod back to the API;
 4. progress until the NPUInference is Ready; then what a user would look at: `kubectl get npuinf`,
    status.graph, the Events, one OpenAI completion, the npu_graph_* metrics;
 5. when the `prometheus` binary is there (or with --prometheus): a real Prometheus scraping the
    operator and the pod with the chart's alerts loaded, and what its HTTP API holds at the end,
    the npu_graph_* series and the alerts pending or firing;
-6. every process stopped on exit, Ctrl-C included.
+6. `helm upgrade` with a changed value (the operator's pod rolls, the model keeps serving) and
+   `helm uninstall` (the operator goes; the CRDs and the NPUInference stay, as the chart documents),
+   then the resource deleted with its finalizer removed by hand, as the chart's NOTES say;
+7. every process stopped on exit, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -29,17 +34,16 @@ from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
-import prometheus_client
 import yaml
 from npu_operator import crd
 from npu_operator.api import is_true
 from npu_operator.builders import LWS_API_VERSION, LWS_WORKER_INDEX_LABEL
-from npu_operator.config import OperatorConfig
 
 from npu_sandbox import printer
 from npu_sandbox import prometheus as prom
 from npu_sandbox.cluster import LocalCluster
-from npu_sandbox.kubelet import LocalKubelet, LocalPod, free_port
+from npu_sandbox.install import CHART, Helm, HelmFailed, operator_runners, values_args
+from npu_sandbox.kubelet import DEFAULT_RUNNERS, LOCAL_IP, LocalKubelet, LocalPod, free_port
 from npu_sandbox.local_hub import LocalHub, Repo
 
 ROOT: Final = Path(__file__).resolve().parents[2]
@@ -50,6 +54,17 @@ HUB_REPOSITORY: Final = "sandbox/tiny-llama"
 HUB_FIELDS: Final = {"hf": "huggingFace", "ms": "modelScope"}
 # How long a Ready resource may go without status.graph before the sandbox goes on without it.
 GRAPH_GRACE_SECONDS: Final = 30.0
+
+
+# README's quick start: the release and namespace a user installs the chart with.
+RELEASE: Final = "npu-operator"
+OPERATOR_NAMESPACE: Final = "npu-system"
+# What the sandbox sets on top of the chart's defaults: quicker rounds for a short demo.
+SANDBOX_VALUES: Final = {"operator.resyncSeconds": 2, "operator.statusPollSeconds": 2}
+# The value `helm upgrade` changes: the operator's log level (its Deployment's env, so its pod rolls).
+UPGRADE_VALUES: Final = {"operator.logLevel": "DEBUG"}
+LOCAL_URL: Final = f"http://{LOCAL_IP}"
+PEERING_NAME: Final = "npu-operator"  # values.yaml operator.peeringName
 
 
 class SandboxFailed(Exception):
@@ -147,35 +162,32 @@ async def run(
 
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     prometheus = choose_prometheus(args.prometheus, workdir / "prometheus")
-    # The operator's metrics are served by this process, on 127.0.0.1 only (not by the operator's
-    # own start-up, which listens on every interface as it must in a pod).
-    config = OperatorConfig(resync_seconds=2.0, status_poll_seconds=2.0, metrics_port=0, health_port=0)
-    operator_metrics_port = free_port() if args.keep_running or prometheus else 0
-    if operator_metrics_port:
-        prometheus_client.start_http_server(operator_metrics_port, addr="127.0.0.1")
 
-    # The operator's and the API's logs go to a file: the terminal shows the story, the file the detail.
-    log_file = workdir / "operator.log"
+    # The API's log goes to a file (the operator's is its pod's): the terminal shows the story, the files the detail.
+    log_file = workdir / "api.log"
     handler = logging.FileHandler(log_file, mode="w", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
     multi_node = int(manifest["spec"].get("npu", {}).get("nodes", 1)) > 1
-    async with LocalCluster(workdir=workdir / "cluster", leader_worker_sets=True) as cluster:
-        heading("Kubernetes API (in memory, over HTTP) and the operator")
+    async with LocalCluster(workdir=workdir / "cluster", leader_worker_sets=True, crds=False) as cluster:
+        heading("Kubernetes API (in memory, over HTTP)")
         say(f"API server  {cluster.url}")
-        say(f"kubeconfig  {cluster.kubeconfig}")
-        await cluster.start_operator(config)
-        say(f"npu-operator running (kopf, peering on, against the API above; log {log_file})")
-
-        heading(f"kubectl apply -f {args.manifest}")
-        await cluster.apply_npu_inference(manifest)
-        say(f"npuinference.inference.npu.dev/{name} created")
-
+        say(f"kubeconfig  {cluster.kubeconfig}  (API log {log_file})")
+        helm = Helm(cluster.kubeconfig, workdir / "helm")
+        operator_kubelet = LocalKubelet(
+            cluster, OPERATOR_NAMESPACE, workdir=workdir / "pods", runners=operator_runners(DEFAULT_RUNNERS)
+        )
         kubelet = LocalKubelet(cluster, namespace, name, workdir=workdir / "pods")
         try:
+            operator_pod = await install_operator(cluster, helm, operator_kubelet)
+
+            heading(f"kubectl apply -f {args.manifest}")
+            await cluster.apply_npu_inference(manifest)
+            say(f"npuinference.inference.npu.dev/{name} created")
+
             if prometheus is not None:
-                await start_prometheus(prometheus, operator_metrics_port)
+                await start_prometheus(prometheus, operator_pod.ports["metrics"])
             workload = ("leaderworkersets", "LeaderWorkerSet") if multi_node else ("deployments", "Deployment")
             await cluster.wait_for(lambda: workload_of(cluster, namespace, name, multi_node), within=60)
             heading(
@@ -204,28 +216,193 @@ async def run(
                 summary["recovery"] = await kill_worker_engine(cluster, kubelet, namespace, name, args.timeout)
             if args.keep_running:
                 pod = kubelet.pods[0]
+                operator_pod = operator_kubelet.pods[0]
                 heading("kept running: explore, then Ctrl-C")
-                say(f"export KUBECONFIG={cluster.kubeconfig}")
-                say(f"{KUBECTL} get {'npuinf,lws,sts,svc,pods' if multi_node else 'npuinf,deploy,svc,pods'}")
-                say(f"{KUBECTL} describe npuinf {name}   (more in README.md: Explore the sandbox with kubectl)")
+                say(f"export KUBECONFIG={cluster.kubeconfig} PATH={KUBECTL.parent}:$PATH")
+                say(f"kubectl get {'npuinf,lws,sts,svc,pods' if multi_node else 'npuinf,deploy,svc,pods'}")
+                say(f"kubectl describe npuinf {name}   (more in README.md: Explore the sandbox with kubectl)")
+                say(
+                    f"helm list -A; helm upgrade {RELEASE} {CHART.relative_to(ROOT)} -n {OPERATOR_NAMESPACE} "
+                    "--reuse-values --set operator.logLevel=DEBUG"
+                )
                 say(f"OpenAI API        {pod.api_url}/v1  (model {manifest['spec']['model']['name']})")
                 say(f"runtime metrics   {pod.metrics_url}/metrics   status {pod.metrics_url}/status")
-                say(f"operator metrics  http://127.0.0.1:{operator_metrics_port}/metrics")
+                say(
+                    f"operator metrics  {LOCAL_URL}:{operator_pod.ports['metrics']}/metrics"
+                    f"  (log {operator_pod.log_path})"
+                )
                 if prometheus is not None:
                     say(f"Prometheus        {prometheus.url}  (alerts {prometheus.url}/alerts)")
                 await asyncio.Event().wait()
-            summary["deletion"] = await delete_resource(cluster, kubelet, namespace, name)
+            summary["helm"] = {
+                "upgrade": await upgrade_operator(cluster, helm, operator_kubelet, kubelet, namespace, name),
+                "uninstall": await uninstall_operator(cluster, helm, operator_kubelet, kubelet, namespace, name),
+                "operator_pids": [p.process.pid for p in operator_kubelet.stopped if p.process is not None],
+            }
+            summary["deletion"] = await delete_resource(cluster, kubelet, namespace, name, operator=False)
             return summary
         finally:
             heading("cleaning up")
             codes = await kubelet.stop()
-            await cluster.stop_operator()
+            operator_codes = await operator_kubelet.stop()
             if prometheus is not None:
                 await prometheus.stop()
             say(
-                f"pods stopped (exit codes {codes}), operator stopped, API closed"
+                f"pods stopped (exit codes {codes}, operator {operator_codes}), API closed"
                 + (", Prometheus stopped" if prometheus else "")
             )
+
+
+# --- the product, installed with helm ------------------------------------------------------------
+
+
+def helm_command(verb: str, values: dict[str, Any]) -> list[str]:
+    chart = str(CHART.relative_to(ROOT))
+    extra = ["--create-namespace"] if verb == "install" else []
+    return [verb, RELEASE, chart, "-n", OPERATOR_NAMESPACE, *extra, *values_args(values)]
+
+
+async def run_helm(helm: Helm, args: list[str], *, lines: int | None = None) -> str:
+    heading("helm " + " ".join(args))
+    try:
+        output = await helm(*args)
+    except HelmFailed as exc:
+        raise SandboxFailed(str(exc)) from exc
+    shown = output.rstrip().splitlines()
+    say("\n".join(shown[:lines] if lines else shown))
+    return output
+
+
+async def operator_deployment(cluster: LocalCluster) -> dict[str, Any] | None:
+    found = await cluster.list_objects("apps/v1", "deployments", OPERATOR_NAMESPACE)
+    return found[0] if found else None
+
+
+async def install_operator(cluster: LocalCluster, helm: Helm, kubelet: LocalKubelet) -> LocalPod:
+    """README's quick start on a cluster: helm install; the operator's pod then runs here."""
+    await run_helm(helm, helm_command("install", SANDBOX_VALUES), lines=6)
+    await run_helm(helm, ["list", "-A"])
+    kinds = "deploy,sa,clusterrole,clusterrolebinding"
+    heading(f"kubectl get {kinds} -n {OPERATOR_NAMESPACE}")
+    say(await kubectl_get(cluster, OPERATOR_NAMESPACE, kinds))
+    deployment = await operator_deployment(cluster)
+    if deployment is None:
+        raise SandboxFailed(f"helm install made no Deployment in {OPERATOR_NAMESPACE}")
+    kubelet.workload = deployment["metadata"]["name"]
+    (pod,) = await kubelet.start_pods()
+    account = deployment["spec"]["template"]["spec"].get("serviceAccountName")
+    heading("kubelet: the chart's operator pod on this machine")
+    say(f"pod {pod.name}: npu-operator run (ServiceAccount {OPERATOR_NAMESPACE}/{account}; log {pod.log_path})")
+    say("  ports: " + ", ".join(f"{key} {value}" for key, value in pod.ports.items()) + " (127.0.0.1)")
+    return pod
+
+
+async def completion(pod: LocalPod, model_name: str) -> str | None:
+    """One OpenAI completion from the pod (None: it did not answer 200)."""
+    request = {"model": model_name, "prompt": "Graph capture on Ascend", "max_tokens": 8, "temperature": 0}
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
+        session.post(f"{pod.api_url}/v1/completions", json=request) as response,
+    ):
+        answer = await response.json(content_type=None)
+    return str(answer["choices"][0]["text"]) if response.status == 200 else None
+
+
+async def upgrade_operator(
+    cluster: LocalCluster, helm: Helm, operator_kubelet: LocalKubelet, kubelet: LocalKubelet, namespace: str, name: str
+) -> dict[str, Any]:
+    """helm upgrade with a changed value: the operator's pod rolls (Recreate), the model keeps serving."""
+    before = {pod.uid for pod in operator_kubelet.pods}
+    model_pods = {pod.uid for pod in kubelet.pods}
+    old_peers = await peers(cluster)
+    await run_helm(helm, helm_command("upgrade", SANDBOX_VALUES | UPGRADE_VALUES), lines=6)
+
+    async def rolled() -> list[LocalPod] | None:
+        pods = [pod for pod in operator_kubelet.pods if pod.uid not in before and pod.process is not None]
+        old = [pod for pod in operator_kubelet.stopped if pod.uid in before]
+        return pods if pods and all(pod.exited.is_set() for pod in old) else None
+
+    (pod,) = await cluster.wait_for(rolled, within=120, what="the operator's pod rolled")
+    deployment = await operator_deployment(cluster) or {}
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    say(f"operator pod {pod.name} replaced the old one; NPU_OPERATOR_LOG_LEVEL={env.get('NPU_OPERATOR_LOG_LEVEL')}")
+
+    async def announced() -> set[str]:  # the new operator's keep-alive: a patch its RBAC must allow
+        return await peers(cluster) - old_peers
+
+    new_peers = await cluster.wait_for(announced, within=60, what="the new operator in its peering object")
+    say(f"clusterkopfpeering/{PEERING_NAME}: the new operator announced itself as {sorted(new_peers)}")
+    await run_helm(helm, ["history", RELEASE, "-n", OPERATOR_NAMESPACE])
+    obj = await cluster.wait_for(
+        lambda: ready_resource(cluster, namespace, name), within=60, what=f"{name} Ready under the new operator"
+    )
+    serving = await behind_service(cluster, kubelet, namespace, name)
+    answer = await completion(serving, obj["spec"]["model"]["name"])
+    unchanged = {pod.uid for pod in kubelet.pods} == model_pods
+    say(f"{name}: Ready, model pods unchanged: {unchanged}, completion {answer!r}")
+    return {
+        "revision": json.loads(await helm("status", RELEASE, "-n", OPERATOR_NAMESPACE, "-o", "json"))["version"],
+        "log_level": env.get("NPU_OPERATOR_LOG_LEVEL"),
+        "operator_pods": {"before": sorted(before), "after": [pod.uid]},
+        "peers": {"before": sorted(old_peers), "new": sorted(new_peers)},
+        "ready": is_true(obj, "Ready"),
+        "model_pods_unchanged": unchanged,
+        "completion": answer,
+    }
+
+
+async def peers(cluster: LocalCluster) -> set[str]:
+    """The operators alive in the chart's ClusterKopfPeering (kopf writes each one's id in its status)."""
+    obj = await cluster.get("kopf.dev/v1", "clusterkopfpeerings", None, PEERING_NAME)
+    return set((obj or {}).get("status") or {})
+
+
+async def ready_resource(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+    obj = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name)
+    return obj if obj is not None and is_true(obj, "Ready") else None
+
+
+async def uninstall_operator(
+    cluster: LocalCluster, helm: Helm, operator_kubelet: LocalKubelet, kubelet: LocalKubelet, namespace: str, name: str
+) -> dict[str, Any]:
+    """helm uninstall: the operator goes; the CRDs (keep policy) and the users' resources stay, and serve."""
+    await run_helm(helm, ["uninstall", RELEASE, "-n", OPERATOR_NAMESPACE])
+
+    async def gone() -> bool:
+        return not operator_kubelet.pods and all(pod.exited.is_set() for pod in operator_kubelet.stopped)
+
+    await cluster.wait_for(gone, within=120, what="the operator's pod stopped")
+    left = {
+        plural: [obj["metadata"]["name"] for obj in await cluster.list_objects(version, plural, OPERATOR_NAMESPACE)]
+        for version, plural in (("apps/v1", "deployments"), ("v1", "serviceaccounts"), ("v1", "pods"))
+    }
+    roles = [
+        obj["metadata"]["name"]
+        for obj in await cluster.list_objects("rbac.authorization.k8s.io/v1", "clusterroles")
+        if obj["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == RELEASE
+    ]
+    crds = [
+        obj["metadata"]["name"]
+        for obj in await cluster.list_objects("apiextensions.k8s.io/v1", "customresourcedefinitions")
+    ]
+    releases = (await helm("list", "-A", "-q")).split()
+    heading(f"kubectl get deploy,sa,pods -n {OPERATOR_NAMESPACE}; kubectl get crd; helm list -A")
+    say(f"{OPERATOR_NAMESPACE}: {left}; the release's ClusterRoles: {roles}; releases: {releases}")
+    say(await kubectl_get(cluster, namespace, "crd"))
+    obj = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name)
+    serving = await behind_service(cluster, kubelet, namespace, name)
+    answer = await completion(serving, (obj or {})["spec"]["model"]["name"])
+    say(
+        f"npuinference {name} kept (as the chart documents): Ready={is_true(obj or {}, 'Ready')}, completion {answer!r}"
+    )
+    return {
+        "left": left,
+        "cluster_roles": roles,
+        "releases": releases,
+        "crds": crds,
+        "resource_kept": obj is not None,
+        "completion": answer,
+    }
 
 
 def choose_prometheus(wanted: bool | None, workdir: Path) -> prom.LocalPrometheus | None:
@@ -557,11 +734,19 @@ async def kill_worker_engine(
     }
 
 
-async def delete_resource(cluster: LocalCluster, kubelet: LocalKubelet, namespace: str, name: str) -> dict[str, Any]:
-    """`kubectl delete npuinf NAME`: every child, pod and process goes (owner references, the kubelet)."""
-    heading(f"kubectl delete npuinf {name}")
+async def delete_resource(
+    cluster: LocalCluster, kubelet: LocalKubelet, namespace: str, name: str, *, operator: bool = True
+) -> dict[str, Any]:
+    """`kubectl delete npuinf NAME`: every child, pod and process goes (owner references, the kubelet).
+
+    Without the operator (uninstalled), its finalizer is removed first, as the chart's NOTES say."""
     pids = [pod.process.pid for pod in kubelet.pods if pod.process is not None]
     began = time.monotonic()
+    if not operator:
+        patch = '[{"op":"remove","path":"/metadata/finalizers"}]'
+        heading(f"kubectl patch npuinf {name} -n {namespace} --type=json -p '{patch}'  (no operator: its finalizer)")
+        await cluster.patch(crd.API_VERSION, crd.PLURAL, namespace, name, {"metadata": {"finalizers": None}})
+    heading(f"kubectl delete npuinf {name}")
     await cluster.delete(crd.API_VERSION, crd.PLURAL, namespace, name)
     kinds = (
         ("apps/v1", "deployments"),

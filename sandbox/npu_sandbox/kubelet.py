@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -44,7 +45,7 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 import aiohttp
 from npu_operator.builders import CONTAINER_NAME
@@ -145,6 +146,13 @@ class Runner(Protocol):
 
 def _args(container: Mapping[str, Any]) -> list[str]:
     return [*container.get("command", []), *container.get("args", [])]
+
+
+@runtime_checkable
+class EnvironmentRunner(Runner, Protocol):
+    """A runner that also rewrites the container's environment (e.g. ports it takes from env)."""
+
+    def environment(self, pod: LocalPod, container: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]: ...
 
 
 class ServeRunner:
@@ -259,13 +267,37 @@ class LocalPod:
                 env[var["name"]] = fields[path]
         return env
 
-    def command(self, container: Mapping[str, Any], env: Mapping[str, str], volumes: Mapping[str, Path]) -> list[str]:
-        args = [expand(arg, env) for arg in _args(container)]
-        args = map_paths(args, mounts(container, volumes))
+    def runner(self, container: Mapping[str, Any]) -> Runner:
         runner = next((r for r in self.kubelet.runners if r.accepts(container)), None)
         if runner is None:
             raise NotYet(f"no runner on this machine accepts container {container['name']}")
-        return runner.command(self, container, args)
+        return runner
+
+    def command(self, container: Mapping[str, Any], env: Mapping[str, str], volumes: Mapping[str, Path]) -> list[str]:
+        args = [expand(arg, env) for arg in _args(container)]
+        args = map_paths(args, mounts(container, volumes))
+        return self.runner(container).command(self, container, args)
+
+    async def service_account(self) -> dict[str, str]:
+        """The pod's ServiceAccount token, as a kubelet projects it (a TokenRequest), given to the process
+        as a kubeconfig (KUBECONFIG): a process here cannot read /var/run/secrets/kubernetes.io/serviceaccount.
+        None without automountServiceAccountToken, or for the `default` account the sandbox does not create."""
+        if self.spec.get("automountServiceAccountToken") is False:
+            return {}
+        account = self.spec.get("serviceAccountName") or "default"
+        try:
+            token = await self.cluster.create_token(self.namespace, account)
+        except ApiRejected as exc:
+            if exc.status == 404 and account == "default":
+                return {}
+            raise NotYet(f"no token for ServiceAccount {self.namespace}/{account}: {exc}") from exc
+        directory = self.workdir / f"{self.name}-{self.uid[:8]}" / "serviceaccount"
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "token").write_text(token, encoding="utf-8")
+        (directory / "namespace").write_text(self.namespace, encoding="utf-8")
+        kubeconfig = directory / "kubeconfig"
+        kubeconfig.write_text(json.dumps(self.cluster.kubeconfig_document(token)), encoding="utf-8")
+        return {"KUBECONFIG": str(kubeconfig)}
 
     async def start(self) -> None:
         """Map the ports (and say so in the Pod object), then run the pod; NotYet leaves nothing behind."""
@@ -274,6 +306,9 @@ class LocalPod:
                 self.port(port["name"])
         volumes = self.volume_paths()
         env = {**self.kubelet.environ, **self.environment(self.container)}
+        if isinstance(runner := self.runner(self.container), EnvironmentRunner):
+            env = runner.environment(self, self.container, env)
+        env |= await self.service_account()
         args = self.command(self.container, env, volumes)
         inits = []
         for init in self.spec.get("initContainers", []):

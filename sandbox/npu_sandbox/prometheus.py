@@ -230,7 +230,7 @@ def pod_targets(pod: Mapping[str, Any], ports: Mapping[str, int]) -> list[tuple[
 
 
 def operator_targets(port: int) -> list[tuple[list[str], dict[str, str]]]:
-    """The operator runs inside the sandbox's own process; labelled as the operator's PodMonitor would."""
+    """The operator's pod (the chart's Deployment, run by the sandbox's kubelet), labelled as its PodMonitor would."""
     labels = {
         "job": OPERATOR_JOB,
         "namespace": "npu-system",
