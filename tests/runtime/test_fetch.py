@@ -67,7 +67,7 @@ def test_a_revision_is_downloaded_checked_and_then_reused(
     for name, remote in repo.files.items():
         assert (snapshot / name).read_bytes() == remote.data
         assert hub.served[f"{REPO}/{name}"] == 1
-    expected_revision = repo.commit if which == fetch.HUGGING_FACE else "master"
+    expected_revision = repo.commit  # both hubs: the commit the branch points at
     assert progress.to_dict() == {
         "source": which,
         "repository": REPO,
