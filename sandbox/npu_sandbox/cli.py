@@ -127,7 +127,16 @@ async def run(
     prometheus = choose_prometheus(args.prometheus, workdir / "prometheus")
     # The operator's metrics are served by this process, on 127.0.0.1 only (not by the operator's
     # own start-up, which listens on every interface as it must in a pod).
-    config = OperatorConfig(resync_seconds=2.0, status_poll_seconds=2.0, metrics_port=0, health_port=0)
+    # The pod-template policy's default (Restricted) refuses hostPath sources outside the listed
+    # directories: the sandbox lists its model's, as a platform engineer lists the nodes' model disk.
+    host_path = manifest["spec"]["model"]["source"].get("hostPath")
+    config = OperatorConfig(
+        resync_seconds=2.0,
+        status_poll_seconds=2.0,
+        metrics_port=0,
+        health_port=0,
+        allowed_host_paths=(host_path["path"],) if host_path else (),
+    )
     operator_metrics_port = free_port() if args.keep_running or prometheus else 0
     if operator_metrics_port:
         prometheus_client.start_http_server(operator_metrics_port, addr="127.0.0.1")

@@ -771,6 +771,11 @@ def fetch_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow", action="append", default=[], metavar="PATTERN", help="only matching files")
     parser.add_argument("--ignore", action="append", default=[], metavar="PATTERN", help="skip matching files")
     parser.add_argument("--endpoint", help="the hub's URL (a mirror); default: the library's")
+    parser.add_argument(
+        "--send-token-over-http",
+        action="store_true",
+        help="hand the token to a plain http:// endpoint too (by default only https:// endpoints get it)",
+    )
     parser.add_argument("--link", type=Path, help="make this path a symlink to the snapshot directory")
     parser.add_argument("--status-port", type=int, help="serve /status with the progress on this port")
     parser.add_argument(
@@ -804,6 +809,15 @@ def fetch_command(argv: list[str]) -> int:
         lock_timeout=args.lock_timeout,
     )
     progress = Progress(source=args.hub, repository=args.repo, revision=args.revision)
+    plain = options.endpoint is not None and not options.endpoint.startswith("https://")
+    if options.token and plain and not args.send_token_over_http:
+        message = f"--endpoint {options.endpoint} is not https://; the token is not sent in clear text"
+        write_termination_message(
+            Failure(failures.INVALID_CONFIGURATION, message),
+            args.termination_message_path,
+            default_path=DEFAULT_TERMINATION_LOG,
+        )
+        return EXIT_INVALID
     server = StatusServer(progress, args.status_port) if args.status_port else None
     started = time.monotonic()
     try:
