@@ -284,3 +284,13 @@ def test_a_token_goes_to_a_plain_http_endpoint_only_when_the_resource_says_so() 
     spec = parse_spec(manifest["spec"])
     assert validate_spec(spec) == []
     assert "--send-token-over-http" in builders.fetch_args(spec)
+
+
+def test_an_additional_config_larger_than_one_argument_should_be_is_refused() -> None:
+    manifest = example("qwen2.5-7b-910b.yaml")
+    manifest["spec"]["engine"]["additionalConfig"] = {"blob": "x" * 20000}
+    problems = validate_spec(parse_spec(manifest["spec"]))
+    assert [p.field for p in problems] == ["spec.engine.additionalConfig"]
+    assert "16384" in problems[0].message
+    manifest["spec"]["engine"]["additionalConfig"] = {"ascend_scheduler_config": {"enabled": True}}
+    assert validate_spec(parse_spec(manifest["spec"])) == []
