@@ -9,11 +9,13 @@ argument that fights a field); each problem names the field.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, Final
 
 from npu_runtime.contract import parse_size
+from npu_runtime.fetch.listing import REVISION_PATTERN
 
 from npu_operator import crd
 
@@ -50,6 +52,7 @@ class HubSource:
     ignore_patterns: tuple[str, ...]
     token: SecretKey | None
     endpoint: str | None
+    send_token_over_http: bool = False  # the token may go to a plain http:// endpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,6 +324,7 @@ def _hub_source(source: JSON) -> HubSource | None:
                 ignore_patterns=tuple(repo.get("ignorePatterns", ())),
                 token=SecretKey(token["name"], token.get("key", "token")) if token else None,
                 endpoint=repo.get("endpoint"),
+                send_token_over_http=bool(repo.get("sendTokenOverHTTP", False)),
             )
     return None
 
@@ -421,7 +425,13 @@ def owned_flag(arg: str) -> str | None:
         return None
     if flag == "-O":
         return flag
-    return next((owned for owned in FLAGS_OWNED_BY_FIELDS if owned.startswith(flag)), None)
+    if (found := next((owned for owned in FLAGS_OWNED_BY_FIELDS if owned.startswith(flag)), None)) is not None:
+        return found
+    # A one-letter option with its value attached: argparse reads `-qawq` as `-q awq` when no
+    # option starts with `-qawq` (CPython 3.11, Lib/argparse.py, _get_option_tuples).
+    if not flag.startswith("--") and len(flag) > 2 and flag[:2] in FLAGS_OWNED_BY_FIELDS:
+        return flag[:2]
+    return None
 
 
 # Variables the NPU device plugin sets per pod; overriding them breaks device isolation.
@@ -477,6 +487,34 @@ def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
         parse_size(spec.engine.shm_size)
     except ValueError as exc:
         problems.append(SpecError("spec.engine.shmSize", str(exc)))
+    if spec.engine.additional_config is not None:
+        size = len(json.dumps(spec.engine.additional_config, separators=(",", ":")))
+        if size > ADDITIONAL_CONFIG_MAX_BYTES:
+            why = f"is {size} bytes as JSON, more than {ADDITIONAL_CONFIG_MAX_BYTES} (it is one command-line argument)"
+            problems.append(SpecError("spec.engine.additionalConfig", why))
+    problems += _hub_problems(spec.model.hub)
+    return problems
+
+
+# vllm-ascend's additional config is small (a few options); one argument of the engine's command line.
+ADDITIONAL_CONFIG_MAX_BYTES: Final = 16384
+
+
+def _hub_problems(hub: HubSource | None) -> list[SpecError]:
+    if hub is None:
+        return []
+    field = "spec.model.source." + next(name for name, value in HUB_SOURCE_FIELDS.items() if value == hub.hub)
+    problems: list[SpecError] = []
+    # The CRD has the same pattern; checked here too, for objects stored before it had one.
+    if hub.revision is not None and not re.match(REVISION_PATTERN, hub.revision):
+        problems.append(SpecError(f"{field}.revision", f"{hub.revision!r} is not a branch, tag or commit name"))
+    plain = hub.endpoint is not None and not hub.endpoint.startswith("https://")
+    if hub.token is not None and plain and not hub.send_token_over_http:
+        why = (
+            f"{hub.endpoint!r} is not https://: the token in tokenSecretRef would travel in clear text;"
+            " use https, or set sendTokenOverHTTP: true to accept that"
+        )
+        problems.append(SpecError(f"{field}.endpoint", why))
     return problems
 
 

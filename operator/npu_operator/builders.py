@@ -193,6 +193,30 @@ def plan_options(spec: NPUInferenceSpec) -> PlanOptions:
     )
 
 
+class KubeletReference(str):
+    """An argument the kubelet is meant to expand: `$(NAME)` of a variable the operator itself
+    sets (LeaderWorkerSet's). Every other argument and env value is a literal (`kubelet_literal`)."""
+
+
+def kubelet_literal(value: str) -> str:
+    """`value` as the kubelet must pass it on: every `$` doubled, so nothing a user wrote is
+    expanded. The kubelet expands `$(NAME)` in args and env values from the container's env and
+    turns `$$` into `$` (kubernetes v1.31, third_party/forked/golang/expansion/expand.go, Expand);
+    doubling every `$` (not only `$(`) also keeps a user's own `$$(NAME)` literal."""
+    if isinstance(value, KubeletReference):
+        return str(value)
+    return value.replace("$", "$$")
+
+
+def _literal_container(container: JSON) -> JSON:
+    """The one place where a container's args and env values become literals for the kubelet."""
+    container["args"] = [kubelet_literal(arg) for arg in container.get("args", [])]
+    for var in container.get("env", []):
+        if "value" in var:
+            var["value"] = kubelet_literal(var["value"])
+    return container
+
+
 def runtime_args(spec: NPUInferenceSpec) -> list[str]:
     """The container's args: `npu-runtime serve` with the serve contract's flags.
 
@@ -214,11 +238,11 @@ def runtime_args(spec: NPUInferenceSpec) -> list[str]:
             if spec.engine.additional_config is not None
             else None
         ),
-        data_parallel_address=f"$({LWS_LEADER_ADDRESS})" if multi_node else None,
+        data_parallel_address=KubeletReference(f"$({LWS_LEADER_ADDRESS})") if multi_node else None,
     )
     argv = serve_argv(options)
     if multi_node:
-        argv[argv.index("--node-rank") + 1] = f"$({LWS_WORKER_INDEX})"
+        argv[argv.index("--node-rank") + 1] = KubeletReference(f"$({LWS_WORKER_INDEX})")
     return ["npu-runtime", "serve", *argv]
 
 
@@ -287,7 +311,7 @@ def build_leader_worker_set(name: str, namespace: str, spec: NPUInferenceSpec, c
 def _pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
     template = spec.template
     pod_spec: JSON = {
-        "containers": [_container(spec, config)],
+        "containers": [_literal_container(_container(spec, config))],
         "volumes": _volumes(spec),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         # Service links put one variable per Service into every pod; vLLM reads VLLM_PORT, which a
@@ -311,7 +335,7 @@ def _pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> 
     }
     pod_spec.update({key: value for key, value in optional.items() if value is not None})
     if spec.model.hub is not None:
-        pod_spec["initContainers"] = [_fetch_container(spec, config)]
+        pod_spec["initContainers"] = [_literal_container(_fetch_container(spec, config))]
     pod_metadata: JSON = {"labels": _sorted({**template.labels, **labels(name)})}
     if template.annotations:
         pod_metadata["annotations"] = _sorted(dict(template.annotations))
@@ -361,6 +385,8 @@ def fetch_args(spec: NPUInferenceSpec) -> list[str]:
         args += ["--ignore", pattern]
     if hub.endpoint:
         args += ["--endpoint", hub.endpoint]
+    if hub.send_token_over_http:
+        args += ["--send-token-over-http"]
     args += ["--link", HUB_MODEL_PATH, "--status-port", str(METRICS_PORT)]
     # Planned as soon as config.json is in the cache: a model that cannot fit fails before its weights come.
     return [*args, "--plan", *plan_argv(plan_options(spec))]

@@ -92,7 +92,7 @@ def _render(path: Path, output: str, config: OperatorConfig, capabilities: build
             print(f"{where}: skipped, not an {crd.API_VERSION} {crd.KIND}", file=sys.stderr)
             continue
         errors = crd.validate(document)
-        spec, problems = read_spec(document) if not errors else (None, [])
+        spec, problems = read_spec(document, config) if not errors else (None, [])
         errors += [str(problem) for problem in problems]
         if errors or spec is None:
             failed = True

@@ -53,6 +53,16 @@ class OperatorConfig:
     # spec.routing: the endpoint picker's image, llm-d's router EPP (the image the Gateway API
     # Inference Extension points to since v1.6.0), pinned to a release.
     picker_image: str = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.9.0"
+    # How much of a pod an NPUInference may shape (npu_operator.policy; docs/security.md):
+    # Restricted refuses what widens a pod's privileges beyond these lists; Permissive leaves it
+    # to the cluster's Pod Security admission.
+    pod_template_policy: str = "Restricted"
+    # Registries (host or host/path) spec.engine.image may name; the runtime image is always allowed.
+    allowed_registries: tuple[str, ...] = ("ghcr.io/npu-inference",)
+    allowed_priority_classes: tuple[str, ...] = ()
+    # Node directories a hostPath model source may lie under (none: hostPath sources are refused).
+    allowed_host_paths: tuple[str, ...] = ()
+    allow_service_account_token: bool = False
 
 
 def _positive_float(text: Any) -> float:
@@ -117,6 +127,34 @@ def _namespaces(value: Any) -> tuple[str, ...]:
     return names
 
 
+def _strings(value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else str(value).split(",")
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
+def _registries(value: Any) -> tuple[str, ...]:
+    names = _strings(value)
+    for name in names:
+        if not re.match(r"^[a-z0-9]([-a-z0-9.:]*[a-z0-9])?(/[a-z0-9]([-a-z0-9._]*[a-z0-9])?)*/?$", name):
+            raise ValueError(f"{name!r} is not a registry (host[:port][/path])")
+    return names
+
+
+def _host_paths(value: Any) -> tuple[str, ...]:
+    paths = _strings(value)
+    for path in paths:
+        if not path.startswith("/") or ".." in path.split("/") or path.rstrip("/") == "":
+            raise ValueError(f"{path!r} must be an absolute directory other than / (without '..')")
+    return paths
+
+
+def _policy(text: Any) -> str:
+    value = str(text).strip()
+    if value not in ("Restricted", "Permissive"):
+        raise ValueError(f"must be Restricted or Permissive, got {text!r}")
+    return value
+
+
 def _log_level(text: Any) -> str:
     value = str(text).strip().upper()
     if value not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -139,6 +177,11 @@ _PARSERS: Final[dict[str, Callable[[Any], Any]]] = {
     "metrics_port": _port,
     "prometheus_address": _url,
     "picker_image": _non_empty,
+    "pod_template_policy": _policy,
+    "allowed_registries": _registries,
+    "allowed_priority_classes": _strings,
+    "allowed_host_paths": _host_paths,
+    "allow_service_account_token": _boolean,
 }
 
 

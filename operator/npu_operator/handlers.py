@@ -97,7 +97,7 @@ async def check_spec(body: kopf.Body, reason: str, memo: Any, **_: Any) -> None:
     # resume the worker is being started and its first tick reads this very spec.
     if reason == kopf.Reason.UPDATE:
         memo.wakeups.wake((body["metadata"]["namespace"], body["metadata"]["name"]))
-    problems = reconcile.read_spec(body)[1]
+    problems = reconcile.read_spec(body, memo.config)[1]
     if problems:
         # The worker reports it (status, Warning Event); retrying cannot fix a spec.
         raise kopf.PermanentError("; ".join(str(problem) for problem in problems))

@@ -29,6 +29,7 @@ from npu_operator.children import ChildKind, Step
 from npu_operator.client import PERSISTENT_VOLUME_CLAIMS, ApiError, KubeClient
 from npu_operator.config import OperatorConfig
 from npu_operator.model_status import model_status
+from npu_operator.policy import policy_problems
 from npu_operator.report_schema import one_line
 from npu_operator.runtime_reports import ReportCollector
 
@@ -70,13 +71,15 @@ class Desired:
     cache_claim: JSON | None = None  # the shared model cache's claim, to create when missing
 
 
-def read_spec(body: Mapping[str, Any]) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
-    """The typed spec and everything wrong with it (schema-level gaps included)."""
+def read_spec(body: Mapping[str, Any], config: OperatorConfig) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
+    """The typed spec and everything wrong with it (schema-level gaps and the pod-template policy included)."""
     try:
         spec = parse_spec(body.get("spec", {}))
     except SpecError as exc:
         return None, [exc]
-    return spec, validate_spec(spec) + scaling.spec_problems(spec, builders.plan_options(spec))
+    return spec, validate_spec(spec) + scaling.spec_problems(spec, builders.plan_options(spec)) + policy_problems(
+        spec, config
+    )
 
 
 def desired_state(
@@ -84,7 +87,7 @@ def desired_state(
 ) -> Desired:
     """The children `body` should have, given the optional kinds the API server serves (and,
     in `refused`, why the API of an optional kind could not even be asked)."""
-    spec, problems = read_spec(body)
+    spec, problems = read_spec(body, config)
     if spec is None or problems:
         return Desired(spec, tuple(problems), {}, ())
     refused = refused or {}

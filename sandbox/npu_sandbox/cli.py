@@ -180,7 +180,7 @@ async def run(
         )
         kubelet = LocalKubelet(cluster, namespace, name, workdir=workdir / "pods")
         try:
-            operator_pod = await install_operator(cluster, helm, operator_kubelet)
+            operator_pod = await install_operator(cluster, helm, operator_kubelet, host_path_values(manifest))
 
             heading(f"kubectl apply -f {args.manifest}")
             await cluster.apply_npu_inference(manifest)
@@ -235,7 +235,9 @@ async def run(
                     say(f"Prometheus        {prometheus.url}  (alerts {prometheus.url}/alerts)")
                 await asyncio.Event().wait()
             summary["helm"] = {
-                "upgrade": await upgrade_operator(cluster, helm, operator_kubelet, kubelet, namespace, name),
+                "upgrade": await upgrade_operator(
+                    cluster, helm, operator_kubelet, kubelet, namespace, name, host_path_values(manifest)
+                ),
                 "uninstall": await uninstall_operator(cluster, helm, operator_kubelet, kubelet, namespace, name),
                 "operator_pids": [p.process.pid for p in operator_kubelet.stopped if p.process is not None],
             }
@@ -278,9 +280,18 @@ async def operator_deployment(cluster: LocalCluster) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-async def install_operator(cluster: LocalCluster, helm: Helm, kubelet: LocalKubelet) -> LocalPod:
+def host_path_values(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The pod-template policy's default (Restricted) refuses hostPath sources outside the listed
+    directories: the sandbox lists its model's, as a platform engineer lists the nodes' model disk."""
+    host_path = manifest["spec"]["model"]["source"].get("hostPath")
+    return {"operator.podTemplatePolicy.allowedHostPaths": "{" + host_path["path"] + "}"} if host_path else {}
+
+
+async def install_operator(
+    cluster: LocalCluster, helm: Helm, kubelet: LocalKubelet, values: dict[str, Any]
+) -> LocalPod:
     """README's quick start on a cluster: helm install; the operator's pod then runs here."""
-    await run_helm(helm, helm_command("install", SANDBOX_VALUES), lines=6)
+    await run_helm(helm, helm_command("install", SANDBOX_VALUES | values), lines=6)
     await run_helm(helm, ["list", "-A"])
     kinds = "deploy,sa,clusterrole,clusterrolebinding"
     heading(f"kubectl get {kinds} -n {OPERATOR_NAMESPACE}")
@@ -309,13 +320,19 @@ async def completion(pod: LocalPod, model_name: str) -> str | None:
 
 
 async def upgrade_operator(
-    cluster: LocalCluster, helm: Helm, operator_kubelet: LocalKubelet, kubelet: LocalKubelet, namespace: str, name: str
+    cluster: LocalCluster,
+    helm: Helm,
+    operator_kubelet: LocalKubelet,
+    kubelet: LocalKubelet,
+    namespace: str,
+    name: str,
+    values: dict[str, Any],
 ) -> dict[str, Any]:
     """helm upgrade with a changed value: the operator's pod rolls (Recreate), the model keeps serving."""
     before = {pod.uid for pod in operator_kubelet.pods}
     model_pods = {pod.uid for pod in kubelet.pods}
     old_peers = await peers(cluster)
-    await run_helm(helm, helm_command("upgrade", SANDBOX_VALUES | UPGRADE_VALUES), lines=6)
+    await run_helm(helm, helm_command("upgrade", SANDBOX_VALUES | values | UPGRADE_VALUES), lines=6)
 
     async def rolled() -> list[LocalPod] | None:
         pods = [pod for pod in operator_kubelet.pods if pod.uid not in before and pod.process is not None]

@@ -165,11 +165,23 @@ def test_operator_settings_come_from_values(tmp_path: Path) -> None:
             "npuResourceName": "huawei.com/Ascend910C",
             "resyncSeconds": 60,
             "peeringName": "llm-operators",
+            "podTemplatePolicy": {
+                "allowedRegistries": ["registry.example.com", "quay.io/ascend"],
+                "allowedPriorityClasses": ["inference-high"],
+                "allowedHostPaths": ["/data/models"],
+            },
         },
         "image": {"repository": "registry.example.com/npu-operator", "tag": "1.2.3"},
     }
     objects = render(values, tmp_path)
     config = load_config(env_of(objects))
+    assert config.pod_template_policy == "Restricted"  # the default, kept beside the lists given
+    assert config.allowed_registries == ("registry.example.com", "quay.io/ascend")
+    assert config.allowed_priority_classes == ("inference-high",)
+    assert config.allowed_host_paths == ("/data/models",)
+    assert config.allow_service_account_token is False
+    permissive = render({"operator": {"podTemplatePolicy": {"mode": "Permissive"}}}, tmp_path)
+    assert load_config(env_of(permissive)).pod_template_policy == "Permissive"
     assert config.runtime_image == "registry.example.com/npu-runtime:1.2.3-a3"
     assert config.npu_resource_name == "huawei.com/Ascend910C"
     assert config.resync_seconds == 60

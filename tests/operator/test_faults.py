@@ -30,11 +30,16 @@ from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.emulator import KubeEmulator
 from npu_sandbox.kubelet import replica_set_owner
 
-from tests.operator.conftest import example
+from tests.operator.conftest import SANDBOX_HOST_PATHS, example
 
 NS = "faults"
 CONFIG = OperatorConfig(
-    resync_seconds=1.0, status_poll_seconds=1.0, status_timeout_seconds=1.0, metrics_port=0, health_port=0
+    resync_seconds=1.0,
+    status_poll_seconds=1.0,
+    status_timeout_seconds=1.0,
+    metrics_port=0,
+    health_port=0,
+    allowed_host_paths=SANDBOX_HOST_PATHS,
 )
 CUT: dict[str, Any] = {"type": "_CUT"}  # put on a bus: every open watch stream of it ends
 Rule = Callable[[rendering.Request], aiohttp.web.StreamResponse | None]
