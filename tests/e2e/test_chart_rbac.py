@@ -27,7 +27,9 @@ from npu_sandbox.install import CHART, Helm, HelmFailed, helm_binary
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE, RELEASE = "npu-system", "npu"
 ACCOUNT = f"{RELEASE}-npu-inference-operator"
-CONFIG = OperatorConfig(resync_seconds=1.0, metrics_port=0, health_port=0)
+CONFIG = OperatorConfig(
+    resync_seconds=1.0, metrics_port=0, health_port=0, allowed_host_paths=("/tmp/npu-sandbox/models",)
+)
 DEPLOYMENTS_RULE = """- apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
