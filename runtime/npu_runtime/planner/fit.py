@@ -15,7 +15,8 @@ from typing import Final
 
 from npu_runtime.contract import GIB, PlanOptions, format_gib
 from npu_runtime.planner import modes, sizes
-from npu_runtime.planner.activation import activation_bytes, sampler_bytes
+from npu_runtime.planner.activation import activation_bytes, mc2_capacity, moe_comm_mode, sampler_bytes
+from npu_runtime.planner.communication import Communicator, communicators, hccl_buffsize
 from npu_runtime.planner.graphs import StreamPlan, graph_cost, graph_reserved_by, stream_plan
 from npu_runtime.planner.kv import kv_sequence_bytes
 from npu_runtime.planner.layout import Layout
@@ -23,7 +24,7 @@ from npu_runtime.planner.margin import margin_bytes
 from npu_runtime.planner.model import DTYPE_BYTES, ModelInfo
 from npu_runtime.planner.modes import Downgrade
 from npu_runtime.planner.probe import DeviceInfo
-from npu_runtime.planner.weights import MTP_METHODS, weights_per_device
+from npu_runtime.planner.weights import MTP_METHODS, WeightTerms, weight_terms, weights_per_device
 
 __all__ = ["DoesNotFitError", "MemoryPlan", "fit_budget", "make_budget"]
 
@@ -65,6 +66,15 @@ class MemoryPlan:
     """The value passed to vLLM: lower than requested when the plan, not the engine, reserves the graphs."""
     graph_reserved_by: str
     """"engine" (vLLM deducts its own graph estimate), "plan" (the utilisation is lowered) or "none"."""
+    weight_terms: WeightTerms
+    """weights_bytes by placement (split, replicated, KV-head replicas, MLA absorbed copies, experts)."""
+    communication_bytes: int
+    """The communicators' buffers (part of margin_bytes)."""
+    communicators: tuple[Communicator, ...]
+    hccl_buffsize_mb: int | None
+    """HCCL_BUFFSIZE the MC2 group uses (NPU only)."""
+    moe_dispatch: dict[str, str | None]
+    """The MoE communication vllm-ascend picks for the profile run and for the largest decode graph."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,9 @@ class _Budget:
     weights: int
     activation: int
     margin: int
+    weight_terms: WeightTerms
+    communicators: tuple[Communicator, ...]
+    moe_dispatch: dict[str, str | None]
     kv_per_token: int
     min_kv: int
     """One sequence of max_model_len."""
@@ -159,14 +172,22 @@ def make_budget(
     budget = math.floor(total * options.gpu_memory_utilization)
 
     mtp = options.speculative_method in MTP_METHODS and options.speculative_tokens > 0
-    weights = weights_per_device(model, dtype, layout, mtp, warnings)
+    terms = weight_terms(model, dtype, layout, mtp, warnings)
+    weights = terms.total
     if weights > total:
         raise DoesNotFitError(
             f"the weights alone do not fit: {format_gib(weights)} per device ({format_gib(model.weight_bytes)} in all, "
             f"{_split_words(layout)}, {model.weight_source}) > {format_gib(total)} device memory; "
             f"{_layout_hint(model, dtype, layout, mtp, budget)}"
         )
-    activation = activation_bytes(model, batched_tokens, tp, dtype_bytes, layout) + sampler_bytes(options, model)
+    capacity = mc2_capacity(max(candidates, default=batched_tokens), tp)
+    moe_dispatch = {
+        "profile": moe_comm_mode(model, layout, family, batched_tokens, capacity),
+        "decode": moe_comm_mode(model, layout, family, max(candidates, default=1), capacity),
+    }
+    activation = activation_bytes(
+        model, batched_tokens, tp, dtype_bytes, layout, moe_dispatch["profile"]
+    ) + sampler_bytes(options, model)
     if family == "310P":
         # vllm-ascend 310P guide: AttentionMaskBuilder310 builds a [max_model_len, max_model_len]
         # float16 mask.
@@ -176,7 +197,7 @@ def make_budget(
                 f"on 310P set --max-model-len explicitly (vllm-ascend's 310P guide): the attention mask "
                 f"for the derived {max_model_len} tokens takes {format_gib(max_model_len * max_model_len * 2)}"
             )
-    margin = margin_bytes(options, device, model, layout)
+    margin = margin_bytes(options, device, layout, env)
     kv_per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
     if mtp and model.draft_layers:
         # The MTP layers are attention layers with their own KV cache (the draft model's KV cache spec).
@@ -208,6 +229,9 @@ def make_budget(
         weights=weights,
         activation=activation,
         margin=margin,
+        weight_terms=terms,
+        communicators=communicators(options, device, layout, env),
+        moe_dispatch=moe_dispatch,
         kv_per_token=kv_per_token,
         min_kv=min_kv,
         full_kv=min_kv * options.max_num_seqs,
@@ -226,7 +250,9 @@ def _choose_graphs(b: _Budget, mode: str) -> _GraphChoice:
     while True:
         streams = stream_plan(options, b.device, b.model, dict(b.env), mode, b.layout)
         first, per_size = (
-            graph_cost(b.model, mode, max(b.candidates), tp, b.dtype_bytes, b.layout) if mode != modes.NONE else (0, 0)
+            graph_cost(b.model, mode, max(b.candidates), tp, b.dtype_bytes, b.layout, b.moe_dispatch["decode"])
+            if mode != modes.NONE
+            else (0, 0)
         )
         caps: list[tuple[int, str]] = [(len(b.candidates), "")]
         if mode != modes.NONE:
@@ -356,6 +382,11 @@ def _memory_plan(
         full_kv_cache_bytes=b.full_kv,
         engine_gpu_memory_utilization=engine_util,
         graph_reserved_by=reserved_by,
+        weight_terms=b.weight_terms,
+        communication_bytes=sum(c.bytes for c in b.communicators),
+        communicators=b.communicators,
+        hccl_buffsize_mb=hccl_buffsize(b.options, b.env) if device.kind == "npu" else None,
+        moe_dispatch=b.moe_dispatch,
     )
 
 
@@ -399,7 +430,10 @@ def _layout_hint(model: ModelInfo, dtype: str, layout: Layout, mtp: bool, budget
             expert_parallel=ep,
             ep_size=moe_ranks if ep else 1,
             moe_tensor_parallel=1 if ep else moe_ranks,
-            experts_per_rank=-(-model.num_experts // moe_ranks) if ep and model.num_experts else None,
+            experts_per_rank=-(-(model.num_experts + layout.redundant_experts) // moe_ranks)
+            if ep and model.num_experts
+            else None,
+            redundant_experts=layout.redundant_experts if ep else 0,
         )
         weights = weights_per_device(model, dtype, trial, mtp, [])
         if weights < budget:

@@ -49,14 +49,18 @@ class StreamPlan:
     formula: str
 
 
-def graph_cost(model: ModelInfo, mode: str, largest: int, tp: int, dtype_bytes: int, layout: Layout) -> tuple[int, int]:
+def graph_cost(
+    model: ModelInfo, mode: str, largest: int, tp: int, dtype_bytes: int, layout: Layout, moe_mode: str | None = None
+) -> tuple[int, int]:
     """(first capture, each further size), estimated as vLLM's profile_cudagraph_memory measures them.
 
     The first (largest) capture allocates the graph pool: the activations of one decode step of
-    `largest` tokens. Each further size adds driver/graph bookkeeping: at least 1 MiB per graph
-    (vLLM's floor), a sub-graph per layer in piecewise mode. FULL_AND_PIECEWISE keeps both families.
+    `largest` tokens (MoE layers dispatched as `moe_mode`, see activation.moe_comm_mode). Each
+    further size adds driver/graph bookkeeping: at least 1 MiB per graph (vLLM's floor), a
+    sub-graph per layer in piecewise mode. FULL_AND_PIECEWISE keeps both families.
     """
-    first_one = activation_bytes(model, largest, tp, dtype_bytes, layout) - ACTIVATION_WORKSPACE + _GRAPH_POOL_OVERHEAD
+    step = activation_bytes(model, largest, tp, dtype_bytes, layout, moe_mode)
+    first_one = step - ACTIVATION_WORKSPACE + _GRAPH_POOL_OVERHEAD
     pieces = model.num_layers + 1
     piecewise = max(_PER_GRAPH_MIN, pieces * _PER_PIECE)
     if mode == modes.FULL_AND_PIECEWISE:

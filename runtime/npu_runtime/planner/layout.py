@@ -54,7 +54,9 @@ class Layout:
     ep_size: int
     moe_tensor_parallel: int
     experts_per_rank: int | None
-    """Routed experts one device holds (the busiest EP rank: ceil(experts / EP)); None for dense models."""
+    """Routed experts one device holds (the busiest EP rank: ceil((experts + redundant) / EP)); None for
+    dense models."""
+    redundant_experts: int
     per_node: tuple[NodeShare, ...]
 
     def to_dict(self) -> dict[str, Any]:
@@ -72,16 +74,22 @@ def make_layout(options: PlanOptions, device: DeviceInfo, model: ModelInfo, warn
     tp, pp, dp, nodes = options.tensor_parallel, options.pipeline_parallel, options.data_parallel, options.nodes
     moe_ranks = dp * tp if model.is_moe else 1
     ep = options.enable_expert_parallel and moe_ranks > 1
+    redundant = options.redundant_experts or 0
+    if redundant and not ep:
+        warnings.append(f"{redundant} redundant experts have no effect without expert parallelism (EPLB)")
     if options.enable_expert_parallel and not model.is_moe:
         warnings.append(f"--enable-expert-parallel has no effect: {model.architecture} has no experts")
     experts_per_rank = None
     if model.is_moe and model.num_experts:
         # vllm/model_executor/layers/fused_moe/layer.py determine_expert_map: the first
         # experts % EP ranks get one more expert.
-        experts_per_rank = -(-model.num_experts // moe_ranks) if ep else model.num_experts
-        if ep and model.num_experts % moe_ranks:
+        # vllm_ascend/ops/fused_moe/fused_moe.py: local_num_experts = (num_experts +
+        # global_redundant_expert_num) // ep_size (EPLB's redundant experts, with EP only).
+        physical = model.num_experts + (redundant if ep else 0)
+        experts_per_rank = -(-physical // moe_ranks) if ep else model.num_experts
+        if ep and physical % moe_ranks:
             warnings.append(
-                f"{model.num_experts} experts do not divide evenly over EP {moe_ranks}: the busiest rank holds "
+                f"{physical} experts do not divide evenly over EP {moe_ranks}: the busiest rank holds "
                 f"{experts_per_rank}"
             )
     local = dp // nodes if nodes > 1 else dp
@@ -107,6 +115,7 @@ def make_layout(options: PlanOptions, device: DeviceInfo, model: ModelInfo, warn
         ep_size=moe_ranks if ep else 1,
         moe_tensor_parallel=1 if ep else moe_ranks,
         experts_per_rank=experts_per_rank,
+        redundant_experts=redundant if ep else 0,
         per_node=per_node,
     )
 

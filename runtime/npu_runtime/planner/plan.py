@@ -105,7 +105,10 @@ class Plan:
             "max_capture_size": self.max_capture_size,
             "eager_decode_batches": list(self.eager_decode_batches) if self.eager_decode_batches else None,
             "downgrades": [dataclasses.asdict(d) for d in self.downgrades],
-            "memory": dataclasses.asdict(self.memory),
+            "memory": {
+                **dataclasses.asdict(self.memory),
+                "communicators": [dataclasses.asdict(c) for c in self.memory.communicators],
+            },
             "streams": dataclasses.asdict(self.streams),
             "vllm_args": list(self.vllm_args),
             "warnings": list(self.warnings),
@@ -304,6 +307,19 @@ def _validate(
         )
     if options.pipeline_parallel > model.num_layers:
         raise PlanError("pipeline_parallel", f"{options.pipeline_parallel} stages for {model.num_layers} layers")
+    if model.is_mla and model.quantized_kv_b_proj:
+        # vllm_ascend/attention/mla_v1.py process_weights_after_loading: "We currently do not
+        # support quant kv_b_proj" (asserts an UnquantizedLinearMethod); the engine would fail after
+        # loading every weight.
+        raise PlanError(
+            "quantization",
+            f"{MODELSLIM_DESCRIPTION} quantizes {model.quantized_kv_b_proj}; vllm-ascend's MLA attention needs "
+            "kv_b_proj unquantized (FLOAT): fix the description or requantize without it",
+        )
+    for field in ("hccl_buffsize", "redundant_experts"):
+        value = getattr(options, field)
+        if value is not None and value < (1 if field == "hccl_buffsize" else 0):
+            raise PlanError(field, f"must be a {'positive' if field == 'hccl_buffsize' else 'non-negative'} integer")
     if family == "310P" and model.is_mla:
         # vllm_ascend/_310p/model_runner_310p.py initialize_kv_cache_tensors:
         # "MLAAttention is not supported for 310P."
