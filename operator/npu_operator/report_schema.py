@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from npu_operator.calibration import CalibrationSection, parse_section
+
 # Bounds on what one report can hold.
 MAX_CAPTURES: Final = 64  # vLLM captures at most a few dozen batch sizes per mode
 MAX_REPLAY_ROWS: Final = 64
@@ -96,6 +98,8 @@ class RuntimeReport:
     eager_fallbacks: int = 0
     failure: Failure | None = None
     model: ModelProgress | None = None
+    calibration: CalibrationSection | None = None
+    """Estimated vs measured per memory term (npu_operator.calibration)."""
     dropped: int = 0
 
 
@@ -187,6 +191,7 @@ def parse_report(document: Any) -> RuntimeReport:
         eager_fallbacks=_fallbacks(read, document.get("eager_fallbacks")),
         failure=_failure(read, document.get("failure")),
         model=parse_model_progress(document.get("model"), read),
+        calibration=parse_section(document.get("calibration")),
         dropped=read.dropped,
     )
 

@@ -16,6 +16,7 @@ from typing import Final
 from npu_runtime.contract import GIB, PlanOptions, format_gib
 from npu_runtime.planner import modes, sizes
 from npu_runtime.planner.activation import activation_bytes, mc2_capacity, moe_comm_mode, sampler_bytes
+from npu_runtime.planner.calibration import Calibration
 from npu_runtime.planner.communication import Communicator, communicators, hccl_buffsize
 from npu_runtime.planner.graphs import StreamPlan, graph_cost, graph_reserved_by, stream_plan
 from npu_runtime.planner.kv import kv_sequence_bytes
@@ -113,6 +114,7 @@ class _Budget:
     weight_terms: WeightTerms
     communicators: tuple[Communicator, ...]
     moe_dispatch: dict[str, str | None]
+    calibrated: Calibration | None
     kv_per_token: int
     min_kv: int
     """One sequence of max_model_len."""
@@ -160,6 +162,7 @@ def make_budget(
     resolve_mode: bool,
     layout: Layout,
     warnings: list[str],
+    calibrated: Calibration | None = None,
 ) -> _Budget:
     """The fixed terms: weights, activation, margin and the KV cache one sequence needs.
 
@@ -174,6 +177,9 @@ def make_budget(
     mtp = options.speculative_method in MTP_METHODS and options.speculative_tokens > 0
     terms = weight_terms(model, dtype, layout, mtp, warnings)
     weights = terms.total
+    measured_weights = calibrated.with_margin("weights_bytes") if calibrated else None
+    if measured_weights is not None:
+        weights = measured_weights  # the engine's model_memory_usage after load, plus the margin
     if weights > total:
         raise DoesNotFitError(
             f"the weights alone do not fit: {format_gib(weights)} per device ({format_gib(model.weight_bytes)} in all, "
@@ -232,6 +238,7 @@ def make_budget(
         weight_terms=terms,
         communicators=communicators(options, device, layout, env),
         moe_dispatch=moe_dispatch,
+        calibrated=calibrated,
         kv_per_token=kv_per_token,
         min_kv=min_kv,
         full_kv=min_kv * options.max_num_seqs,
@@ -254,6 +261,10 @@ def _choose_graphs(b: _Budget, mode: str) -> _GraphChoice:
             if mode != modes.NONE
             else (0, 0)
         )
+        if b.calibrated and mode != modes.NONE:
+            # Measured by the observer (capture memory per size): the largest capture and the increment.
+            first = b.calibrated.with_margin("graph_first_capture_bytes") or first
+            per_size = b.calibrated.with_margin("graph_per_size_bytes") or per_size
         caps: list[tuple[int, str]] = [(len(b.candidates), "")]
         if mode != modes.NONE:
             room = b.budget - b.fixed - b.min_kv - first
@@ -373,7 +384,9 @@ def _memory_plan(
         activation_bytes=b.activation,
         margin_bytes=b.margin,
         free_bytes=device.free_bytes,
-        weights_source=b.model.weight_source,
+        weights_source="calibration"
+        if b.calibrated and "weights_bytes" in b.calibrated.measured
+        else b.model.weight_source,
         graph_first_capture_bytes=choice.first,
         graph_per_size_bytes=choice.per_size,
         kv_bytes_per_token=b.kv_per_token,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from npu_runtime.contract import DEVICE_KINDS, GRAPH_MODES, PlanError, PlanOptions
-from npu_runtime.planner import modes, sizes
+from npu_runtime.planner import calibration, modes, sizes
 from npu_runtime.planner.fit import DoesNotFitError, MemoryPlan, fit_budget, make_budget
 from npu_runtime.planner.graphs import DEFAULT_STREAM_BUDGET, DEVICE_STREAMS, StreamPlan
 from npu_runtime.planner.layout import Layout, NodeShare, make_layout, node_engine_args
@@ -95,6 +95,8 @@ class Plan:
     layout: Layout
     quantization: str | None
     """The --quantization vLLM gets (requested, else detected from the checkpoint)."""
+    calibration: dict[str, Any]
+    """The calibration key of this plan, whether a record applied, which measured figures it used."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +124,7 @@ class Plan:
             "data_parallel": self.data_parallel,
             "layout": self.layout.to_dict(),
             "quantization": self.quantization,
+            "calibration": self.calibration,
             "device": dataclasses.asdict(self.device),
             "model": self.model.summary(),
         }
@@ -141,8 +144,16 @@ def plan_for(
     """
     model = inspect_model(model_path)
     device = device_from_options(options)
+    record = calibration.load_record(options.calibration) if options.calibration else None
+    identity = (calibration.config_digest(model_path), calibration.engine_release())
     return make_plan(
-        options, device, model, resolve_mode=resolve_mode, environ=os.environ if environ is None else environ
+        options,
+        device,
+        model,
+        resolve_mode=resolve_mode,
+        environ=os.environ if environ is None else environ,
+        calibration_record=record,
+        identity=identity,
     )
 
 
@@ -153,8 +164,13 @@ def make_plan(
     *,
     resolve_mode: bool = True,
     environ: Mapping[str, str] | None = None,
+    calibration_record: calibration.Calibration | None = None,
+    identity: tuple[str | None, str | None] = (None, None),
 ) -> Plan:
     """The plan for `model` on `device`. Pure.
+
+    `calibration_record` (an earlier engine's measurements, `calibration`) replaces estimates when
+    its key equals this plan's; `identity` is the (config digest, engine release) part of the key.
 
     resolve_mode=False: the requested mode goes to the engine unchanged (serve's
     --engine-resolves-mode); the rules' expected downgrades become warnings and the capture
@@ -186,6 +202,37 @@ def make_plan(
     q = 1 + options.speculative_tokens
     ceiling, candidates = _candidate_sizes(options, mode, q, warnings)
     batched_tokens = _batched_tokens(options, ceiling)
+    key = calibration.plan_key(
+        config_digest=identity[0] or "",
+        quantization=quantization,
+        device_name=device.name,
+        layout=layout,
+        engine=identity[1] or "",
+    )
+    calibrated = _calibrated(calibration_record, key, warnings)
+    calibration_report: dict[str, Any] = {
+        "key": key,
+        "record": "none" if calibration_record is None else "applied" if calibrated else "other-key",
+        "margin": calibration.MARGIN,
+        "measured_used": sorted(calibrated.measured) if calibrated else [],
+        "capped_below": None,
+    }
+    if calibrated and calibrated.failed_size is not None and mode != modes.NONE:
+        below = tuple(size for size in candidates if size < calibrated.failed_size)
+        cause = "out of memory" if calibrated.failed_class == "GraphCaptureOutOfMemory" else "out of streams"
+        calibration_report["capped_below"] = calibrated.failed_size
+        target = mode if below else modes.NONE
+        downgrades.append(
+            Downgrade(
+                mode,
+                target,
+                "CaptureFailedBefore",
+                f"an earlier engine ran {cause} ({calibrated.failed_class}) capturing size "
+                f"{calibrated.failed_size}: capture sizes capped below it"
+                + ("" if below else f"; none is left, {mode} -> {modes.NONE}"),
+            )
+        )
+        candidates, mode = below, target
 
     fit_warnings: list[str] = []
     budget = make_budget(
@@ -201,6 +248,7 @@ def make_plan(
         resolve_mode=resolve_mode,
         layout=layout,
         warnings=fit_warnings,
+        calibrated=calibrated,
     )
     fit = fit_budget(budget, mode, fit_warnings)
     warnings += fit.warnings
@@ -246,7 +294,21 @@ def make_plan(
         data_parallel=options.data_parallel,
         layout=layout,
         quantization=quantization,
+        calibration=calibration_report,
     )
+
+
+def _calibrated(
+    record: calibration.Calibration | None, key: dict[str, str | None], warnings: list[str]
+) -> calibration.Calibration | None:
+    """The record when its key is this plan's; a warning when it is another key's."""
+    if record is None:
+        return None
+    if record.key != key:
+        differs = ", ".join(f"{k} {record.key.get(k)!r} != {key.get(k)!r}" for k in key if record.key.get(k) != key[k])
+        warnings.append(f"the calibration record is for another key ({differs}): estimates used")
+        return None
+    return record
 
 
 def _validate(
