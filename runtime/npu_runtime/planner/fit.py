@@ -324,6 +324,9 @@ def _kv_cache(b: _Budget, graph_bytes: int, warnings: list[str]) -> tuple[int, i
     backend's VLLM_CPU_KVCACHE_SPACE caps it below that.
     """
     kv_cache = b.budget - b.fixed - graph_bytes
+    measured_kv = b.calibrated.measured.get("kv_cache_bytes") if b.calibrated else None
+    if measured_kv is not None and b.min_kv <= measured_kv < kv_cache:
+        kv_cache = measured_kv  # what the engine allocated for this key: never promise more
     cpu_space = b.env.get("VLLM_CPU_KVCACHE_SPACE", "")
     if b.device.kind == "cpu" and cpu_space.isdigit() and int(cpu_space) > 0:
         # vllm/platforms/cpu.py: VLLM_CPU_KVCACHE_SPACE (GiB) becomes kv_cache_memory_bytes.
