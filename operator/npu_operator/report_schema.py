@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from npu_operator.calibration import CalibrationSection, parse_section
+
 # Bounds on what one report can hold.
 MAX_CAPTURES: Final = 64  # vLLM captures at most a few dozen batch sizes per mode
 MAX_REPLAY_ROWS: Final = 64
@@ -100,6 +102,8 @@ class RuntimeReport:
     # Which node of a multi-node replica the runtime runs (its --node-rank) and its DP ranks.
     node_rank: int | None = None
     data_parallel_ranks: tuple[int, ...] = ()
+    calibration: CalibrationSection | None = None
+    """Estimated vs measured per memory term (npu_operator.calibration)."""
     dropped: int = 0
 
 
@@ -197,6 +201,7 @@ def parse_report(document: Any) -> RuntimeReport:
         model=parse_model_progress(document.get("model"), read),
         node_rank=node_rank,
         data_parallel_ranks=tuple(sorted({rank for rank in ranks if rank is not None})),
+        calibration=parse_section(document.get("calibration")),
         dropped=read.dropped,
     )
 

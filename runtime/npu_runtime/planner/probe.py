@@ -49,6 +49,20 @@ _NPU_ROW = re.compile(r"^\|\s*(\d+)\s+([A-Za-z0-9][\w.-]*[A-Za-z][\w.-]*)\s*\|\s
 _CHIP_ROW = re.compile(r"^\|\s*\d+\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|")
 _USED_TOTAL = re.compile(r"(\d+)\s*/\s*(\d+)")
 
+# Usable memory per device as torch_npu reports it (`torch.npu.mem_get_info`), by device family
+# and nominal size: what an offline plan for a named device assumes. The in-pod probe stays the
+# truth; --device-memory overrides both. Figures as the engine logs them (two decimals, GiB):
+# - A3 (Ascend910_93xx, 64 GB per die): 61.27 GiB. vllm-ascend's NPUWorker logs "Free memory on
+#   device (60.89/61.27 GiB) on startup" (vllm_ascend/worker/worker.py determine_available_memory);
+#   every A3 log quoted in public issues shows the same total.
+# - A2 64 GB (Ascend910B1/B2/B3): 60.96 GiB. torch_npu's OOM message "60.96 GiB total capacity" in
+#   vllm-ascend issues #1670 (910B), #1127 (910B2, DeepSeek-R1-W8A8) and #6611.
+# Devices not listed (910B4 32 GB, 310P, 950) need --device-memory or the probe.
+USABLE_MEMORY: Final[tuple[tuple[str, int], ...]] = (
+    ("A3", round(61.27 * (1 << 30))),
+    ("A2-64GB", round(60.96 * (1 << 30))),
+)
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -107,6 +121,18 @@ def device_from_options(options: PlanOptions) -> DeviceInfo:
         # Only the given kind's sources: asking torch.cuda (or waiting for torch_npu) for a kind
         # that was not asked for costs seconds to minutes per plan.
         found = probe_kind(options.device_kind)
+        usable = usable_memory(options.device_kind, options.device_name)
+        if found is None and usable is not None and options.device_name is not None:
+            # Off the device: a named device plans with what torch_npu reports for it.
+            return DeviceInfo(
+                kind=options.device_kind,
+                name=options.device_name,
+                count=options.device_count
+                or options.tensor_parallel * options.pipeline_parallel * options.data_parallel,
+                total_bytes=usable,
+                free_bytes=None,
+                source="device-table",
+            )
         if found is None:
             raise DeviceError(
                 "device_memory",
@@ -124,6 +150,16 @@ def device_from_options(options: PlanOptions) -> DeviceInfo:
     if not changes:
         return probed
     return dataclasses.replace(probed, source=f"{probed.source}+override", **changes)  # type: ignore[arg-type]
+
+
+def usable_memory(kind: str, name: str | None) -> int | None:
+    """Bytes torch_npu reports for a named NPU (`USABLE_MEMORY`); None when the name is not known."""
+    if kind != "npu" or not name:
+        return None
+    family = device_family(DeviceInfo(kind, name, 1, 1, None, "name"))
+    lowered = name.lower()
+    key = "A3" if family == "A3" else "A2-64GB" if family == "A2" and re.search(r"910b[123]", lowered) else None
+    return dict(USABLE_MEMORY).get(key) if key else None
 
 
 # -- the attempts ------------------------------------------------------------------------------------

@@ -21,8 +21,10 @@ the model does not fit, 1 for other failures before the engine ran.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import io
+import json
 import os
 import signal
 import socket
@@ -101,9 +103,16 @@ def make_serve_plan(options: ServeOptions, environ: Mapping[str, str] | None = N
 
     check_model_path(options.model)
     engine_environ = {**ASCEND_RECOMMENDED_ENV, **(os.environ if environ is None else environ)}
+    plan_options = options.plan
+    if plan_options.redundant_experts is None and options.additional_config:
+        # vllm_ascend/ascend_config.py: additional_config["eplb_config"]["num_redundant_experts"].
+        eplb = json.loads(options.additional_config).get("eplb_config")
+        redundant = eplb.get("num_redundant_experts") if isinstance(eplb, dict) else None
+        if isinstance(redundant, int) and not isinstance(redundant, bool) and redundant > 0:
+            plan_options = dataclasses.replace(plan_options, redundant_experts=redundant)
     try:
         return plan_for(
-            options.plan, options.model, resolve_mode=not options.engine_resolves_mode, environ=engine_environ
+            plan_options, options.model, resolve_mode=not options.engine_resolves_mode, environ=engine_environ
         )
     except ModelError as exc:
         raise ServeError(Failure(failures.MODEL_INVALID, str(exc)), EXIT_INVALID) from exc

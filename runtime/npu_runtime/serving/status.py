@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from npu_runtime import metrics, reports
+from npu_runtime.serving import measured
 from npu_runtime.serving.failures import Failure
 
 STATES: Final = ("starting", "loading", "capturing", "ready", "failed", "stopping")
@@ -222,6 +223,9 @@ class RuntimeStatus:
             "failure": failure.to_dict() if failure is not None else None,
             "engine": {"pid": pid, "exit_code": exit_code, "vllm_version": view.vllm_version},
             "memory": memory,
+            "calibration": measured.calibration_section(
+                plan.plan, view.captures, view.memory, failure.to_dict() if failure is not None else None
+            ),
             "instrumentation_errors": dict(sorted(view.errors.items())),
             "observer": {"processes": view.processes},
         }
