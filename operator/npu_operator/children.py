@@ -179,6 +179,20 @@ def taken_fields(live: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
     return any(_taken(ours, fields, body) for fields in theirs)
 
 
+def managed_fields_to_keep(entries: Any) -> list[Any] | None:
+    """What `taken_fields` needs of a live child's `managedFields` (None: nothing).
+
+    Only writes by another manager can take a field; while our own apply is the only writer of
+    the main resource (status writes are subresource entries, never read), `taken_fields` is
+    False with or without the entries, so a watch cache keeps none: our apply's entry mirrors the
+    whole manifest (a pod template) and was most of what a settled child cost in memory.
+    """
+    kept = [e for e in entries or () if isinstance(e, Mapping) and not e.get("subresource")]
+    if all(e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply" for e in kept):
+        return None
+    return kept
+
+
 def _taken(ours: Mapping[str, Any] | None, theirs: Mapping[str, Any], desired: Any) -> bool:
     if isinstance(desired, Mapping) and desired:
         for key, sub in theirs.items():

@@ -62,6 +62,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # early backs off in the login session's WatchThrottle (see `supervision`).
     settings.watching.reconnect_backoff = 1.0
     # The worker is the only status writer: no finalizers needed, children go by owner references.
+    # The CRD's schema (its defaults) is read here, not by the first resource's spec check.
+    crd.load_crd()
     memo.wakeups = watches.Wakeups()
     memo.seen_children = watches.SeenChildren()
     memo.client = client.KubeClient(lambda: client.connection_info(settings, logger))

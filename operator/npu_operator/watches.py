@@ -123,7 +123,7 @@ class WatchedView:
 
 # What the reconcile reads of a child and of a pod; the rest (a child's spec, most of all the pod
 # template) is not kept, so 1,000 resources fit in little memory.
-_CHILD_METADATA: Final = ("name", "namespace", "uid", "generation", "labels", "ownerReferences", "managedFields")
+_CHILD_METADATA: Final = ("name", "namespace", "uid", "generation", "labels", "ownerReferences")
 _POD_METADATA: Final = ("name", "namespace", "uid", "labels", "deletionTimestamp", "ownerReferences")
 _LINK_METADATA: Final = ("name", "namespace", "uid", "ownerReferences")
 
@@ -134,6 +134,8 @@ def essentials(body: Mapping[str, Any], *, pod: bool = False) -> dict[str, Any]:
     kept: dict[str, Any] = {key: meta[key] for key in (_POD_METADATA if pod else _CHILD_METADATA) if key in meta}
     if not pod and (digest := (meta.get("annotations") or {}).get(children.DIGEST_ANNOTATION)) is not None:
         kept["annotations"] = {children.DIGEST_ANNOTATION: digest}
+    if not pod and (managed := children.managed_fields_to_keep(meta.get("managedFields"))) is not None:
+        kept["managedFields"] = managed
     # Parts of the event's own object (kopf does not change it afterwards), not copies.
     result: dict[str, Any] = {"metadata": kept, "status": body.get("status") or {}}
     if pod:
