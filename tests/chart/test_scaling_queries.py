@@ -35,7 +35,7 @@ def labels(namespace: str, resource: str, pod: str, engine: str) -> str:
 def scaled_object() -> dict[str, Any]:
     manifest = example("qwen2.5-7b-910b.yaml")
     manifest["metadata"]["uid"] = "u"
-    spec, problems = read_spec(manifest)
+    spec, problems = read_spec(manifest, OperatorConfig())
     assert spec is not None and not problems
     objects = adopted_children(manifest, spec, OperatorConfig(), builders.Capabilities.everything())
     return next(o for o in objects if o["kind"] == "ScaledObject")

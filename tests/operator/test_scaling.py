@@ -34,7 +34,7 @@ DEEPSEEK = "deepseek-r1-w8a8-2node.yaml"
 
 def render(manifest: dict[str, Any], capabilities: builders.Capabilities | None = None) -> list[dict[str, Any]]:
     manifest["metadata"].setdefault("uid", UID)
-    spec, problems = read_spec(manifest)
+    spec, problems = read_spec(manifest, CONFIG)
     assert spec is not None and not problems, problems
     return adopted_children(manifest, spec, CONFIG, capabilities or builders.Capabilities.everything())
 
@@ -183,11 +183,11 @@ def test_without_keda_or_the_inference_extension_the_status_says_so_and_nothing_
 def test_an_explicit_target_above_the_captured_batch_is_refused_with_the_field() -> None:
     manifest = autoscaled(QWEN, runningRequestsPerReplica=49)
     del manifest["spec"]["routing"]
-    _, problems = read_spec(manifest)
+    _, problems = read_spec(manifest, CONFIG)
     assert [p.field for p in problems] == ["spec.autoscaling.runningRequestsPerReplica"]
     assert "48" in problems[0].message
     manifest["spec"]["autoscaling"]["runningRequestsPerReplica"] = 48
-    assert read_spec(manifest)[1] == []
+    assert read_spec(manifest, CONFIG)[1] == []
 
 
 def test_explicit_capture_sizes_lower_the_target() -> None:
@@ -303,7 +303,7 @@ def test_scale_to_zero_is_refused_without_routing(min_replicas: int, routing: bo
     refused = min_replicas == 0 and not routing
     cel = [e for e in crd.validate(manifest) if "scale to zero" in e]
     assert bool(cel) == refused
-    fields = [p.field for p in read_spec(manifest)[1]]
+    fields = [p.field for p in read_spec(manifest, CONFIG)[1]]
     assert ("spec.autoscaling.minReplicas" in fields) == refused
 
 
