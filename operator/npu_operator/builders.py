@@ -26,6 +26,7 @@ from npu_runtime.contract import (
 
 from npu_operator import crd, routing, scaling
 from npu_operator.api import HUB_MODEL_DIR, HUB_MODEL_PATH, NPUInferenceSpec
+from npu_operator.calibration import RECORD_FILE, RECORD_MOUNT, configmap_name
 from npu_operator.config import OperatorConfig
 
 JSON = dict[str, Any]
@@ -38,6 +39,9 @@ SHM_VOLUME: Final = "dshm"
 # Hub sources: the init container that downloads into the cache volume and links the revision.
 FETCH_CONTAINER_NAME: Final = "fetch-model"
 MODEL_LINK_VOLUME: Final = "model-link"
+# The resource's calibration record (a ConfigMap the status loop writes; optional: a missing one,
+# or a missing file in it, means no record yet and the runtime plans from its estimates).
+CALIBRATION_VOLUME: Final = "calibration"
 TOKEN_ENV: Final = "NPU_MODEL_TOKEN"  # npu_runtime.fetch.download.TOKEN_ENV (the runtime is not imported for it)
 CHIP_LABEL: Final = "node.kubernetes.io/npu.chip.name"
 # The runtime drains in-flight requests on SIGTERM; the kubelet's grace period must cover it.
@@ -229,7 +233,7 @@ def runtime_args(spec: NPUInferenceSpec) -> list[str]:
         served_model_name=spec.model.name,
         port=HTTP_PORT,
         metrics_port=METRICS_PORT,
-        plan=plan_options(spec),
+        plan=dataclasses.replace(plan_options(spec), calibration=f"{RECORD_MOUNT}/{RECORD_FILE}"),
         # The runtime drains for this long after SIGTERM, then kills the engine: inside the grace period.
         shutdown_timeout=TERMINATION_GRACE_SECONDS - 10,
         extra_engine_args=spec.engine.extra_args,
@@ -312,7 +316,7 @@ def _pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> 
     template = spec.template
     pod_spec: JSON = {
         "containers": [_literal_container(_container(spec, config))],
-        "volumes": _volumes(spec),
+        "volumes": [*_volumes(spec), calibration_volume(name)],
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         # Service links put one variable per Service into every pod; vLLM reads VLLM_PORT, which a
         # Service named "vllm" would set to tcp://..., so keep them out.
@@ -483,10 +487,20 @@ def _volume_mounts(spec: NPUInferenceSpec) -> list[JSON]:
     model_mount: JSON = {"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True}
     if spec.model.claim is not None and spec.model.claim.sub_path:
         model_mount["subPath"] = spec.model.claim.sub_path
-    mounts = [model_mount, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    mounts = [
+        model_mount,
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        {"name": CALIBRATION_VOLUME, "mountPath": RECORD_MOUNT, "readOnly": True},
+    ]
     if spec.model.hub is not None:
         mounts.append({"name": MODEL_LINK_VOLUME, "mountPath": HUB_MODEL_DIR, "readOnly": True})
     return mounts
+
+
+def calibration_volume(name: str) -> JSON:
+    """The calibration record's ConfigMap as an optional volume: the pods start before it exists.
+    A directory mount (no subPath), so the kubelet keeps it current for the next restart."""
+    return {"name": CALIBRATION_VOLUME, "configMap": {"name": configmap_name(name), "optional": True}}
 
 
 def build_cache_claim(namespace: str, spec: NPUInferenceSpec) -> JSON | None:

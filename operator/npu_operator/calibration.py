@@ -18,6 +18,12 @@ Trust (what pods say is untrusted input):
   (the model, device or engine changed), the same key updates it;
 - a capture failure only ever lowers the cap (the smallest failed size is kept), so a pod that
   lies about a failure can make its own resource capture fewer sizes, never more.
+
+The status loop (`reconcile.store_calibration`) folds the current reports of the resource's own
+pods into the stored record with `fold_record` each tick and applies the ConfigMap only when the
+record changed; `graph_section` is what `status.graph.calibration` shows. The ConfigMap is not part
+of the pod template (only its name is), so a new record never rolls the pods: the next pod that
+starts (a restart, a rollout, a scale out) plans with it.
 """
 
 from __future__ import annotations
@@ -26,21 +32,34 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from npu_runtime.planner.calibration import CAPTURE_FAILURE_CLASSES, KEY_FIELDS, MAX_FIGURE, MEASURED_FIGURES, SCHEMA
+from npu_runtime.planner.calibration import (
+    CAPTURE_FAILURE_CLASSES,
+    KEY_FIELDS,
+    MAX_FIGURE,
+    MAX_RECORD_BYTES,
+    MEASURED_FIGURES,
+    SCHEMA,
+)
+
+from npu_operator.children import CALIBRATION_RECORD
 
 __all__ = [
+    "MAX_RECORD_BYTES",
     "RECORD_FILE",
     "RECORD_MOUNT",
     "CalibrationSection",
     "configmap",
     "configmap_name",
+    "fold_record",
+    "graph_section",
     "merge_record",
     "parse_section",
     "ratios",
     "spec_layout",
+    "stored_record",
 ]
 
 RECORD_FILE: Final = "record.json"
@@ -120,6 +139,63 @@ def merge_record(
     return {"schema": SCHEMA, "key": dict(section.key), "measured": measured, "capture_failure": failure}
 
 
+def fold_record(
+    previous: Mapping[str, Any] | None,
+    sections: Sequence[CalibrationSection],
+    layout: tuple[int, int, int, int],
+) -> dict[str, Any] | None:
+    """The record after the pods' current `sections` (in pod-name order), from the stored
+    `previous`: each section merged in turn (`merge_record`); None while there is none to keep."""
+    record = dict(previous) if previous is not None else None
+    for section in sections:
+        merged = merge_record(record, section, layout)
+        if merged is not None:
+            record = merged
+    return record
+
+
+def stored_record(configmap: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The record a live ConfigMap holds; None when there is none or it is not one (a hand edit):
+    the next report then writes a fresh one. Never raises."""
+    text = ((configmap or {}).get("data") or {}).get(RECORD_FILE)
+    if not isinstance(text, str) or len(text) > MAX_RECORD_BYTES:
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA or not isinstance(record.get("key"), dict):
+        return None
+    return record
+
+
+def graph_section(
+    sections: Sequence[CalibrationSection], record: Mapping[str, Any] | None, resource: str
+) -> dict[str, Any] | None:
+    """`status.graph.calibration`: the stored record (its ConfigMap, layout, the measured figures
+    it holds, a failed capture size) and measured / estimated per term, the largest over the pods
+    (the term the plan underestimated most), to 3 significant digits so that a steady engine
+    costs no status write."""
+    if record is None and not sections:
+        return None
+    worst: dict[str, float] = {}
+    for section in sections:
+        for name, ratio in ratios(section).items():
+            worst[name] = max(worst.get(name, 0.0), ratio)
+    shown: dict[str, Any] = {}
+    if worst:
+        shown["ratios"] = {name: float(f"{ratio:.3g}") for name, ratio in sorted(worst.items())}
+    if record is not None:
+        shown["record"] = configmap_name(resource)
+        shown["layout"] = str(record["key"].get("layout"))
+        shown["measured"] = sorted(record.get("measured") or {})
+        failure = record.get("capture_failure")
+        if isinstance(failure, Mapping):
+            shown["cappedBelow"] = int(failure["size"])
+            shown["captureFailure"] = str(failure["error_class"])
+    return shown or None
+
+
 def ratios(section: CalibrationSection) -> dict[str, float]:
     """measured / estimated per term, for status.graph (rounded to 4 digits)."""
     return {
@@ -130,7 +206,8 @@ def ratios(section: CalibrationSection) -> dict[str, float]:
 
 
 def configmap_name(resource: str) -> str:
-    return f"{resource}-calibration"
+    """`<resource>-calibration`, shortened like every child's name (`children.ChildKind.child_name`)."""
+    return CALIBRATION_RECORD.child_name(resource)
 
 
 def configmap(resource: str, namespace: str, labels: Mapping[str, str], record: Mapping[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,10 @@ class ChildKind:
     # The optional kind this child is only useful with: skipped, without a note of its own, where
     # that kind's API is not served (the endpoint picker's objects without the InferencePool API).
     needs: str | None = None
+    # Written from the pods' runtime reports by the status loop (`reconcile.store_calibration`),
+    # not built from the spec: the spec-driven apply/delete pass leaves it alone, and it lives as
+    # long as its owner (garbage-collected with it).
+    from_reports: bool = False
 
     @property
     def kind(self) -> str:
@@ -93,6 +97,10 @@ PICKER_SERVICE: Final = _picker(SERVICE.resource)
 HTTP_ROUTE: Final = ChildKind(
     Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"), optional=True, needs="InferencePool"
 )
+# What the resource's pods measured, handed to its later pods (see `calibration`).
+CALIBRATION_RECORD: Final = ChildKind(
+    Resource("", "v1", "configmaps", "ConfigMap"), suffix="-calibration", from_reports=True
+)
 # In apply order.
 KINDS: Final = (
     DEPLOYMENT,
@@ -109,6 +117,7 @@ KINDS: Final = (
     PICKER_SERVICE,
     INFERENCE_POOL,
     HTTP_ROUTE,
+    CALIBRATION_RECORD,
 )
 # The kinds that run the pods: one of them per resource, chosen by spec.npu.nodes.
 WORKLOADS: Final = (DEPLOYMENT, LEADER_WORKER_SET)

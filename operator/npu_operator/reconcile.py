@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from npu_operator import aggregate, builders, children, ownership, scaling, status
+from npu_operator import aggregate, builders, calibration, children, ownership, scaling, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.children import ChildKind, Step
 from npu_operator.client import PERSISTENT_VOLUME_CLAIMS, ApiError, KubeClient
@@ -39,8 +39,9 @@ JSON = dict[str, Any]
 class LiveView(Protocol):
     """Where the reconcile reads the cluster (`watches.WatchedView`: kopf's watch caches)."""
 
-    def child(self, kind: ChildKind, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The live child, as last seen by the watch (only objects labelled as ours are seen)."""
+    def child(self, kind: ChildKind, namespace: str, owner: str) -> Mapping[str, Any] | None:
+        """The live child of `kind` of the resource named `owner`, as last seen by the watch (only
+        objects labelled as ours are seen)."""
 
     def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]: ...
 
@@ -183,11 +184,11 @@ async def reconcile(
     notes = list(desired.notes)
     live_workload: Mapping[str, Any] | None = None
     for kind in children.KINDS:
-        if kind.optional and kind.kind not in served:
+        if (kind.optional and kind.kind not in served) or kind.from_reports:
             continue
         child_name = kind.child_name(name)
         manifest = desired.manifests.get(kind.key)
-        live = view.child(kind, namespace, child_name)
+        live = view.child(kind, namespace, name)
         if live is not None and not children.owned_by(live, uid):
             conflicts.append(f"{kind.kind} {namespace}/{child_name}")
             continue
@@ -231,6 +232,11 @@ async def reconcile(
 
     pods = own_pods(view, namespace, name, live_workload)
     reports = await collector.collect(uid, pods) if collector is not None else []
+    calibrated, stored, why_not = await store_calibration(body, client, view, spec, reports)
+    if stored is not None:
+        applied_steps.append(stored)
+    if why_not is not None:
+        notes.append(why_not)
     graph = aggregate.graph_status(
         spec.graph.mode,
         reports,
@@ -239,6 +245,8 @@ async def reconcile(
         same_generation=previous.get("observedGeneration") == generation,
         nodes=spec.npu.nodes,
     )
+    if calibrated is not None:
+        graph["calibration"] = calibrated
     groups = aggregate.group_findings(pods, reports, spec.npu.nodes, previous.get("graph", {}), spec.replicas)
     if restarting := aggregate.restarting_groups(groups):
         graph["restartingGroups"] = restarting
@@ -283,6 +291,65 @@ async def ensure_cache_claim(client: KubeClient, namespace: str, claim: JSON) ->
         await client.apply(PERSISTENT_VOLUME_CLAIMS, namespace, claim, force=False)
 
 
+async def store_calibration(
+    body: Mapping[str, Any],
+    client: KubeClient,
+    view: LiveView,
+    spec: NPUInferenceSpec,
+    reports: Sequence[aggregate.PodReport],
+) -> tuple[JSON | None, Step | None, str | None]:
+    """Fold the current calibration sections of the resource's own pods into its stored record
+    (`calibration.fold_record`: the trust rules) and apply the record's ConfigMap when it changed.
+
+    Returns `status.graph.calibration`, the write made (None: none was needed) and, when the
+    record could not be written, a note saying why: the pods serve on with their estimates.
+    """
+    meta = body["metadata"]
+    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    kind = children.CALIBRATION_RECORD
+    child_name = kind.child_name(name)
+    live = view.child(kind, namespace, name)
+    if live is not None and not children.owned_by(live, uid):
+        return None, None, f"calibration not kept: {kind.kind} {namespace}/{child_name} is not ours, left alone"
+    sections = [r.current.calibration for r in reports if r.current is not None and r.current.calibration is not None]
+    layout = calibration.spec_layout(
+        spec.parallelism.tensor, spec.parallelism.pipeline, spec.parallelism.data, spec.npu.nodes
+    )
+    record = calibration.fold_record(calibration.stored_record(live), sections, layout)
+    shown = calibration.graph_section(sections, record, name)
+    if record is None:
+        return shown, None, None
+    manifest = children.stamped(adopt(body, calibration.configmap(name, namespace, builders.labels(name), record)))
+    step = children.plan(kind, child_name, manifest, live, uid)
+    if step is None:
+        return shown, None, None
+    try:
+        await _execute(step, client, namespace, uid)
+    except ForeignChild:
+        return shown, None, f"calibration not kept: {kind.kind} {namespace}/{child_name} is not ours, left alone"
+    except ApiError as exc:
+        if exc.transient:
+            raise
+        return (
+            shown,
+            None,
+            f"calibration not kept: {step.action} {kind.kind} {namespace}/{child_name}: {_api_message(exc)}",
+        )
+    return shown, step, None
+
+
+def adopt(body: Mapping[str, Any], child: JSON) -> JSON:
+    """`child`, owned by `body` (owner reference, namespace, the owner's labels): garbage-collected with it."""
+    meta = body["metadata"]
+    owner = {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "metadata": {**meta, "namespace": meta.get("namespace", "default")},
+    }
+    kopf.adopt(child, owner=owner)  # type: ignore[arg-type]
+    return child
+
+
 def adopted_children(
     body: Mapping[str, Any],
     spec: NPUInferenceSpec,
@@ -292,16 +359,10 @@ def adopted_children(
 ) -> list[JSON]:
     """The desired children, owned by `body` (owner references, namespace, the owner's labels)."""
     meta = body["metadata"]
-    namespace = meta.get("namespace", "default")
-    owner = {
-        "apiVersion": body["apiVersion"],
-        "kind": body["kind"],
-        "metadata": {**meta, "namespace": namespace},
-    }
-    built = builders.build_children(meta["name"], namespace, spec, config, capabilities, startup_seconds)
-    for child in built:
-        kopf.adopt(child, owner=owner)  # type: ignore[arg-type]
-    return built
+    built = builders.build_children(
+        meta["name"], meta.get("namespace", "default"), spec, config, capabilities, startup_seconds
+    )
+    return [adopt(body, child) for child in built]
 
 
 def _result(

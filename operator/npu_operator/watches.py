@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import kopf
 
-from npu_operator import builders, children
+from npu_operator import builders, calibration, children
 from npu_operator.children import ChildKind
 from npu_operator.client import PODS, REPLICA_SETS, STATEFUL_SETS, Resource
 
@@ -106,9 +106,12 @@ class WatchedView:
         self._pods: kopf.Index[OwnerKey, Any] = indexes[POD_INDEX]
         self._links: list[kopf.Index[OwnerKey, Any]] = [indexes[index] for index in LINK_INDEXES.values()]
 
-    def child(self, kind: ChildKind, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def child(self, kind: ChildKind, namespace: str, owner: str) -> Mapping[str, Any] | None:
+        # Indexed under the owner's name label; a child with a suffix (`-epp`, `-calibration`) is
+        # found there by its own name.
         index = self._children.get(kind)
-        found = index.get((namespace, name), ()) if index is not None else self._seen.get(kind, (namespace, name))
+        found = index.get((namespace, owner), ()) if index is not None else self._seen.get(kind, (namespace, owner))
+        name = kind.child_name(owner)
         for obj in found:
             if obj.get("metadata", {}).get("name") == name:
                 return dict(obj)
@@ -122,7 +125,8 @@ class WatchedView:
 
 
 # What the reconcile reads of a child and of a pod; the rest (a child's spec, most of all the pod
-# template) is not kept, so 1,000 resources fit in little memory.
+# template) is not kept, so 1,000 resources fit in little memory. Of a ConfigMap's data only a
+# calibration record of at most 64 KiB is kept (`calibration.stored_record` reads it).
 _CHILD_METADATA: Final = ("name", "namespace", "uid", "generation", "labels", "ownerReferences")
 _POD_METADATA: Final = ("name", "namespace", "uid", "labels", "deletionTimestamp", "ownerReferences")
 _LINK_METADATA: Final = ("name", "namespace", "uid", "ownerReferences")
@@ -138,6 +142,9 @@ def essentials(body: Mapping[str, Any], *, pod: bool = False) -> dict[str, Any]:
         kept["managedFields"] = managed
     # Parts of the event's own object (kopf does not change it afterwards), not copies.
     result: dict[str, Any] = {"metadata": kept, "status": body.get("status") or {}}
+    record = None if pod else (body.get("data") or {}).get(calibration.RECORD_FILE)
+    if isinstance(record, str) and len(record) <= calibration.MAX_RECORD_BYTES:
+        result["data"] = {calibration.RECORD_FILE: record}  # the status loop merges into it
     if pod:
         containers = body.get("spec", {}).get("containers", [])
         result["spec"] = {"containers": [{"name": c.get("name"), "ports": c.get("ports", [])} for c in containers]}

@@ -20,7 +20,7 @@ container turns it into a command line (`ServeRunner` for `npu-runtime serve`, `
 `npu-runtime fetch`, `ProcessRunner` for anything else; tests add their own). Before a runner
 sees them, the args get Kubernetes' `$(VAR)` expansion from the container's env, volume paths are
 rewritten to where the volumes lie on this machine (hostPath as is, a claim under volumes/, an
-emptyDir per pod).
+emptyDir per pod, a configMap's keys as files per pod, projected when the pod starts).
 
 The only liberty: each pod has its own IP in a cluster; here every pod is 127.0.0.1, its
 container ports are mapped to free local ports (and the Pod object's containerPorts say so,
@@ -304,6 +304,7 @@ class LocalPod:
         for port in self.container.get("ports", []):
             if port.get("name"):
                 self.port(port["name"])
+        await self.project_config_maps()
         volumes = self.volume_paths()
         env = {**self.kubelet.environ, **self.environment(self.container)}
         if isinstance(runner := self.runner(self.container), EnvironmentRunner):
@@ -331,9 +332,25 @@ class LocalPod:
             if self._watch.done() and (error := self._watch.exception()) is not None:
                 raise error
 
+    async def project_config_maps(self) -> None:
+        """Each configMap volume's keys as files in the pod's directory for it, as a kubelet projects
+        them before the containers start; an optional ConfigMap that does not exist is an empty
+        directory, a required one waits (NotYet). Projected once: a container here never restarts."""
+        for volume in self.spec.get("volumes", []):
+            if "configMap" not in volume:
+                continue
+            source = volume["configMap"]
+            found = await self.cluster.get("v1", "configmaps", self.namespace, source["name"])
+            if found is None and not source.get("optional"):
+                raise NotYet(f"ConfigMap {self.namespace}/{source['name']} does not exist")
+            directory = self.workdir / f"{self.name}-{self.uid[:8]}" / volume["name"]
+            directory.mkdir(parents=True, exist_ok=True)
+            for key, value in ((found or {}).get("data") or {}).items():
+                (directory / key).write_text(value, encoding="utf-8")
+
     def volume_paths(self) -> dict[str, Path]:
         """Each pod volume's directory on this machine: hostPath as it is, a claim under the kubelet's
-        volumes/ (shared by every pod that mounts it), an emptyDir per pod."""
+        volumes/ (shared by every pod that mounts it), an emptyDir (or a configMap's files) per pod."""
         paths: dict[str, Path] = {}
         for volume in self.spec.get("volumes", []):
             if "hostPath" in volume:

@@ -102,7 +102,10 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
         "Service-epp",
         "InferencePool",
         "HTTPRoute",
+        "ConfigMap-calibration",
     ]
+    # Written by the status loop from the pods' reports, never by the spec-driven pass.
+    assert [kind.key for kind in children.KINDS if kind.from_reports] == ["ConfigMap-calibration"]
     assert [kind.kind for kind in children.KINDS if kind.optional] == [
         "LeaderWorkerSet",
         "PodMonitor",
