@@ -1,6 +1,8 @@
 """The sandbox's kubelet follows the operator's Deployment with real engines: a template change
 rolled out (old pod down, then new one up: the operator's maxSurge 0, maxUnavailable 1), then a
-scale out from 1 to 2 replicas through the NPUInference's scale subresource, both serving.
+scale out from 1 to 2 replicas through the NPUInference's scale subresource, both serving. On the
+way, the calibration loop end to end: the first engine's measurements (its /status) -> the
+operator -> the `<name>-calibration` ConfigMap -> the rolled-out pod, whose plan uses them.
 
 Three engine starts in a row; the module's only test. The same behaviour without engines, and
 in more detail, is in tests/sandbox/test_kubelet.py.
@@ -8,6 +10,7 @@ in more detail, is in tests/sandbox/test_kubelet.py.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,13 @@ async def ready(cluster: LocalCluster, replicas: int, generation: int) -> dict[s
     status = obj.get("status", {})
     done = status.get("observedGeneration", 0) >= generation and status.get("ready") == f"{replicas}/{replicas}"
     return obj if done and is_true(obj, "Ready") else None
+
+
+async def runtime_status(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/status") as response:
+        assert response.status == 200
+        document: dict[str, Any] = await response.json()
+    return document
 
 
 async def complete(url: str) -> str:
@@ -58,6 +68,18 @@ async def test_a_template_change_rolls_out_and_a_scale_out_serves_on_two_engines
             assert first.process is not None
             old_pid = first.process.pid
 
+            # The calibration loop: what the first engine measured, read by the operator from its
+            # /status, becomes the resource's record (a ConfigMap it owns, mounted into its pods).
+            async def recorded() -> dict[str, Any] | None:
+                found = await cluster.get("v1", "configmaps", NS, f"{NAME}-calibration")
+                record = json.loads(found["data"]["record.json"]) if found is not None else None
+                return record if record is not None and "kv_cache_bytes" in record["measured"] else None
+
+            record = await cluster.wait_for(recorded, within=60, interval=0.5, what="the calibration record")
+            first_plan = (await runtime_status(first.metrics_url))["plan"]
+            assert first_plan["calibration"]["record"] == "none"  # the first pod had no record yet
+            print("calibration record:", json.dumps(record))
+
             # A template change: the old pod goes first, then the new one starts (maxSurge 0).
             began = time.monotonic()
             manifest["spec"]["engine"]["maxNumSeqs"] = 4
@@ -81,6 +103,21 @@ async def test_a_template_change_rolls_out_and_a_scale_out_serves_on_two_engines
             assert pod_object is not None and pod_object["metadata"]["uid"] == new.uid
             args = pod_object["spec"]["containers"][0]["args"]
             assert args[args.index("--max-num-seqs") + 1] == "4"
+            # The second pod planned with the first engine's measurements: its KV cache is what
+            # that engine allocated, not the estimate.
+            second_plan = (await runtime_status(new.metrics_url))["plan"]
+            applied = second_plan["calibration"]
+            assert applied["record"] == "applied" and applied["key"] == record["key"], applied
+            assert "kv_cache_bytes" in applied["measured_used"]
+            assert second_plan["memory"]["kv_cache_bytes"] == record["measured"]["kv_cache_bytes"]
+            shown = (await cluster.get(crd.API_VERSION, crd.PLURAL, NS, NAME) or {})["status"]["graph"]["calibration"]
+            assert shown["record"] == f"{NAME}-calibration" and "kv_cache_bytes" in shown["measured"], shown
+            print(
+                "second plan:",
+                json.dumps({"calibration": applied, "kv_cache_bytes": second_plan["memory"]["kv_cache_bytes"]}),
+                f"(first plan's estimate {first_plan['memory']['kv_cache_bytes']}); status.graph.calibration:",
+                json.dumps(shown),
+            )
 
             # Scale out through the resource's scale subresource, as kubectl scale or an autoscaler does.
             began = time.monotonic()

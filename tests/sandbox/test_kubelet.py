@@ -262,3 +262,31 @@ async def test_a_container_that_cannot_start_says_so_and_the_kubelet_goes_on(
         return any(p.name.startswith(f"{NAME}-") and p.ready.is_set() for p in kubelet.pods)
 
     await cluster.wait_for(served, within=30, what="the next Deployment's pod, served")
+
+
+async def test_a_config_map_volume_is_projected_when_the_pod_starts_and_an_optional_missing_one_is_empty(
+    node: tuple[LocalCluster, LocalKubelet],
+) -> None:
+    """The calibration record's volume (optional): no ConfigMap yet, an empty directory; once the
+    operator wrote it, the next pod that starts finds its keys as files where --calibration points."""
+    cluster, kubelet = node
+    await cluster.create(builders.build_deployment(NAME, NS, spec(), CONFIG), "deployments")
+    await ready_pods(cluster, 1, kubelet)
+    (first,) = kubelet.pods
+    assert list(first.volume_paths()[builders.CALIBRATION_VOLUME].iterdir()) == []
+    record = '{"schema": 1}'
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{NAME}-calibration", "namespace": NS},
+        "data": {"record.json": record},
+    }
+    await cluster.create(config_map, "configmaps")
+    path = f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}/scale"
+    await cluster._call("PATCH", path, {"spec": {"replicas": 2}}, "application/merge-patch+json")
+    await ready_pods(cluster, 2, kubelet)
+    (second,) = [pod for pod in kubelet.pods if pod.uid != first.uid]
+    directory = second.volume_paths()[builders.CALIBRATION_VOLUME]
+    assert (directory / "record.json").read_text(encoding="utf-8") == record
+    args = second.command(second.container, {}, second.volume_paths())
+    assert args[args.index("--calibration") + 1] == str(directory / "record.json")
