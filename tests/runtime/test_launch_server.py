@@ -345,3 +345,30 @@ def test_serve_tells_a_taken_metrics_port_from_an_unusable_address() -> None:
         run.close()
     assert (caught.value.failure.reason, caught.value.exit_code) == (failures.INVALID_CONFIGURATION, EXIT_INVALID)
     assert caught.value.failure.message.startswith(f"--host {UNASSIGNABLE} --metrics-port 9090: cannot listen")
+
+
+def test_a_capture_failure_is_served_until_it_was_read_once() -> None:
+    """The runtime lingers after a capture failure until /status was read in the failed state:
+    then the operator's calibration record knows the size; bounded, and a stop ends it at once."""
+    run = supervisor("127.0.0.1", 0)
+    try:
+        run.start_server()
+        assert run.server is not None
+        base = f"http://127.0.0.1:{run.server.port}"
+        get(base + "/status")
+        assert not run.server.failure_read.is_set()  # not failed yet: a read teaches nothing
+        run.fail(failures.Failure(failures.GRAPH_CAPTURE_OOM, "capturing size 8: out of memory"))
+        began = time.monotonic()
+        assert run.wait_until_failure_read(0.3) is False  # nobody read it: bounded
+        assert 0.3 <= time.monotonic() - began < 5
+        reader = threading.Timer(0.2, get, (base + "/status",))
+        reader.start()
+        assert run.wait_until_failure_read(30) is True
+        reader.join()
+        run.server.failure_read.clear()
+        run.stop_requested.set()
+        began = time.monotonic()
+        assert run.wait_until_failure_read(30) is False  # SIGTERM: no lingering
+        assert time.monotonic() - began < 1
+    finally:
+        run.close()

@@ -12,7 +12,9 @@
    and its readiness from its /health.
 4. On SIGTERM/SIGINT: forward SIGTERM, wait up to --shutdown-timeout, then kill; exit with the
    engine's status. On failure: one line `<Reason>: <message>` to stderr and the termination
-   file (`failures`), the same reason in /status, a non-zero exit.
+   file (`failures`), the same reason in /status, a non-zero exit. A graph-capture failure
+   (out of memory, out of streams) keeps /status up until it was read once in the failed state
+   (at most FAILURE_READ_SECONDS), so the operator's calibration record learns the size.
 
 Exit status: the engine's (128+N when it died of signal N); 2 for invalid configuration, 3 when
 the model does not fit, 1 for other failures before the engine ran.
@@ -44,7 +46,7 @@ from npu_runtime.contract import (
     option_name,
     parse_serve_args,
 )
-from npu_runtime.serving import failures, launch
+from npu_runtime.serving import failures, launch, measured
 from npu_runtime.serving.failures import Failure
 from npu_runtime.serving.server import MetricsServer, address_family, engine_healthy, listening_socket_options
 from npu_runtime.serving.status import PlanView, RuntimeStatus
@@ -55,6 +57,11 @@ if TYPE_CHECKING:
 EXIT_FAILED: Final = 1
 POLL_SECONDS: Final = 0.5
 HEALTH_POLL_SECONDS: Final = 2.0
+# A failed capture teaches the next plan (the operator's calibration record keeps its size): after
+# such a failure the runtime keeps /status up until it has been read once in the failed state, at
+# most this long (the operator polls every 15 s by default; liveness gives up after 60 s), so the
+# size leaves with the report instead of with the process.
+FAILURE_READ_SECONDS: Final = 30.0
 
 # Plan.memory field -> npu_device_memory_bytes kind
 _MEMORY_KINDS: Final = {
@@ -345,7 +352,24 @@ class Supervisor:
         capturing = self.status.engine_view().phase == "capturing"
         failure = self.scanner.failure(code, capturing=capturing)
         self.fail(failure)
+        if failure.reason in measured.CAPTURE_FAILURES:
+            self.wait_until_failure_read(FAILURE_READ_SECONDS)
         return exit_status(code) or EXIT_FAILED
+
+    def wait_until_failure_read(self, limit: float) -> bool:
+        """Keep serving /status until it was read in the failed state (True), `limit` seconds
+        passed or a stop was requested (False)."""
+        if self.server is None:
+            return False
+        deadline = time.monotonic() + limit
+        while not self.stop_requested.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self.server.failure_read.wait(min(POLL_SECONDS, remaining)):
+                log("the capture failure was read from /status")
+                return True
+        return False
 
     def close(self) -> None:
         if self.engine is not None and self.engine.alive():

@@ -97,6 +97,8 @@ class MetricsServer:
         self.health_url = health_url
         self.httpd = _HTTPServer(host, port, self._handler_class())
         self._thread: threading.Thread | None = None
+        # Set once /status has answered in the failed state: someone (the operator) has read the failure.
+        self.failure_read = threading.Event()
 
     @property
     def port(self) -> int:
@@ -124,8 +126,11 @@ class MetricsServer:
 
                         self._send(HTTPStatus.OK, exposition(server.status), CONTENT_TYPE_LATEST)
                     elif path == "/status":
-                        body = json.dumps(server.status.document(), indent=2, sort_keys=True).encode()
+                        document = server.status.document()
+                        body = json.dumps(document, indent=2, sort_keys=True).encode()
                         self._send(HTTPStatus.OK, body + b"\n", "application/json")
+                        if document.get("state") == "failed":
+                            server.failure_read.set()
                     elif path == "/healthz":
                         self._plain(*server.healthz())
                     elif path == "/readyz":
