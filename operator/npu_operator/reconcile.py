@@ -13,6 +13,11 @@ Degraded/ChildRejected with its message; an optional child (PodMonitor) that can
 is a note and never blocks the others; a multi-node spec without the LeaderWorkerSet API is
 Degraded/LeaderWorkerSetNotInstalled. Pods are taken from the watch by label, then kept only
 when their owner chain leads to our workload (`ownership`): labels can be copied.
+
+The calibration record (`children.CALIBRATION_RECORD`) is the one child written from the pods'
+reports, not from the spec: `store_calibration` folds them into it (the rules live in
+`calibration`) after the reports are read; a record the API server refuses is a note, never a
+reason to stop serving.
 """
 
 from __future__ import annotations

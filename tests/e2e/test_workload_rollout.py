@@ -75,10 +75,11 @@ async def test_a_template_change_rolls_out_and_a_scale_out_serves_on_two_engines
                 record = json.loads(found["data"]["record.json"]) if found is not None else None
                 return record if record is not None and "kv_cache_bytes" in record["measured"] else None
 
+            began = time.monotonic()
             record = await cluster.wait_for(recorded, within=60, interval=0.5, what="the calibration record")
             first_plan = (await runtime_status(first.metrics_url))["plan"]
             assert first_plan["calibration"]["record"] == "none"  # the first pod had no record yet
-            print("calibration record:", json.dumps(record))
+            print(f"calibration record (waited {time.monotonic() - began:.1f}s):", json.dumps(record))
 
             # A template change: the old pod goes first, then the new one starts (maxSurge 0).
             began = time.monotonic()
