@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from npu_operator import crd
+from npu_operator import calibration, children, crd, watches
 from npu_operator.api import condition
 from npu_sandbox.cluster import LocalCluster
 
@@ -179,3 +179,30 @@ async def test_a_capture_failure_caps_the_record_and_the_capped_plan_is_a_downgr
     assert "capturing size 8: capture sizes capped below it" in event["message"], event["message"]
     # The capped runtime serves: the resource is no longer degraded by the failed capture.
     await wait_for_status(operator, "gamma", lambda o: condition(o, "Degraded")["status"] == "False")
+
+
+def test_the_watch_view_finds_a_suffixed_child_under_its_owners_name() -> None:
+    """Children are indexed under their owner's name label; `<name>-calibration` and the picker's
+    `<name>-epp` objects are found there by their own names (and essentials keep the record)."""
+    kinds = [kind for kind in children.KINDS if not kind.optional]
+    record = {"schema": 1, "key": KEY, "measured": {"kv_cache_bytes": GiB}, "capture_failure": None}
+    configmap = {
+        "metadata": {"name": "alpha-calibration", "namespace": NS, "uid": "u1"},
+        "data": {"record.json": json.dumps(record), "other": "x" * 100},
+    }
+    picker = {"metadata": {"name": "alpha-epp", "namespace": NS, "uid": "u2"}, "data": {"config.yaml": "y"}}
+    owned = [watches.essentials(configmap), watches.essentials(picker)]
+    indexes: dict[str, Any] = {watches.index_name(kind): {} for kind in kinds}
+    indexes[watches.index_name(children.CALIBRATION_RECORD)] = {(NS, "alpha"): owned}
+    indexes[watches.POD_INDEX] = {}
+    indexes |= {index: {} for index in watches.LINK_INDEXES.values()}
+    view = watches.WatchedView(indexes, watches.SeenChildren())
+    found = view.child(children.CALIBRATION_RECORD, NS, "alpha")
+    assert found is not None and found["data"] == {"record.json": json.dumps(record)}  # only the record is kept
+    assert calibration.stored_record(found) == record
+    assert view.child(children.PICKER_CONFIG, NS, "alpha") == watches.essentials(picker)
+    assert "data" not in watches.essentials(picker)
+    assert view.child(children.CALIBRATION_RECORD, NS, "beta") is None
+    # A hand edit that is no record is none: the next report writes a fresh one.
+    for text in ("not json", "[]", '{"schema": 2, "key": {}}', " " * (calibration.MAX_RECORD_BYTES + 1)):
+        assert calibration.stored_record({"data": {"record.json": text}}) is None
