@@ -109,17 +109,18 @@ def for_rollout(spec: NPUInferenceSpec, current: Rollout) -> NPUInferenceSpec:
     return dataclasses.replace(spec, model=dataclasses.replace(spec.model, hub=fetched))
 
 
-def fetching_templates(manifest: Mapping[str, Any]) -> list[JSON]:
-    """The pod templates of a workload manifest (Deployment, LeaderWorkerSet) that fetch the model."""
-    spec = manifest.get("spec") or {}
-    group = spec.get("leaderWorkerTemplate") or {}
-    candidates = [spec.get("template"), group.get("leaderTemplate"), group.get("workerTemplate")]
-    return [
-        template
-        for template in candidates
-        if isinstance(template, dict)
-        and any(c.get("name") == FETCH_CONTAINER_NAME for c in (template.get("spec") or {}).get("initContainers", []))
-    ]
+def fetching_templates(manifest: Any) -> list[JSON]:
+    """The pod templates inside a manifest that fetch the model: wherever the workload keeps them
+    (a Deployment's `template`, a LeaderWorkerSet's `leaderTemplate`/`workerTemplate`, a kind added later)."""
+    if isinstance(manifest, list):
+        return [template for item in manifest for template in fetching_templates(item)]
+    if not isinstance(manifest, dict):
+        return []
+    spec = manifest.get("spec")
+    init = spec.get("initContainers") if isinstance(spec, dict) else None
+    if isinstance(init, list) and any(isinstance(c, dict) and c.get("name") == FETCH_CONTAINER_NAME for c in init):
+        return [manifest]
+    return [template for value in manifest.values() for template in fetching_templates(value)]
 
 
 def label(children: Sequence[JSON], key: str) -> None:

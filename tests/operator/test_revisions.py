@@ -142,6 +142,28 @@ def test_a_recorded_commit_that_is_not_a_commit_is_never_pinned() -> None:
         assert fetched_revision(desired(pinned(document, rollout, bogus))) == "release"
 
 
+def test_a_multi_node_replicas_pods_carry_the_rollout_and_its_commit_too() -> None:
+    document = example("deepseek-r1-w8a8-2node.yaml")
+    document["metadata"].update(namespace="default", uid="uid-2", generation=1)
+    model = document["spec"]["model"]
+    model.pop("path")
+    model["source"] = {"huggingFace": {"repository": "org/deepseek", "revision": "main"}}
+    model["cache"] = {"claimName": "model-cache"}
+    lws = frozenset({"LeaderWorkerSet"})
+
+    def worker_template(result: Desired) -> dict[str, Any]:
+        found: dict[str, Any] = result.manifests["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        return found
+
+    first = desired_state(document, CONFIG, lws)
+    assert not first.problems and first.rollout is not None
+    assert worker_template(first)["metadata"]["labels"][revisions.ROLLOUT_LABEL] == first.rollout.key
+    assert "--hold" in worker_template(first)["spec"]["initContainers"][0]["args"]
+    second = desired_state(pinned(document, first.rollout, FIRST), CONFIG, lws)
+    args = worker_template(second)["spec"]["initContainers"][0]["args"]
+    assert args[args.index("--revision") + 1] == FIRST and "--hold" not in args
+
+
 def test_the_first_pod_of_the_rollout_by_name_decides_and_then_it_is_kept() -> None:
     rollout = revisions.Rollout("k1", "main", None)
     pods = [pod("x-b", "k1", SECOND), pod("x-a", "k1"), pod("x-0", "old-rollout", "c" * 40)]
