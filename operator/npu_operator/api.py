@@ -53,6 +53,8 @@ class HubSource:
     token: SecretKey | None
     endpoint: str | None
     send_token_over_http: bool = False  # the token may go to a plain http:// endpoint
+    # Not a spec field: set by `revisions` while a rollout's branch is resolved (the fetch holds the pod).
+    hold: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

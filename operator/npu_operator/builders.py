@@ -391,6 +391,8 @@ def fetch_args(spec: NPUInferenceSpec) -> list[str]:
         args += ["--endpoint", hub.endpoint]
     if hub.send_token_over_http:
         args += ["--send-token-over-http"]
+    if hub.hold:
+        args += ["--hold"]
     args += ["--link", HUB_MODEL_PATH, "--status-port", str(METRICS_PORT)]
     # Planned as soon as config.json is in the cache: a model that cannot fit fails before its weights come.
     return [*args, "--plan", *plan_argv(plan_options(spec))]

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from npu_operator import aggregate, builders, calibration, children, ownership, scaling, status
+from npu_operator import aggregate, builders, calibration, children, ownership, revisions, scaling, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.children import ChildKind, Step
 from npu_operator.client import PERSISTENT_VOLUME_CLAIMS, ApiError, KubeClient
@@ -75,6 +75,7 @@ class Desired:
     # (reason, message): the workload itself cannot be made here (no LeaderWorkerSet API).
     blocked: tuple[str, str] | None = None
     cache_claim: JSON | None = None  # the shared model cache's claim, to create when missing
+    rollout: revisions.Rollout | None = None  # a hub branch or tag: the rollout it is resolved for
 
 
 def read_spec(body: Mapping[str, Any], config: OperatorConfig) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
@@ -103,7 +104,13 @@ def desired_state(
     owner = body["metadata"]["name"]
     startup = scaling.seen_startup_seconds(body.get("status") or {})
     # Built as if every optional API were served, so that what cannot be created is named.
-    for child in adopted_children(body, spec, config, builders.Capabilities.everything(), startup):
+    built = adopted_children(body, spec, config, builders.Capabilities.everything(), startup)
+    rollout = revisions.rollout(body, spec, built)
+    if rollout is not None:  # a branch or tag: its pods fetch the commit pinned for this rollout, once known
+        fetching = revisions.for_rollout(spec, rollout)
+        built = adopted_children(body, fetching, config, builders.Capabilities.everything(), startup)
+        revisions.label(built, rollout.key)
+    for child in built:
         kind = children.kind_of(child, owner)
         if kind.needs is not None and kind.needs not in served:
             continue  # useless without the API it needs, whose own note says it is missing
@@ -120,7 +127,7 @@ def desired_state(
             continue
         manifests[kind.key] = children.stamped(child)
     claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
-    return Desired(spec, (), manifests, tuple(notes), blocked, claim)
+    return Desired(spec, (), manifests, tuple(notes), blocked, claim, rollout)
 
 
 @dataclasses.dataclass
@@ -137,7 +144,8 @@ class DesiredCache:
         meta = body["metadata"]
         labels = tuple(sorted((meta.get("labels") or {}).items()))
         startup = scaling.seen_startup_seconds(body.get("status") or {})
-        key = (meta.get("uid"), meta.get("generation"), labels, served, tuple(sorted(refused.items())), startup)
+        key: tuple[Any, ...] = (meta.get("uid"), meta.get("generation"), labels, served, tuple(sorted(refused.items())))
+        key += (startup, *revisions.cache_key(body))  # and the annotation and commit of the rollout
         if self.value is None or key != self.key:
             self.key, self.value = key, desired_state(body, config, served, refused)
             self.cache_claim_checked = False
@@ -257,6 +265,12 @@ async def reconcile(
         graph["restartingGroups"] = restarting
         # A group being recreated is not failing: why it restarts is in the GroupRestarting message.
         pods = [pod for pod in pods if (ownership.rank_of(pod) or (-1, 0))[0] not in groups.restarting]
+    model = model_status(spec.model.hub, pods, reports, previous.get("model", {}))
+    repository = spec.model.hub.repository if spec.model.hub is not None else ""
+    previous_resolved = previous.get("model", {}).get("resolved")
+    resolution = revisions.resolve(desired.rollout, repository, pods, reports, previous_resolved, now)
+    if model is not None and resolution.resolved is not None:
+        model["resolved"] = resolution.resolved
     observed = status.Observed(
         deployment=dict(live_workload) if live_workload is not None else None,
         conflicts=tuple(conflicts),
@@ -264,8 +278,8 @@ async def reconcile(
         notes=tuple(notes),
         findings=aggregate.pod_findings(pods, reports, spec.npu.resource_name or config.npu_resource_name),
         graph=graph,
-        blocked=desired.blocked,
-        model=model_status(spec.model.hub, pods, reports, previous.get("model", {})),
+        blocked=desired.blocked or resolution.problem,
+        model=model,
         startup_seconds=max(
             (seen for seen in (scaling.observed_startup_seconds(pods), scaling.seen_startup_seconds(previous)) if seen),
             default=None,
@@ -374,6 +388,8 @@ def _result(
     previous: Mapping[str, Any], new: JSON, changes: tuple[Step, ...], problems: tuple[SpecError, ...] = ()
 ) -> Result:
     events = status.transition_events(previous.get("conditions", ()), new.get("conditions", ()))
+    resolved = (previous.get("model") or {}).get("resolved"), (new.get("model") or {}).get("resolved")
+    events += [status.Event("Normal", *event) for event in revisions.resolution_events(*resolved)]
     old_graph, new_graph = previous.get("graph", {}), new.get("graph", {})
     ranked = "ranks" in new_graph  # a multi-node replica: the Events name the rank instead
     announced: set[str] = set()

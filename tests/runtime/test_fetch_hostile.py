@@ -9,19 +9,32 @@ every entry outside the cache is compared before and after.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import filelock
 import pytest
+from npu_operator import builders, revisions
+from npu_operator.aggregate import PodReport
+from npu_operator.api import NPUInferenceSpec, parse_spec
+from npu_operator.report_schema import parse_report
 from npu_runtime.fetch import download as fetch
 from npu_runtime.fetch import layout
 from npu_runtime.serving import failures
+from npu_sandbox.kubelet import free_port
 from npu_sandbox.local_hub import LocalHub, Repo, RepoFile
+
+from tests.operator.conftest import example
 
 REPO = "org/tiny-llama"
 HUBS = [fetch.HUGGING_FACE, fetch.MODEL_SCOPE]
@@ -233,6 +246,78 @@ def test_a_moving_branch_never_rewrites_a_running_replicas_snapshot(
     assert (second / "config.json").read_bytes() == moved.files["config.json"].data
     assert first.resolve().name == repo.commit and second.resolve().name == moved.commit
     assert message.startswith(fetch.READY) and f'"revision": "{moved.commit}"' in message  # the status's revision
+
+
+@pytest.mark.parametrize("which", HUBS)
+def test_a_branch_that_moves_between_replicas_of_a_rollout_is_served_at_one_commit(
+    which: str, hub: LocalHub, repo: Repo, tmp_path: Path
+) -> None:
+    """The rollout's first pod (`fetch --hold`, from the operator's template) resolves the branch and says
+    which commit on /status; the operator pins it (revisions.resolve); the branch moves; the next replica,
+    fetching with the pinned template's args, serves the first pod's commit, not the branch's new one."""
+    volume = Volume(tmp_path)
+    spec = hub_spec(which)
+    resolving = revisions.rollout({}, spec, [])
+    assert resolving is not None and resolving.commit is None
+    first_args = builders.fetch_args(revisions.for_rollout(spec, resolving))
+    revision = first_args[first_args.index("--revision") + 1] if "--revision" in first_args else None
+    assert "--hold" in first_args and revision is None  # the hub's main branch
+    port, first = free_port(), tmp_path / "pod0" / "model"
+    argv = ["--hub", which, "--repo", REPO, "--cache", str(volume.cache), "--endpoint", hub.url, "--hold"]
+    argv += ["--link", str(first), "--status-port", str(port), "--termination-message-path", str(tmp_path / "m0")]
+    log = (tmp_path / "pod0.log").open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "npu_runtime.cli", "fetch", *argv], stdout=log, stderr=log)
+    try:
+        report = _ready_status(f"http://127.0.0.1:{port}/status", process)
+        assert process.poll() is None  # it holds: no engine starts on a commit only this pod resolved
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+    pod0 = {"metadata": {"name": "pod0", "labels": {revisions.ROLLOUT_LABEL: resolving.key}}, "status": {}}
+    reports = [PodReport("pod0", parse_report(report))]
+    decided = revisions.resolve(resolving, REPO, [pod0], reports, None, "2026-12-03T12:00:00Z")
+    assert decided.problem is None and decided.resolved is not None
+    commit = decided.resolved["commit"]
+    assert commit == repo.commit
+
+    moved = changed(repo, {"config.json": repo.files["config.json"].data.replace(b"{", b'{"moved": 1, ', 1)})
+    hub.push(moved)  # the branch moves between the replicas
+    pinned = builders.fetch_args(revisions.for_rollout(spec, dataclasses.replace(resolving, commit=commit)))
+    assert pinned[pinned.index("--revision") + 1] == commit and "--hold" not in pinned
+    second = tmp_path / "pod1" / "model"
+    code, message = run(volume, hub, which, "--revision", commit, "--link", str(second))
+    assert code == fetch.EXIT_OK, message
+    assert second.resolve().name == first.resolve().name == repo.commit  # both replicas serve one commit
+    assert (
+        (second / "config.json").read_bytes() == (first / "config.json").read_bytes() == repo.files["config.json"].data
+    )
+    # Without the pin, a replica created now would have served the branch's new commit.
+    assert run(volume, hub, which, "--link", str(tmp_path / "unpinned" / "model"))[1].count(moved.commit) == 1
+
+
+def hub_spec(which: str) -> NPUInferenceSpec:
+    """An NPUInference spec whose source is the repository on `which` (its main branch)."""
+    manifest = example("qwen2.5-7b-modelscope.yaml")
+    field = {fetch.HUGGING_FACE: "huggingFace", fetch.MODEL_SCOPE: "modelScope"}[which]
+    manifest["spec"]["model"]["source"] = {field: {"repository": REPO}}
+    return parse_spec(manifest["spec"])
+
+
+def _ready_status(url: str, process: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """The /status of a holding fetch once its download is Ready (what the operator polls)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the holding fetch exited"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                document: dict[str, Any] = json.loads(answer.read())
+            if (document.get("model") or {}).get("phase") == "Ready":
+                return document
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"no Ready /status at {url}")
 
 
 @pytest.mark.parametrize("which", HUBS)

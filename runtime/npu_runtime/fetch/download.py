@@ -35,7 +35,9 @@ shared cache volume needs around them:
   when the hub's listing still matches it and every file is still there with its size.
 - **A branch is a commit.** Both hubs' branches and tags are resolved to the commit they point
   at, and the snapshot is that commit's: a branch that moves makes a new snapshot, never a
-  rewritten one under a running replica.
+  rewritten one under a running replica. The operator resolves a branch once per rollout: the
+  rollout's first pods fetch with `--hold` (fetch, report the commit on /status, never exit),
+  and every pod after them gets the commit they reported as `--revision`.
 - **config.json first**, so the model can be planned (`--plan` runs `npu-runtime plan` with
   the given flags) before gigabytes of weights arrive: a model that cannot fit fails in seconds.
 - **Progress** (`--status-port`): `/status` answers `{"model": {...}}` with the phase, bytes
@@ -785,6 +787,12 @@ def fetch_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="give up waiting for another download of the repository after this long without its progress moving",
     )
+    parser.add_argument(
+        "--hold",
+        action="store_true",
+        help="after the fetch, keep serving /status and never exit: a pod that only resolves the branch of a "
+        "rollout (the operator pins the commit it reports, then replaces the pod)",
+    )
     parser.add_argument("--termination-message-path", default=DEFAULT_TERMINATION_LOG)
     parser.add_argument(
         "--plan",
@@ -833,7 +841,7 @@ def fetch_command(argv: list[str]) -> int:
         )
         return EXIT_CODES.get(exc.reason, EXIT_FAILED)
     finally:
-        if server is not None:
+        if server is not None and not args.hold:
             server.close()
     seconds = time.monotonic() - started
     print(
@@ -844,6 +852,14 @@ def fetch_command(argv: list[str]) -> int:
     # The kubelet keeps a finished container's termination message too: the operator learns the
     # resolved revision and the figures from it even when the download took less than a poll.
     _write_result(args.termination_message_path, progress)
+    if args.hold:
+        # The serving container must not start on a commit only this pod resolved: /status says which
+        # commit it is, the operator pins it into the pod template, and the pod is replaced (SIGTERM).
+        print(
+            f"npu-runtime fetch: holding until the pod is replaced (the rollout pins {progress.revision})", flush=True
+        )
+        while True:
+            time.sleep(3600)
     return EXIT_OK
 
 
