@@ -100,8 +100,14 @@ def build_children(
     """Every child the resource should have, in apply order.
 
     One node per replica: a Deployment. More: a LeaderWorkerSet, whether or not its API is
-    installed (the caller reports a missing API; see `Capabilities`).
+    installed (the caller reports a missing API; see `Capabilities`). With spec.disaggregation:
+    the router, a DisaggregatedSet of the prefill and decode roles and their Services
+    (`disaggregation`).
     """
+    if spec.disaggregation is not None:
+        from npu_operator import disaggregation  # it builds on this module
+
+        return disaggregation.build_children(name, namespace, spec, config, capabilities.pod_monitor)
     workload = (
         build_leader_worker_set(name, namespace, spec, config)
         if spec.npu.nodes > 1

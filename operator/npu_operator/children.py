@@ -48,11 +48,26 @@ POD_MONITOR: Final = ChildKind(Resource("monitoring.coreos.com", "v1", "podmonit
 LEADER_WORKER_SET: Final = ChildKind(
     Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"), optional=True
 )
+# Prefill/decode disaggregation (spec.disaggregation): the roles, each a LeaderWorkerSet; a CRD of
+# kubernetes-sigs/lws v0.10. The Deployment is then the router, the Service its endpoint.
+DISAGGREGATED_SET: Final = ChildKind(
+    Resource("disaggregatedset.x-k8s.io", "v1", "disaggregatedsets", "DisaggregatedSet"), optional=True
+)
 # In apply order.
-KINDS: Final = (DEPLOYMENT, LEADER_WORKER_SET, SERVICE, POD_DISRUPTION_BUDGET, POD_MONITOR)
-# The kinds that run the pods: one of them per resource, chosen by spec.npu.nodes.
-WORKLOADS: Final = (DEPLOYMENT, LEADER_WORKER_SET)
+KINDS: Final = (DEPLOYMENT, LEADER_WORKER_SET, DISAGGREGATED_SET, SERVICE, POD_DISRUPTION_BUDGET, POD_MONITOR)
+# The kinds that run the engines: one of them per resource, chosen by spec.npu.nodes and spec.disaggregation
+# (the last one with a manifest is the workload: with a DisaggregatedSet, the Deployment is the router).
+WORKLOADS: Final = (DEPLOYMENT, LEADER_WORKER_SET, DISAGGREGATED_SET)
+# Services besides the resource's own: a disaggregated resource's role Services (`<name>-prefill`, ...).
+EXTRA_SERVICE_SUFFIXES: Final = ("-prefill", "-decode")
 BY_KIND: Final = {child.kind: child for child in KINDS}
+
+
+def names(kind: ChildKind, name: str) -> tuple[str, ...]:
+    """Every name a child of `kind` of the resource `name` can have (each one is applied or deleted)."""
+    if kind is SERVICE:
+        return (name, *(name + suffix for suffix in EXTRA_SERVICE_SUFFIXES))
+    return (name,)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,7 +63,7 @@ class Desired:
 
     spec: NPUInferenceSpec | None
     problems: tuple[SpecError, ...]
-    manifests: Mapping[str, JSON]  # kind -> the stamped manifest to apply
+    manifests: Mapping[tuple[str, str], JSON]  # (kind, name) -> the stamped manifest to apply
     notes: tuple[str, ...]  # optional children asked for whose API is not installed or usable
     # (reason, message): the workload itself cannot be made here (no LeaderWorkerSet API).
     blocked: tuple[str, str] | None = None
@@ -88,7 +88,7 @@ def desired_state(
     if spec is None or problems:
         return Desired(spec, tuple(problems), {}, ())
     refused = refused or {}
-    manifests: dict[str, JSON] = {}
+    manifests: dict[tuple[str, str], JSON] = {}
     notes: list[str] = []
     blocked: tuple[str, str] | None = None
     # Built as if every optional API were served, so that what cannot be created is named.
@@ -102,10 +102,18 @@ def desired_state(
                     f"spec.npu.nodes is {spec.npu.nodes}: a multi-node replica is a LeaderWorkerSet, but {why}; "
                     "install LeaderWorkerSet (kubernetes-sigs/lws)",
                 )
+            elif kind is children.DISAGGREGATED_SET:
+                blocked = (
+                    status.DS_NOT_INSTALLED,
+                    f"spec.disaggregation asks for prefill and decode roles, which are a DisaggregatedSet, but "
+                    f"{why}; install LeaderWorkerSet v0.10 or later (kubernetes-sigs/lws)",
+                )
             else:
                 notes.append(f"{kind.kind} not managed: {why}")
             continue
-        manifests[kind.kind] = children.stamped(child)
+        manifests[(kind.kind, child["metadata"]["name"])] = children.stamped(child)
+    if blocked is not None and spec.disaggregation is not None:
+        manifests = {}  # nothing else changes: no router without its engines
     claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
     return Desired(spec, (), manifests, tuple(notes), blocked, claim)
 
@@ -177,16 +185,20 @@ async def reconcile(
     for kind in children.KINDS:
         if kind.optional and kind.kind not in served:
             continue
-        manifest = desired.manifests.get(kind.kind)
-        live = view.child(kind, namespace, name)
-        if live is not None and not children.owned_by(live, uid):
-            conflicts.append(f"{kind.kind} {namespace}/{name}")
-            continue
-        step = children.plan(kind, name, manifest, live, uid)
-        if step is not None:
-            steps.append(step)
-        if kind in children.WORKLOADS and manifest is not None:
-            live_workload = live
+        if desired.blocked is not None and spec.disaggregation is not None:
+            break  # without the DisaggregatedSet API nothing changes
+        for child_name in children.names(kind, name):
+            manifest = desired.manifests.get((kind.kind, child_name))
+            live = view.child(kind, namespace, child_name)
+            if live is not None and not children.owned_by(live, uid):
+                if manifest is not None or child_name == name:
+                    conflicts.append(f"{kind.kind} {namespace}/{child_name}")
+                continue
+            step = children.plan(kind, child_name, manifest, live, uid)
+            if step is not None:
+                steps.append(step)
+            if kind in children.WORKLOADS and manifest is not None:
+                live_workload = live
     applied_steps: list[Step] = []
     for step in steps:
         try:

@@ -27,6 +27,7 @@ GRAPH_MODE_DOWNGRADED: Final = "GraphModeDowngraded"
 CHILD_REJECTED: Final = "ChildRejected"
 CHILD_CONFLICT: Final = "ChildConflict"
 LWS_NOT_INSTALLED: Final = "LeaderWorkerSetNotInstalled"
+DS_NOT_INSTALLED: Final = "DisaggregatedSetNotInstalled"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -90,10 +90,12 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
     assert [kind.kind for kind in children.KINDS] == [
         "Deployment",
         "LeaderWorkerSet",
+        "DisaggregatedSet",
         "Service",
         "PodDisruptionBudget",
         "PodMonitor",
     ]
-    assert [kind.kind for kind in children.KINDS if kind.optional] == ["LeaderWorkerSet", "PodMonitor"]
-    assert children.WORKLOADS == (children.DEPLOYMENT, children.LEADER_WORKER_SET)
+    optional = [kind.kind for kind in children.KINDS if kind.optional]
+    assert optional == ["LeaderWorkerSet", "DisaggregatedSet", "PodMonitor"]
+    assert children.WORKLOADS == (children.DEPLOYMENT, children.LEADER_WORKER_SET, children.DISAGGREGATED_SET)
     assert children.owned_by(DESIRED, "owner") and not children.owned_by(DESIRED, "someone")

@@ -394,14 +394,15 @@ def build_apps(router: Router) -> tuple[web.Application, web.Application]:
         api.router.add_post(path, router.handle)
     api.router.add_get("/v1/models", router.models)
 
+    async def metrics(_: web.Request) -> web.Response:
+        registry: CollectorRegistry = router.metrics.registry
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     api.router.add_get("/health", health)
-
-    async def metrics(_: web.Request) -> web.Response:
-        registry: CollectorRegistry = router.metrics.registry
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    api.router.add_get("/metrics", metrics)  # also here: a PodMonitor scrapes both ports of the resource's pods
 
     async def readyz(_: web.Request) -> web.Response:
         roles = await router.ready()

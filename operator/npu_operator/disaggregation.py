@@ -1,0 +1,249 @@
+"""Prefill/decode disaggregation: the children of a resource with `spec.disaggregation` (pure builders).
+
+The resource's own workload fields describe the decode role; `spec.disaggregation.prefill` adds a
+prefill role. Both roles are one `DisaggregatedSet` (kubernetes-sigs/lws v0.10.0,
+api/disaggregatedset/v1/disaggregatedset_types.go: `spec.roles[]`, each a name plus a
+LeaderWorkerSetTemplateSpec, at least two, rolled out together; its controller makes one
+LeaderWorkerSet per role, pkg/controllers/disaggregatedset/lws_manager.go). Each role's template
+is the LeaderWorkerSet `builders` makes for a multi-node replica, built from that role's spec
+(`role_spec`), so a role can span nodes, plus:
+
+- `--kv-transfer-config` for the role (`npu_runtime.kv_transfer`): kv_role producer (prefill) or
+  consumer (decode), the connector's kv_port, an engine_id unique per pod (the pod's name; vLLM
+  appends `_dp<rank>` per data-parallel rank) and both roles' mirrored dp/tp sizes;
+- what the connector needs of the host network, as vllm-ascend's P/D tutorial sets it up: the
+  NPUs' `/etc/hccn.conf` (hostPath, read-only; only with NPUs) and HCCL_IF_IP (the pod's IP),
+  GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME, HCCL_SOCKET_IFNAME (the pod's interface);
+- a role label, so that `<name>-prefill` and `<name>-decode` Services reach each role's leaders.
+
+In front of them, the router (`npu-runtime route`) is the resource's Deployment, and the
+resource's Service `<name>` selects it: the endpoint a client uses does not change when a resource
+becomes disaggregated. The DisaggregatedSet's own headless Services are named after its
+LeaderWorkerSets' revision hashes (service_manager.go, `buildService`: `<lws>-prv`), which cannot
+be known here, hence the role Services of ours.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Final
+
+from npu_runtime.kv_transfer import KVTransfer, RoleSizes, problems, reserved_port_floor
+from npu_runtime.routing.router import RouterOptions, route_argv
+
+from npu_operator import builders, crd
+from npu_operator.api import NPUInferenceSpec
+from npu_operator.config import OperatorConfig
+
+JSON = dict[str, Any]
+
+DS_API_VERSION: Final = "disaggregatedset.x-k8s.io/v1"
+DS_KIND: Final = "DisaggregatedSet"
+ROLES: Final = ("prefill", "decode")
+ROUTER: Final = "router"
+ROLE_LABEL: Final = f"{crd.GROUP}/role"
+ROUTER_CONTAINER: Final = "router"
+HCCN_CONF: Final = "/etc/hccn.conf"
+HCCN_VOLUME: Final = "hccn-conf"
+POD_NAME_ENV: Final = "POD_NAME"
+# The variables vllm-ascend's P/D tutorial exports on every prefill and decode node.
+NETWORK_ENV: Final = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
+
+
+def role_spec(spec: NPUInferenceSpec, role: str) -> NPUInferenceSpec:
+    """The spec one role's engines are built and planned from.
+
+    decode: the resource's own workload fields. prefill: its own replicas, NPUs, parallelism,
+    graph mode and engine settings; the model, image, dtype, quantization and maxModelLen are the
+    decode role's, so the two cannot disagree. With speculative decoding the prefill role proposes
+    one token (vllm-ascend's P/D tutorial: "num_speculative_tokens on P nodes should be 1").
+    """
+    decode = dataclasses.replace(spec, disaggregation=None)
+    if role == "decode":
+        return decode
+    assert spec.disaggregation is not None and role == "prefill", role
+    prefill = spec.disaggregation.prefill
+    speculative = spec.engine.speculative
+    return dataclasses.replace(
+        decode,
+        # The DisaggregatedSet rolls out all roles or none: scaled to zero, both roles are.
+        replicas=prefill.replicas if spec.replicas > 0 else 0,
+        npu=dataclasses.replace(spec.npu, count=prefill.npu_count, nodes=prefill.nodes),
+        parallelism=prefill.parallelism,
+        graph=dataclasses.replace(spec.graph, mode=prefill.graph_mode, capture_sizes=None, max_capture_size=None),
+        engine=dataclasses.replace(
+            spec.engine,
+            max_num_seqs=prefill.max_num_seqs,
+            max_num_batched_tokens=prefill.max_num_batched_tokens,
+            gpu_memory_utilization=prefill.gpu_memory_utilization,
+            additional_config=prefill.additional_config,
+            extra_args=prefill.extra_args,
+            env=(*spec.engine.env, *prefill.env),
+            speculative=dataclasses.replace(speculative, num_tokens=1) if speculative else None,
+        ),
+    )
+
+
+def _sizes(spec: NPUInferenceSpec) -> RoleSizes:
+    return RoleSizes(spec.parallelism.data, spec.parallelism.tensor, spec.parallelism.pipeline)
+
+
+def kv_transfer(spec: NPUInferenceSpec, role: str) -> KVTransfer:
+    """One role's connector settings (the same port, connector and sizes on both roles)."""
+    assert spec.disaggregation is not None
+    connector = spec.disaggregation.connector
+    prefill, decode = role_spec(spec, "prefill"), role_spec(spec, "decode")
+    port = connector.port or reserved_port_floor(max(prefill.npu.count, decode.npu.count))
+    return KVTransfer(
+        connector=connector.name,
+        role=role,
+        port=port,
+        prefill=_sizes(prefill),
+        decode=_sizes(decode),
+        engine_id=f"$({POD_NAME_ENV})",
+        extra=connector.extra_config,
+    )
+
+
+def connector_problems(spec: NPUInferenceSpec) -> list[tuple[str, str]]:
+    """(setting under spec.disaggregation.connector, why) for each rule of the connector a role breaks."""
+    found: list[tuple[str, str]] = []
+    for role in ROLES:
+        for problem in problems(kv_transfer(spec, role), role_spec(spec, role).npu.count):
+            if problem not in found:
+                found.append(problem)
+    return found
+
+
+def build_children(
+    name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig, pod_monitor: bool
+) -> list[JSON]:
+    """The router (Deployment), the roles (DisaggregatedSet), the Services; in apply order."""
+    children = [
+        build_router(name, namespace, spec, config),
+        build_disaggregated_set(name, namespace, spec, config),
+        _service(name, namespace, ROUTER, name),
+        *(_service(name, namespace, role, f"{name}-{role}") for role in ROLES),
+    ]
+    if spec.pod_monitor.enabled and pod_monitor:
+        children.append(builders.build_pod_monitor(name, namespace, spec))
+    return children
+
+
+def build_disaggregated_set(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
+    return {
+        "apiVersion": DS_API_VERSION,
+        "kind": DS_KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": builders.labels(name)},
+        "spec": {"roles": [_role(name, namespace, spec, role, config) for role in ROLES]},
+    }
+
+
+def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: OperatorConfig) -> JSON:
+    rspec = role_spec(spec, role)
+    lws_spec = builders.build_leader_worker_set(name, namespace, rspec, config)["spec"]
+    template = lws_spec["leaderWorkerTemplate"]["workerTemplate"]
+    template["metadata"]["labels"] = _sorted({**template["metadata"]["labels"], ROLE_LABEL: role})
+    pod = template["spec"]
+    container = pod["containers"][0]
+    container["args"] = _with_serve_flags(
+        container["args"], ["--kv-transfer-config", kv_transfer(spec, role).to_json()]
+    )
+    env = {var["name"]: var for var in container["env"]}
+    defaults: dict[str, JSON] = {
+        POD_NAME_ENV: {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        "HCCL_IF_IP": {"name": "HCCL_IF_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        **{key: {"name": key, "value": builders.POD_INTERFACE} for key in NETWORK_ENV},
+    }
+    env = {**defaults, **env}
+    container["env"] = [env[key] for key in sorted(env)]
+    if rspec.npu.count > 0:  # the NPUs' network configuration, which Mooncake's Ascend transport reads
+        pod["volumes"].append({"name": HCCN_VOLUME, "hostPath": {"path": HCCN_CONF, "type": "File"}})
+        container["volumeMounts"].append({"name": HCCN_VOLUME, "mountPath": HCCN_CONF, "readOnly": True})
+    return {"name": role, "spec": lws_spec}
+
+
+def _with_serve_flags(args: list[str], flags: list[str]) -> list[str]:
+    """`npu-runtime serve` args with `flags` added before the engine's extra arguments (`--`)."""
+    cut = args.index("--") if "--" in args else len(args)
+    return [*args[:cut], *flags, *args[cut:]]
+
+
+def router_options(name: str, namespace: str, spec: NPUInferenceSpec) -> RouterOptions:
+    assert spec.disaggregation is not None
+    router = spec.disaggregation.router
+    url = {role: f"http://{name}-{role}.{namespace}.svc:{builders.HTTP_PORT}" for role in ROLES}
+    return RouterOptions(
+        prefill=(url["prefill"],),
+        decode=(url["decode"],),
+        port=builders.HTTP_PORT,
+        metrics_port=builders.METRICS_PORT,
+        timeout=float(router.timeout_seconds),
+        retries=router.retries,
+    )
+
+
+def build_router(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
+    """The router's Deployment: `npu-runtime route` from the runtime image, behind the resource's Service."""
+    assert spec.disaggregation is not None
+    selector = {**builders.selector_labels(name), ROLE_LABEL: ROUTER}
+    container: JSON = {
+        "name": ROUTER_CONTAINER,
+        "image": spec.engine.image or config.runtime_image,
+        "args": ["npu-runtime", "route", *route_argv(router_options(name, namespace, spec))],
+        "ports": [
+            {"name": "http", "containerPort": builders.HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": builders.METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        # Ready when both roles have an engine that answers /health.
+        "readinessProbe": _probe("/readyz", failures=3),
+        "livenessProbe": _probe("/healthz", failures=4),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": copy.deepcopy(builders.RUNTIME_SECURITY_CONTEXT),
+    }
+    if spec.engine.image_pull_policy:
+        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    pod_spec: JSON = {
+        "containers": [container],
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    if spec.template.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": secret} for secret in spec.template.image_pull_secrets]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": builders.labels(name)},
+        "spec": {
+            "replicas": spec.disaggregation.router.replicas,
+            "selector": {"matchLabels": _sorted(selector)},
+            "template": {
+                "metadata": {"labels": _sorted({**builders.labels(name), ROLE_LABEL: ROUTER})},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def _service(name: str, namespace: str, role: str, service_name: str) -> JSON:
+    """The router's Service (the resource's endpoint) or a role's: its engines' leaders (worker index 0)."""
+    service = builders.build_service(name, namespace, leaders_only=role != ROUTER)
+    service["metadata"]["name"] = service_name
+    service["spec"]["selector"] = _sorted({**service["spec"]["selector"], ROLE_LABEL: role})
+    return service
+
+
+def _probe(path: str, *, failures: int) -> JSON:
+    return {
+        "httpGet": {"path": path, "port": "metrics"},
+        "periodSeconds": builders.PROBE_PERIOD_SECONDS,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _sorted(mapping: dict[str, Any]) -> dict[str, Any]:
+    return {key: mapping[key] for key in sorted(mapping)}
