@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Final
 
 from npu_runtime.kv_transfer import KVTransfer, RoleSizes, problems, reserved_port_floor
@@ -243,6 +244,26 @@ def _probe(path: str, *, failures: int) -> JSON:
         "timeoutSeconds": 5,
         "failureThreshold": failures,
     }
+
+
+def workload_view(ds: Mapping[str, Any]) -> JSON:
+    """A DisaggregatedSet seen as the resource's workload: the decode role's replica counts.
+
+    Its status (disaggregatedset_types.go, `RoleStatus`) counts replicas per role and has no
+    observedGeneration; the decode role's counts are the resource's (its `spec.replicas`), and
+    none is ready while the prefill role has no ready replica (no request could be served).
+    """
+    roles = {role.get("name"): role for role in (ds.get("status") or {}).get("roleStatuses") or []}
+    decode, prefill = roles.get("decode", {}), roles.get("prefill", {})
+    ready = int(decode.get("readyReplicas", 0)) if int(prefill.get("readyReplicas", 0)) > 0 else 0
+    status = {
+        "replicas": int(decode.get("replicas", 0)),
+        "updatedReplicas": int(decode.get("updatedReplicas", 0)),
+        "readyReplicas": ready,
+        "observedGeneration": int((ds.get("metadata") or {}).get("generation", 0)) if roles else 0,
+        "conditions": list((ds.get("status") or {}).get("conditions") or []),
+    }
+    return {"metadata": dict(ds.get("metadata") or {}), "status": status}
 
 
 def _sorted(mapping: dict[str, Any]) -> dict[str, Any]:

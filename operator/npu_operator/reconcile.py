@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from npu_operator import aggregate, builders, children, ownership, status
+from npu_operator import aggregate, builders, children, disaggregation, ownership, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.children import ChildKind, Step
 from npu_operator.client import PERSISTENT_VOLUME_CLAIMS, ApiError, KubeClient
@@ -182,6 +182,8 @@ async def reconcile(
     rejected: list[str] = []
     notes = list(desired.notes)
     live_workload: Mapping[str, Any] | None = None
+    # The engines' workload; a disaggregated resource's Deployment is its router.
+    workloads = (children.DISAGGREGATED_SET,) if spec.disaggregation is not None else children.WORKLOADS
     for kind in children.KINDS:
         if kind.optional and kind.kind not in served:
             continue
@@ -197,7 +199,7 @@ async def reconcile(
             step = children.plan(kind, child_name, manifest, live, uid)
             if step is not None:
                 steps.append(step)
-            if kind in children.WORKLOADS and manifest is not None:
+            if kind in workloads and manifest is not None:
                 live_workload = live
     applied_steps: list[Step] = []
     for step in steps:
@@ -218,7 +220,7 @@ async def reconcile(
                 rejected.append(where)
             continue
         applied_steps.append(step)
-        if step.child in children.WORKLOADS and step.action != "delete":
+        if step.child in workloads and step.action != "delete":
             live_workload = applied
     if desired.cache_claim is not None and not cache.cache_claim_checked:
         try:
@@ -232,7 +234,9 @@ async def reconcile(
                 f"{_api_message(exc)}"
             )
 
-    pods = own_pods(view, namespace, name, live_workload)
+    if spec.disaggregation is not None and live_workload is not None:
+        live_workload = disaggregation.workload_view(live_workload)  # the roles' counts; its pods are not read yet
+    pods = own_pods(view, namespace, name, live_workload) if spec.disaggregation is None else []
     reports = await collector.collect(uid, pods) if collector is not None else []
     graph = aggregate.graph_status(
         spec.graph.mode,

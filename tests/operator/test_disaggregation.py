@@ -255,3 +255,17 @@ def test_roles_do_not_share_mutable_parts() -> None:
     first = roles(copy.deepcopy(manifest))
     container(first["prefill"])["env"].append({"name": "X", "value": "1"})
     assert "X" not in {var["name"] for var in container(first["decode"])["env"]}
+
+
+def test_the_roles_counts_are_the_resources_and_none_is_ready_without_a_ready_prefill() -> None:
+    ds: dict[str, Any] = {"metadata": {"name": "x", "generation": 3}, "status": {"roleStatuses": []}}
+    assert disaggregation.workload_view(ds)["status"]["observedGeneration"] == 0, "no role seen yet"
+    ds["status"]["roleStatuses"] = [
+        {"name": "prefill", "replicas": 2, "readyReplicas": 0, "updatedReplicas": 2},
+        {"name": "decode", "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1},
+    ]
+    view = disaggregation.workload_view(ds)["status"]
+    assert (view["replicas"], view["updatedReplicas"], view["readyReplicas"]) == (1, 1, 0)
+    ds["status"]["roleStatuses"][0]["readyReplicas"] = 1
+    view = disaggregation.workload_view(ds)["status"]
+    assert (view["readyReplicas"], view["observedGeneration"]) == (1, 3)
