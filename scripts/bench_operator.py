@@ -301,7 +301,7 @@ def serve_floor() -> None:
         made = [builders.build_deployment(name, namespace, spec, config), builders.build_service(name, namespace)]
         kopf.adopt(made, owner=body)
         for child in made:
-            await memo.client.apply(children.BY_KIND[child["kind"]].resource, namespace, child)
+            await memo.client.apply(children.kind_of(child, name).resource, namespace, child)
         # Written with kopf's own patch after the handler (a field the CRD's status schema has).
         patch.status["observedGeneration"] = body["metadata"]["generation"]
 

@@ -6,9 +6,16 @@ directly as `python -m vllm.entrypoints.openai.api_server ...` (`launch.engine_a
 builds it) until its /health answers 200, and through `npu-runtime serve` (the tests' `ServeRun`)
 until its /readyz answers 200 (which asks the engine's /health). Both are polled every 0.1 s.
 Runs alternate (direct, serve, direct, serve, ...) after one discarded warm-up, one engine at a
-time, on the same machine in the same run; prints each time, the medians and the ratio.
+time, on the same machine in the same run; prints each time, the medians and the ratio, and serve's
+own time before the engine starts (from serve's start to its "starting the engine" log line: the
+checks, the device probe, the model inspection and the plan).
 
     .venv/bin/python scripts/bench_serve_startup.py [--model DIR] [--rounds 2]
+    .venv/bin/python scripts/bench_serve_startup.py --before-engine-only --rounds 5   # no engine waits
+
+--before-engine-only starts serve, takes that time and stops it (and the engine it began): a quick
+figure for serve's own overhead that needs no engine start. PYTHONPATH=<checkout>/runtime measures
+another checkout's runtime (serve runs in a child interpreter with the caller's environment).
 
 Without --model the tiny generated model is used (npu_sandbox.tiny_model).
 """
@@ -63,22 +70,38 @@ def direct(model: str, engine_flags: list[str], env: dict[str, str], scratch: Pa
             time.sleep(SETTLE_SECONDS)
 
 
-def serve(model: str, env: dict[str, str], scratch: Path) -> float:
-    """Seconds until `npu-runtime serve` answers /readyz."""
+ENGINE_STARTS = "npu-runtime: starting the engine:"  # serve's log line just before it starts the engine
+
+
+def until_engine_starts(run: ServeRun) -> float:
+    """Seconds from serve's start to its log line saying the engine starts (polled every 10 ms)."""
+    while time.monotonic() - run.started < TIMEOUT_SECONDS:
+        if ENGINE_STARTS in run.log_path.read_text(errors="replace"):
+            return time.monotonic() - run.started
+        if run.process.poll() is not None:
+            raise SystemExit(f"serve exited with {run.process.returncode}:\n{run.log_tail()}")
+        time.sleep(0.01)
+    raise SystemExit(f"serve did not start the engine within {TIMEOUT_SECONDS:g} s:\n{run.log_tail()}")
+
+
+def serve(model: str, env: dict[str, str], scratch: Path, *, engine: bool = True) -> tuple[float, float]:
+    """Seconds until `npu-runtime serve` starts the engine, and until it answers /readyz (0 without `engine`)."""
     run = ServeRun(model, SMALL, Path(tempfile.mkdtemp(prefix="serve-", dir=scratch)), env=env)
     try:
-        return run.wait_ready(TIMEOUT_SECONDS, interval=POLL_SECONDS)
+        before = until_engine_starts(run)
+        return before, run.wait_ready(TIMEOUT_SECONDS, interval=POLL_SECONDS) if engine else 0.0
     finally:
         if run.process.poll() is None:
             run.terminate(60)
         run.cleanup()
-        time.sleep(SETTLE_SECONDS)
+        time.sleep(SETTLE_SECONDS if engine else 0.5)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--before-engine-only", action="store_true", help="only serve's time before the engine starts")
     args = parser.parse_args()
 
     env = serve_environment(dict(os.environ))  # the caller's engine settings too; a small KV cache unless set
@@ -100,16 +123,29 @@ def main() -> None:
         )
         engine_flags: list[str] = plan["vllm_args"]  # SMALL's limits are among them
 
+        times: dict[str, list[float]] = {"direct": [], "serve": [], "before engine": []}
+        if args.before_engine_only:
+            for round_ in range(args.rounds):
+                times["before engine"].append(serve(model, env, scratch, engine=False)[0])
+                print(f"round {round_ + 1}: serve started the engine after {times['before engine'][-1]:.2f} s")
+            starts = times["before engine"]
+            print(f"serve's own time before the engine starts: median {statistics.median(starts):.2f} s "
+                  f"(min {min(starts):.2f}, max {max(starts):.2f}, {len(starts)} runs)")  # fmt: skip
+            return
         print(f"warm-up (discarded): direct {direct(model, engine_flags, env, scratch):.1f} s", flush=True)
-        times: dict[str, list[float]] = {"direct": [], "serve": []}
         for round_ in range(args.rounds):
             times["direct"].append(direct(model, engine_flags, env, scratch))
-            times["serve"].append(serve(model, env, scratch))
+            before, ready = serve(model, env, scratch)
+            times["serve"].append(ready)
+            times["before engine"].append(before)
             print(
-                f"round {round_ + 1}: direct {times['direct'][-1]:.1f} s, serve {times['serve'][-1]:.1f} s", flush=True
+                f"round {round_ + 1}: direct {times['direct'][-1]:.1f} s, serve {ready:.1f} s "
+                f"(the engine started after {before:.2f} s)",
+                flush=True,
             )
     d, s = statistics.median(times["direct"]), statistics.median(times["serve"])
     print(f"median to ready: direct {d:.1f} s, npu-runtime serve {s:.1f} s; added {s - d:+.1f} s, ratio {s / d:.3f}")
+    print(f"serve's own time before the engine starts: median {statistics.median(times['before engine']):.2f} s")
 
 
 if __name__ == "__main__":

@@ -46,11 +46,28 @@ NPU_ONLY = frozenset(
         "Capture time per batch size",
         "Replay latency p50 per batch size",
         "Replay latency p99 per batch size",
+        "Replay latency p99 per rank",
         "Eager fallbacks per second",
         "Eager share of decode steps",
     }
 )
 NPU_ONLY_NOTE = " NPU only: empty where the engine runs without graphs (mode NONE, e.g. vLLM's CPU build)."
+# Panels of spec.autoscaling: KEDA's HPA as kube-state-metrics exports it. KEDA names a resource's
+# HPA keda-hpa-<resource> (kedacore/keda v2.20.2 controllers/keda/hpa.go getHPAName) and its first
+# trigger's metric s0-prometheus (pkg/scalers/prometheus_scaler.go): the running-requests target.
+KEDA_ONLY = frozenset({"Replicas: current, desired and max", "Running requests per replica and the target"})
+KEDA_ONLY_NOTE = " Needs KEDA and kube-state-metrics: empty for resources without spec.autoscaling."
+HPA = 'namespace=~"$namespace", horizontalpodautoscaler=~"keda-hpa-$npuinference"'
+RUNNING_TARGET = ', metric_name="s0-prometheus", metric_target_type="average"'
+
+
+def hpa(metric: str, extra: str = "") -> str:
+    """A series of a resource's KEDA HPA, labelled with the resource's name as the pods' series are."""
+    return (
+        f'label_replace(kube_horizontalpodautoscaler_{metric}{{{HPA}{extra}}}, "inference_npu_dev_name", "$1", '
+        '"horizontalpodautoscaler", "keda-hpa-(.+)")'
+    )
+
 
 Panel = dict[str, Any]
 
@@ -437,6 +454,96 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
         ],
     ),
     (
+        # The PodMonitors copy a LeaderWorkerSet pod's group and worker index into `group` and
+        # `node_rank` (builders.RANK_TARGET_LABELS); a one-node replica's series have neither.
+        "Multi-node replicas: per rank",
+        [
+            (
+                timeseries(
+                    "Replay latency p99 per rank",
+                    "99th percentile device time of one graph replay, per group and node of a multi-node "
+                    "replica (LeaderWorkerSet): one slow node holds its whole group back.",
+                    quantiles(
+                        "npu_graph_replay_latency_seconds_bucket",
+                        "inference_npu_dev_name, group, node_rank, size",
+                        "{{inference_npu_dev_name}} group {{group}} node {{node_rank}} size {{size}}",
+                        0.99,
+                    ),
+                    "s",
+                ),
+                12,
+                9,
+            ),
+            (
+                table(
+                    "Graph-mode downgrades per rank",
+                    "Each downgrade with the group and node that made it (empty for one-node replicas): "
+                    "a node can fall back alone, e.g. on an HCCL buffer or stream shortfall.",
+                    "max by (namespace, inference_npu_dev_name, group, node_rank, pod, from_mode, to_mode, reason) "
+                    f"(npu_graph_downgrades_total{{{SEL}}}) > 0",
+                    [],
+                ),
+                12,
+                9,
+            ),
+        ],
+    ),
+    (
+        "Autoscaling",
+        [
+            (
+                timeseries(
+                    "Replicas: current, desired and max",
+                    "spec.autoscaling: the replicas KEDA's HPA runs, asks for and may not exceed. Desired stuck at"
+                    " max while the eager share grows: raise spec.autoscaling.maxReplicas." + KEDA_ONLY_NOTE,
+                    [
+                        target(
+                            f"max by (inference_npu_dev_name) ({hpa('status_current_replicas')})",
+                            "current {{inference_npu_dev_name}}",
+                        ),
+                        target(
+                            f"max by (inference_npu_dev_name) ({hpa('status_desired_replicas')})",
+                            "desired {{inference_npu_dev_name}}",
+                            ref="B",
+                        ),
+                        target(
+                            f"max by (inference_npu_dev_name) ({hpa('spec_max_replicas')})",
+                            "max {{inference_npu_dev_name}}",
+                            ref="C",
+                        ),
+                    ],
+                    "short",
+                ),
+                12,
+                8,
+            ),
+            (
+                timeseries(
+                    "Running requests per replica and the target",
+                    "Running requests over the replicas KEDA's HPA counts, against the per-replica target the"
+                    " operator took from the capture plan (status.autoscaling): above it, KEDA adds replicas."
+                    + KEDA_ONLY_NOTE,
+                    [
+                        target(
+                            f"sum by (inference_npu_dev_name) (vllm:num_requests_running{{{SEL}}})"
+                            f" / on (inference_npu_dev_name) max by (inference_npu_dev_name) "
+                            f"({hpa('status_current_replicas')})",
+                            "per replica {{inference_npu_dev_name}}",
+                        ),
+                        target(
+                            f"max by (inference_npu_dev_name) ({hpa('spec_target_metric', RUNNING_TARGET)})",
+                            "target {{inference_npu_dev_name}}",
+                            ref="B",
+                        ),
+                    ],
+                    "short",
+                ),
+                12,
+                8,
+            ),
+        ],
+    ),
+    (
         "Operator",
         [
             (
@@ -533,10 +640,12 @@ def dashboard() -> dict[str, Any]:
             "NPUInference resources on Ascend NPUs: the graph mode requested and run, downgrades, graph "
             "capture memory and time, replay latency, eager fallbacks, the device memory plan, vLLM's "
             "latency and queue, and the operator. Labels: namespace and inference_npu_dev_name (the pod "
-            "label inference.npu.dev/name, copied by the PodMonitors' podTargetLabels). NPU only (empty "
+            "label inference.npu.dev/name, copied by the PodMonitors' podTargetLabels); for the pods of a "
+            "multi-node replica also group and node_rank (LeaderWorkerSet's group and worker index, "
+            "relabeled by the PodMonitors). NPU only (empty "
             "where the engine runs without graphs, e.g. vLLM's CPU build): "
             + ", ".join(title for title in ALL_TITLES if title in NPU_ONLY)
-            + "."
+            + ". The Autoscaling row needs KEDA (spec.autoscaling) and kube-state-metrics."
         ),
         "tags": ["npu", "ascend", "vllm", "npu-inference-operator"],
         "editable": True,

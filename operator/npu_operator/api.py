@@ -9,11 +9,13 @@ argument that fights a field); each problem names the field.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, Final
 
 from npu_runtime.contract import parse_size
+from npu_runtime.fetch.listing import REVISION_PATTERN
 
 from npu_operator import crd
 
@@ -50,6 +52,7 @@ class HubSource:
     ignore_patterns: tuple[str, ...]
     token: SecretKey | None
     endpoint: str | None
+    send_token_over_http: bool = False  # the token may go to a plain http:// endpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +196,36 @@ class DisaggregationSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class AutoscalingSpec:
+    """spec.autoscaling: a KEDA ScaledObject on the resource's scale subresource (see `scaling`)."""
+
+    min_replicas: int  # 0: scale to zero (needs spec.routing)
+    max_replicas: int
+    target_utilization: int  # percent of the plan's per-replica capacity
+    running_requests_per_replica: int | None  # None: from the plan
+    queue_depth_per_replica: int | None  # None: the running target
+    scale_up_period_seconds: int | None  # None: the observed startup time
+    scale_down_stabilization_seconds: int | None  # None: from the observed startup time
+    polling_interval_seconds: int
+    prometheus_address: str | None  # None: the operator's setting
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayRef:
+    name: str
+    namespace: str | None
+    section_name: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingSpec:
+    """spec.routing: an InferencePool and its endpoint picker (see `routing`)."""
+
+    failure_mode: str  # FailOpen | FailClose
+    gateway: GatewayRef | None
+
+
+@dataclasses.dataclass(frozen=True)
 class NPUInferenceSpec:
     model: ModelSpec
     replicas: int
@@ -203,6 +236,8 @@ class NPUInferenceSpec:
     resources: JSON  # requests/limits of cpu, memory, ephemeral-storage, as written
     template: PodTemplateSpec
     pod_monitor: PodMonitorSpec
+    autoscaling: AutoscalingSpec | None = None
+    routing: RoutingSpec | None = None
     disaggregation: DisaggregationSpec | None = None
 
 
@@ -287,6 +322,8 @@ def _parse(s: JSON) -> NPUInferenceSpec:
             image_pull_secrets=tuple(secret["name"] for secret in template.get("imagePullSecrets", ())),
         ),
         pod_monitor=PodMonitorSpec(monitor["enabled"], monitor["interval"], monitor.get("labels", {})),
+        autoscaling=_autoscaling(s.get("autoscaling")),
+        routing=_routing(s.get("routing")),
         disaggregation=_disaggregation(s.get("disaggregation")),
     )
 
@@ -317,6 +354,32 @@ def _disaggregation(d: JSON | None) -> DisaggregationSpec | None:
     )
 
 
+def _autoscaling(value: JSON | None) -> AutoscalingSpec | None:
+    if value is None:
+        return None
+    return AutoscalingSpec(
+        min_replicas=value["minReplicas"],
+        max_replicas=value["maxReplicas"],
+        target_utilization=value["targetUtilization"],
+        running_requests_per_replica=value.get("runningRequestsPerReplica"),
+        queue_depth_per_replica=value.get("queueDepthPerReplica"),
+        scale_up_period_seconds=value.get("scaleUpPeriodSeconds"),
+        scale_down_stabilization_seconds=value.get("scaleDownStabilizationSeconds"),
+        polling_interval_seconds=value["pollingIntervalSeconds"],
+        prometheus_address=value.get("prometheus", {}).get("address"),
+    )
+
+
+def _routing(value: JSON | None) -> RoutingSpec | None:
+    if value is None:
+        return None
+    gateway = value.get("gateway")
+    return RoutingSpec(
+        failure_mode=value["failureMode"],
+        gateway=GatewayRef(gateway["name"], gateway.get("namespace"), gateway.get("sectionName")) if gateway else None,
+    )
+
+
 def _hub_source(source: JSON) -> HubSource | None:
     for field, hub in HUB_SOURCE_FIELDS.items():
         if (repo := source.get(field)) is not None:
@@ -329,6 +392,7 @@ def _hub_source(source: JSON) -> HubSource | None:
                 ignore_patterns=tuple(repo.get("ignorePatterns", ())),
                 token=SecretKey(token["name"], token.get("key", "token")) if token else None,
                 endpoint=repo.get("endpoint"),
+                send_token_over_http=bool(repo.get("sendTokenOverHTTP", False)),
             )
     return None
 
@@ -432,7 +496,13 @@ def owned_flag(arg: str) -> str | None:
         return None
     if flag == "-O":
         return flag
-    return next((owned for owned in FLAGS_OWNED_BY_FIELDS if owned.startswith(flag)), None)
+    if (found := next((owned for owned in FLAGS_OWNED_BY_FIELDS if owned.startswith(flag)), None)) is not None:
+        return found
+    # A one-letter option with its value attached: argparse reads `-qawq` as `-q awq` when no
+    # option starts with `-qawq` (CPython 3.11, Lib/argparse.py, _get_option_tuples).
+    if not flag.startswith("--") and len(flag) > 2 and flag[:2] in FLAGS_OWNED_BY_FIELDS:
+        return flag[:2]
+    return None
 
 
 # Variables the NPU device plugin sets per pod; overriding them breaks device isolation.
@@ -490,6 +560,34 @@ def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
         parse_size(spec.engine.shm_size)
     except ValueError as exc:
         problems.append(SpecError("spec.engine.shmSize", str(exc)))
+    if spec.engine.additional_config is not None:
+        size = len(json.dumps(spec.engine.additional_config, separators=(",", ":")))
+        if size > ADDITIONAL_CONFIG_MAX_BYTES:
+            why = f"is {size} bytes as JSON, more than {ADDITIONAL_CONFIG_MAX_BYTES} (it is one command-line argument)"
+            problems.append(SpecError("spec.engine.additionalConfig", why))
+    problems += _hub_problems(spec.model.hub)
+    return problems
+
+
+# vllm-ascend's additional config is small (a few options); one argument of the engine's command line.
+ADDITIONAL_CONFIG_MAX_BYTES: Final = 16384
+
+
+def _hub_problems(hub: HubSource | None) -> list[SpecError]:
+    if hub is None:
+        return []
+    field = "spec.model.source." + next(name for name, value in HUB_SOURCE_FIELDS.items() if value == hub.hub)
+    problems: list[SpecError] = []
+    # The CRD has the same pattern; checked here too, for objects stored before it had one.
+    if hub.revision is not None and not re.match(REVISION_PATTERN, hub.revision):
+        problems.append(SpecError(f"{field}.revision", f"{hub.revision!r} is not a branch, tag or commit name"))
+    plain = hub.endpoint is not None and not hub.endpoint.startswith("https://")
+    if hub.token is not None and plain and not hub.send_token_over_http:
+        why = (
+            f"{hub.endpoint!r} is not https://: the token in tokenSecretRef would travel in clear text;"
+            " use https, or set sendTokenOverHTTP: true to accept that"
+        )
+        problems.append(SpecError(f"{field}.endpoint", why))
     return problems
 
 
@@ -512,6 +610,17 @@ def _disaggregation_problems(spec: NPUInferenceSpec) -> list[SpecError]:
             )
     for setting, why in disaggregation.connector_problems(spec):
         problems.append(SpecError(f"spec.disaggregation.connector.{setting}", why))
+    if prefill.additional_config is not None:
+        size = len(json.dumps(prefill.additional_config, separators=(",", ":")))
+        if size > ADDITIONAL_CONFIG_MAX_BYTES:
+            why = f"is {size} bytes as JSON, more than {ADDITIONAL_CONFIG_MAX_BYTES} (it is one command-line argument)"
+            problems.append(SpecError("spec.disaggregation.prefill.additionalConfig", why))
+    # The ScaledObject and the InferencePool select the engines' pods of one workload; with two roles
+    # behind a router neither is built yet.
+    for field, value in (("spec.autoscaling", spec.autoscaling), ("spec.routing", spec.routing)):
+        if value is not None:
+            why = "is not supported with spec.disaggregation yet (the router is the resource's endpoint)"
+            problems.append(SpecError(field, why))
     return problems
 
 

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 import math
+import re
 from typing import Any, Final
 
 from npu_runtime.contract import (
@@ -23,7 +24,7 @@ from npu_runtime.contract import (
     serve_argv,
 )
 
-from npu_operator import crd
+from npu_operator import crd, routing, scaling
 from npu_operator.api import HUB_MODEL_DIR, HUB_MODEL_PATH, NPUInferenceSpec
 from npu_operator.config import OperatorConfig
 
@@ -50,6 +51,26 @@ LWS_KIND: Final = "LeaderWorkerSet"
 LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"  # the leader pod's DNS name, set in every pod of a group
 LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"  # 0 for the leader, 1.. for the workers
 LWS_WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"  # the group, 0..replicas-1
+# Target labels of every series of a multi-node replica's pods, from LeaderWorkerSet's pod labels:
+# a panel can split replay latency and downgrades by group and node. A Deployment's pods have
+# neither label, and Prometheus drops a target label whose value is empty.
+RANK_TARGET_LABELS: Final = {"group": LWS_GROUP_INDEX_LABEL, "node_rank": LWS_WORKER_INDEX_LABEL}
+
+
+def rank_relabelings() -> list[JSON]:
+    """The PodMonitor endpoints' relabelings that copy RANK_TARGET_LABELS from Prometheus' pod metadata
+    (`__meta_kubernetes_pod_label_<name>`, the name's other characters made underscores)."""
+    return [
+        {
+            "action": "replace",
+            "sourceLabels": ["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)],
+            "targetLabel": target,
+        }
+        for target, label in RANK_TARGET_LABELS.items()
+    ]
+
+
 # The pod's own interface for HCCL's, Gloo's and the TP socket's bootstrap traffic, as vllm-ascend's
 # multi-node tutorials export them (HCCL_IF_IP, GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME,
 # HCCL_SOCKET_IFNAME). A pod's network is eth0; spec.engine.env overrides each one.
@@ -61,6 +82,13 @@ class Capabilities:
     """What the cluster offers, found out by the caller (builders never ask the API)."""
 
     pod_monitor: bool = False
+    scaled_object: bool = False  # keda.sh/v1alpha1
+    inference_pool: bool = False  # inference.networking.k8s.io/v1
+    http_route: bool = False  # gateway.networking.k8s.io/v1
+
+    @classmethod
+    def everything(cls) -> Capabilities:
+        return cls(pod_monitor=True, scaled_object=True, inference_pool=True, http_route=True)
 
 
 NAME_LABEL: Final = f"{crd.GROUP}/name"
@@ -71,8 +99,9 @@ def selector_labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "npu-inference", NAME_LABEL: name}
 
 
-def selector_string(name: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+def selector_string(name: str, *, multi_node: bool = False) -> str:
+    """The scale subresource's selector (status.selector): the pods that count as replicas."""
+    return ",".join(f"{k}={v}" for k, v in sorted(serving_pod_labels(name, multi_node=multi_node).items()))
 
 
 def labels(name: str) -> dict[str, str]:
@@ -96,13 +125,15 @@ def build_children(
     spec: NPUInferenceSpec,
     config: OperatorConfig,
     capabilities: Capabilities = Capabilities(),
+    startup_seconds: int | None = None,
 ) -> list[JSON]:
     """Every child the resource should have, in apply order.
 
     One node per replica: a Deployment. More: a LeaderWorkerSet, whether or not its API is
-    installed (the caller reports a missing API; see `Capabilities`). With spec.disaggregation:
-    the router, a DisaggregatedSet of the prefill and decode roles and their Services
-    (`disaggregation`).
+    installed (the caller reports a missing API; see `Capabilities`). `startup_seconds` is the
+    startup seen so far (status.autoscaling.startupSeconds); None: the spec's startup timeout.
+    With spec.disaggregation: the router, a DisaggregatedSet of the prefill and decode roles and
+    their Services (`disaggregation`).
     """
     if spec.disaggregation is not None:
         from npu_operator import disaggregation  # it builds on this module
@@ -118,6 +149,29 @@ def build_children(
         children.append(build_pod_disruption_budget(name, namespace))
     if spec.pod_monitor.enabled and capabilities.pod_monitor:
         children.append(build_pod_monitor(name, namespace, spec))
+    if spec.autoscaling is None and spec.routing is None:
+        return children
+    cap = scaling.capacity(spec, plan_options(spec))
+    if spec.autoscaling is not None and capabilities.scaled_object:
+        startup = startup_seconds or spec.engine.startup_timeout_seconds
+        children.append(
+            scaling.build_scaled_object(
+                name, namespace, spec.autoscaling, cap, labels(name), config.prometheus_address, startup
+            )
+        )
+    if spec.routing is not None and capabilities.inference_pool:
+        pool = routing.Pool(
+            name=name,
+            namespace=namespace,
+            labels=labels(name),
+            pods=serving_pod_labels(name, multi_node=spec.npu.nodes > 1),
+            max_concurrency=cap.per_replica,
+            failure_mode=spec.routing.failure_mode,
+        )
+        children += routing.build_picker(pool, config.picker_image)
+        children.append(routing.build_inference_pool(pool))
+        if spec.routing.gateway is not None and capabilities.http_route:
+            children.append(routing.build_http_route(pool, spec.routing.gateway))
     return children
 
 
@@ -145,6 +199,30 @@ def plan_options(spec: NPUInferenceSpec) -> PlanOptions:
     )
 
 
+class KubeletReference(str):
+    """An argument the kubelet is meant to expand: `$(NAME)` of a variable the operator itself
+    sets (LeaderWorkerSet's). Every other argument and env value is a literal (`kubelet_literal`)."""
+
+
+def kubelet_literal(value: str) -> str:
+    """`value` as the kubelet must pass it on: every `$` doubled, so nothing a user wrote is
+    expanded. The kubelet expands `$(NAME)` in args and env values from the container's env and
+    turns `$$` into `$` (kubernetes v1.31, third_party/forked/golang/expansion/expand.go, Expand);
+    doubling every `$` (not only `$(`) also keeps a user's own `$$(NAME)` literal."""
+    if isinstance(value, KubeletReference):
+        return str(value)
+    return value.replace("$", "$$")
+
+
+def _literal_container(container: JSON) -> JSON:
+    """The one place where a container's args and env values become literals for the kubelet."""
+    container["args"] = [kubelet_literal(arg) for arg in container.get("args", [])]
+    for var in container.get("env", []):
+        if "value" in var:
+            var["value"] = kubelet_literal(var["value"])
+    return container
+
+
 def runtime_args(spec: NPUInferenceSpec) -> list[str]:
     """The container's args: `npu-runtime serve` with the serve contract's flags.
 
@@ -166,11 +244,11 @@ def runtime_args(spec: NPUInferenceSpec) -> list[str]:
             if spec.engine.additional_config is not None
             else None
         ),
-        data_parallel_address=f"$({LWS_LEADER_ADDRESS})" if multi_node else None,
+        data_parallel_address=KubeletReference(f"$({LWS_LEADER_ADDRESS})") if multi_node else None,
     )
     argv = serve_argv(options)
     if multi_node:
-        argv[argv.index("--node-rank") + 1] = f"$({LWS_WORKER_INDEX})"
+        argv[argv.index("--node-rank") + 1] = KubeletReference(f"$({LWS_WORKER_INDEX})")
     return ["npu-runtime", "serve", *argv]
 
 
@@ -239,7 +317,7 @@ def build_leader_worker_set(name: str, namespace: str, spec: NPUInferenceSpec, c
 def _pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
     template = spec.template
     pod_spec: JSON = {
-        "containers": [_container(spec, config)],
+        "containers": [_literal_container(_container(spec, config))],
         "volumes": _volumes(spec),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         # Service links put one variable per Service into every pod; vLLM reads VLLM_PORT, which a
@@ -263,7 +341,7 @@ def _pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> 
     }
     pod_spec.update({key: value for key, value in optional.items() if value is not None})
     if spec.model.hub is not None:
-        pod_spec["initContainers"] = [_fetch_container(spec, config)]
+        pod_spec["initContainers"] = [_literal_container(_fetch_container(spec, config))]
     pod_metadata: JSON = {"labels": _sorted({**template.labels, **labels(name)})}
     if template.annotations:
         pod_metadata["annotations"] = _sorted(dict(template.annotations))
@@ -313,6 +391,8 @@ def fetch_args(spec: NPUInferenceSpec) -> list[str]:
         args += ["--ignore", pattern]
     if hub.endpoint:
         args += ["--endpoint", hub.endpoint]
+    if hub.send_token_over_http:
+        args += ["--send-token-over-http"]
     args += ["--link", HUB_MODEL_PATH, "--status-port", str(METRICS_PORT)]
     # Planned as soon as config.json is in the cache: a model that cannot fit fails before its weights come.
     return [*args, "--plan", *plan_argv(plan_options(spec))]
@@ -442,12 +522,20 @@ def build_cache_claim(namespace: str, spec: NPUInferenceSpec) -> JSON | None:
     }
 
 
+def serving_pod_labels(name: str, *, multi_node: bool) -> dict[str, str]:
+    """The labels of the pods that serve the API, one per replica: every pod of a one-node replica, the
+    leader (LeaderWorkerSet's worker index 0) of a multi-node one. The Service, the InferencePool
+    and the scale subresource's selector (status.selector) all select these."""
+    selector = selector_labels(name)
+    if multi_node:
+        selector[LWS_WORKER_INDEX_LABEL] = "0"
+    return _sorted(selector)
+
+
 def build_service(name: str, namespace: str, *, leaders_only: bool = False) -> JSON:
     """The endpoint. For a LeaderWorkerSet only the leaders serve the API: the selector adds
     LeaderWorkerSet's worker-index label 0."""
-    selector = selector_labels(name)
-    if leaders_only:
-        selector[LWS_WORKER_INDEX_LABEL] = "0"
+    selector = serving_pod_labels(name, multi_node=leaders_only)
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -489,8 +577,8 @@ def build_pod_monitor(name: str, namespace: str, spec: NPUInferenceSpec) -> JSON
             "podTargetLabels": [NAME_LABEL],
             "podMetricsEndpoints": [
                 # npu_graph_* and npu_device_* from the runtime; vllm:* from the engine itself.
-                {"port": "metrics", "path": "/metrics", "interval": interval},
-                {"port": "http", "path": "/metrics", "interval": interval},
+                {"port": "metrics", "path": "/metrics", "interval": interval, "relabelings": rank_relabelings()},
+                {"port": "http", "path": "/metrics", "interval": interval, "relabelings": rank_relabelings()},
             ],
         },
     }

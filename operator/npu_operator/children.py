@@ -34,10 +34,32 @@ class ChildKind:
     resource: Resource
     # Served only where its API is installed; skipped, with a note in the status, where it is not.
     optional: bool = False
+    # The child is named after the resource plus this suffix (two children of one kind differ by it).
+    suffix: str = ""
+    # The optional kind this child is only useful with: skipped, without a note of its own, where
+    # that kind's API is not served (the endpoint picker's objects without the InferencePool API).
+    needs: str | None = None
 
     @property
     def kind(self) -> str:
         return self.resource.kind
+
+    @property
+    def key(self) -> str:
+        """Unique among KINDS: the kind, plus the suffix where there is one."""
+        return self.kind + self.suffix
+
+    def child_name(self, owner: str) -> str:
+        """The child's name: the owner's name plus the suffix, shortened (with a digest of the whole)
+        to stay a DNS-1035 label of at most 63 characters, as a Service name must be."""
+        if len(owner) + len(self.suffix) <= MAX_NAME:
+            return owner + self.suffix
+        digest = hashlib.sha256(owner.encode()).hexdigest()[:8]
+        keep = MAX_NAME - len(self.suffix) - len(digest) - 1
+        return f"{owner[:keep].rstrip('-')}-{digest}{self.suffix}"
+
+
+MAX_NAME: Final = 63
 
 
 DEPLOYMENT: Final = ChildKind(Resource("apps", "v1", "deployments", "Deployment"))
@@ -48,26 +70,71 @@ POD_MONITOR: Final = ChildKind(Resource("monitoring.coreos.com", "v1", "podmonit
 LEADER_WORKER_SET: Final = ChildKind(
     Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"), optional=True
 )
+# spec.autoscaling: KEDA's ScaledObject on the resource's scale subresource (see `scaling`).
+SCALED_OBJECT: Final = ChildKind(Resource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject"), optional=True)
+# spec.routing: the Gateway API Inference Extension's pool, its endpoint picker (llm-d's router,
+# one per resource, named <resource>-epp) and, with routing.gateway, an HTTPRoute (see `routing`).
+INFERENCE_POOL: Final = ChildKind(
+    Resource("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool"), optional=True
+)
+PICKER_SUFFIX: Final = "-epp"
 # Prefill/decode disaggregation (spec.disaggregation): the roles, each a LeaderWorkerSet; a CRD of
-# kubernetes-sigs/lws v0.10. The Deployment is then the router, the Service its endpoint.
+# kubernetes-sigs/lws v0.10. The Deployment is then the router, the Service its endpoint, and one
+# Service per role (<resource>-prefill, <resource>-decode) selects that role's leaders for the router.
 DISAGGREGATED_SET: Final = ChildKind(
     Resource("disaggregatedset.x-k8s.io", "v1", "disaggregatedsets", "DisaggregatedSet"), optional=True
 )
+PREFILL_SERVICE: Final = ChildKind(SERVICE.resource, suffix="-prefill", needs=DISAGGREGATED_SET.kind)
+DECODE_SERVICE: Final = ChildKind(SERVICE.resource, suffix="-decode", needs=DISAGGREGATED_SET.kind)
+
+
+def _picker(resource: Resource) -> ChildKind:
+    return ChildKind(resource, suffix=PICKER_SUFFIX, needs=INFERENCE_POOL.kind)
+
+
+PICKER_SERVICE_ACCOUNT: Final = _picker(Resource("", "v1", "serviceaccounts", "ServiceAccount"))
+PICKER_ROLE: Final = _picker(Resource("rbac.authorization.k8s.io", "v1", "roles", "Role"))
+PICKER_ROLE_BINDING: Final = _picker(Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"))
+PICKER_CONFIG: Final = _picker(Resource("", "v1", "configmaps", "ConfigMap"))
+PICKER_DEPLOYMENT: Final = _picker(DEPLOYMENT.resource)
+PICKER_SERVICE: Final = _picker(SERVICE.resource)
+HTTP_ROUTE: Final = ChildKind(
+    Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"), optional=True, needs="InferencePool"
+)
 # In apply order.
-KINDS: Final = (DEPLOYMENT, LEADER_WORKER_SET, DISAGGREGATED_SET, SERVICE, POD_DISRUPTION_BUDGET, POD_MONITOR)
+KINDS: Final = (
+    DEPLOYMENT,
+    LEADER_WORKER_SET,
+    DISAGGREGATED_SET,
+    SERVICE,
+    PREFILL_SERVICE,
+    DECODE_SERVICE,
+    POD_DISRUPTION_BUDGET,
+    POD_MONITOR,
+    SCALED_OBJECT,
+    PICKER_SERVICE_ACCOUNT,
+    PICKER_ROLE,
+    PICKER_ROLE_BINDING,
+    PICKER_CONFIG,
+    PICKER_DEPLOYMENT,
+    PICKER_SERVICE,
+    INFERENCE_POOL,
+    HTTP_ROUTE,
+)
 # The kinds that run the engines: one of them per resource, chosen by spec.npu.nodes and spec.disaggregation
 # (the last one with a manifest is the workload: with a DisaggregatedSet, the Deployment is the router).
 WORKLOADS: Final = (DEPLOYMENT, LEADER_WORKER_SET, DISAGGREGATED_SET)
-# Services besides the resource's own: a disaggregated resource's role Services (`<name>-prefill`, ...).
-EXTRA_SERVICE_SUFFIXES: Final = ("-prefill", "-decode")
-BY_KIND: Final = {child.kind: child for child in KINDS}
+BY_KEY: Final = {child.key: child for child in KINDS}
+# The distinct APIs of KINDS (two kinds of child may share one, e.g. the two Deployments).
+RESOURCES: Final = tuple(dict.fromkeys(child.resource for child in KINDS))
 
 
-def names(kind: ChildKind, name: str) -> tuple[str, ...]:
-    """Every name a child of `kind` of the resource `name` can have (each one is applied or deleted)."""
-    if kind is SERVICE:
-        return (name, *(name + suffix for suffix in EXTRA_SERVICE_SUFFIXES))
-    return (name,)
+def kind_of(manifest: Mapping[str, Any], owner: str) -> ChildKind:
+    """The entry of KINDS that `manifest`, a child of the resource named `owner`, belongs to."""
+    for child in KINDS:
+        if child.kind == manifest["kind"] and child.child_name(owner) == manifest["metadata"]["name"]:
+            return child
+    raise KeyError(f"{manifest['kind']} {manifest['metadata']['name']} is no child kind of {owner}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +189,20 @@ def taken_fields(live: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
             theirs.append(entry["fieldsV1"])
     body = {key: value for key, value in manifest.items() if key not in ("apiVersion", "kind")}
     return any(_taken(ours, fields, body) for fields in theirs)
+
+
+def managed_fields_to_keep(entries: Any) -> list[Any] | None:
+    """What `taken_fields` needs of a live child's `managedFields` (None: nothing).
+
+    Only writes by another manager can take a field; while our own apply is the only writer of
+    the main resource (status writes are subresource entries, never read), `taken_fields` is
+    False with or without the entries, so a watch cache keeps none: our apply's entry mirrors the
+    whole manifest (a pod template) and was most of what a settled child cost in memory.
+    """
+    kept = [e for e in entries or () if isinstance(e, Mapping) and not e.get("subresource")]
+    if all(e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply" for e in kept):
+        return None
+    return kept
 
 
 def _taken(ours: Mapping[str, Any] | None, theirs: Mapping[str, Any], desired: Any) -> bool:

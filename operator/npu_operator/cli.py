@@ -33,6 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     render.add_argument("-f", "--filename", required=True, type=Path, help="a YAML file of NPUInference objects")
     render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     render.add_argument("--pod-monitor-api", action="store_true", help="render as if PodMonitors were served")
+    render.add_argument("--keda-api", action="store_true", help="render as if KEDA's ScaledObjects were served")
+    render.add_argument(
+        "--inference-pool-api", action="store_true", help="render as if InferencePools (and HTTPRoutes) were served"
+    )
+    render.add_argument("--all-apis", action="store_true", help="render as if every optional API were served")
     args = parser.parse_args(argv)
     try:
         config = load_config()
@@ -40,7 +45,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"npu-operator: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_INVALID
     if args.command == "render":
-        return _render(args.filename, args.output, config, builders.Capabilities(pod_monitor=args.pod_monitor_api))
+        capabilities = (
+            builders.Capabilities.everything()
+            if args.all_apis
+            else builders.Capabilities(
+                pod_monitor=args.pod_monitor_api,
+                scaled_object=args.keda_api,
+                inference_pool=args.inference_pool_api,
+                http_route=args.inference_pool_api,
+            )
+        )
+        return _render(args.filename, args.output, config, capabilities)
     return run_operator(config, verbose=args.verbose)
 
 
@@ -77,7 +92,7 @@ def _render(path: Path, output: str, config: OperatorConfig, capabilities: build
             print(f"{where}: skipped, not an {crd.API_VERSION} {crd.KIND}", file=sys.stderr)
             continue
         errors = crd.validate(document)
-        spec, problems = read_spec(document) if not errors else (None, [])
+        spec, problems = read_spec(document, config) if not errors else (None, [])
         errors += [str(problem) for problem in problems]
         if errors or spec is None:
             failed = True

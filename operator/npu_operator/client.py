@@ -75,6 +75,7 @@ class Resource:
 NPU_INFERENCES: Final = Resource(crd.GROUP, crd.VERSION, crd.PLURAL, crd.KIND)
 PODS: Final = Resource("", "v1", "pods", "Pod")
 REPLICA_SETS: Final = Resource("apps", "v1", "replicasets", "ReplicaSet")
+STATEFUL_SETS: Final = Resource("apps", "v1", "statefulsets", "StatefulSet")
 PERSISTENT_VOLUME_CLAIMS: Final = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 EVENTS: Final = Resource("", "v1", "events", "Event")
 
@@ -143,6 +144,7 @@ class KubeClient:
         self._connections = connections
         self._discovery_seconds = discovery_seconds
         self._discovered: dict[Resource, tuple[bool, float]] = {}
+        self._discovering: dict[Resource, asyncio.Future[bool]] = {}
         self._relogin = asyncio.Lock()
         self._api, self._dynamic, self._connector = self._connect(login())
         self.requests = 0  # for the operator's own accounting and the benchmark
@@ -257,10 +259,18 @@ class KubeClient:
         Asked once per `discovery_seconds` for the whole operator, not once per reconcile: a CRD
         installed later is noticed within that time.
         """
-        now = time.monotonic()
         cached = self._discovered.get(resource)
-        if cached is not None and now - cached[1] < self._discovery_seconds:
+        if cached is not None and time.monotonic() - cached[1] < self._discovery_seconds:
             return cached[0]
+        # Every worker's first tick asks at once after a start: they share one request.
+        asking = self._discovering.get(resource)
+        if asking is None:
+            asking = self._discovering[resource] = asyncio.ensure_future(self._discover(resource))
+            asking.add_done_callback(lambda _: self._discovering.pop(resource, None))
+        return await asyncio.shield(asking)  # a cancelled caller leaves the request to the others
+
+    async def _discover(self, resource: Resource) -> bool:
+        now = time.monotonic()
         try:
             listing: JSON | None = await self._request("GET", resource.group_version_path)
         except ApiError as exc:

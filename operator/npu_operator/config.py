@@ -48,6 +48,21 @@ class OperatorConfig:
     # The operator's own endpoints: kopf's liveness probe and Prometheus metrics (0 disables each).
     health_port: int = 8081
     metrics_port: int = 8080
+    # spec.autoscaling: the Prometheus KEDA queries, unless the resource names one.
+    prometheus_address: str = "http://prometheus-operated.monitoring.svc:9090"
+    # spec.routing: the endpoint picker's image, llm-d's router EPP (the image the Gateway API
+    # Inference Extension points to since v1.6.0), pinned to a release.
+    picker_image: str = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.9.0"
+    # How much of a pod an NPUInference may shape (npu_operator.policy; docs/security.md):
+    # Restricted refuses what widens a pod's privileges beyond these lists; Permissive leaves it
+    # to the cluster's Pod Security admission.
+    pod_template_policy: str = "Restricted"
+    # Registries (host or host/path) spec.engine.image may name; the runtime image is always allowed.
+    allowed_registries: tuple[str, ...] = ("ghcr.io/npu-inference",)
+    allowed_priority_classes: tuple[str, ...] = ()
+    # Node directories a hostPath model source may lie under (none: hostPath sources are refused).
+    allowed_host_paths: tuple[str, ...] = ()
+    allow_service_account_token: bool = False
 
 
 def _positive_float(text: Any) -> float:
@@ -89,6 +104,13 @@ def _non_empty(text: Any) -> str:
     return value
 
 
+def _url(text: Any) -> str:
+    value = _non_empty(text)
+    if not value.startswith(("http://", "https://")) or any(c.isspace() for c in value):
+        raise ValueError(f"must be an http:// or https:// URL, got {text!r}")
+    return value
+
+
 def _resource_name(text: Any) -> str:
     value = _non_empty(text)
     if problem := extended_resource_problem(value):
@@ -103,6 +125,34 @@ def _namespaces(value: Any) -> tuple[str, ...]:
         if not _NAMESPACE.match(name):
             raise ValueError(f"{name!r} is not a namespace name")
     return names
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else str(value).split(",")
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
+def _registries(value: Any) -> tuple[str, ...]:
+    names = _strings(value)
+    for name in names:
+        if not re.match(r"^[a-z0-9]([-a-z0-9.:]*[a-z0-9])?(/[a-z0-9]([-a-z0-9._]*[a-z0-9])?)*/?$", name):
+            raise ValueError(f"{name!r} is not a registry (host[:port][/path])")
+    return names
+
+
+def _host_paths(value: Any) -> tuple[str, ...]:
+    paths = _strings(value)
+    for path in paths:
+        if not path.startswith("/") or ".." in path.split("/") or path.rstrip("/") == "":
+            raise ValueError(f"{path!r} must be an absolute directory other than / (without '..')")
+    return paths
+
+
+def _policy(text: Any) -> str:
+    value = str(text).strip()
+    if value not in ("Restricted", "Permissive"):
+        raise ValueError(f"must be Restricted or Permissive, got {text!r}")
+    return value
 
 
 def _log_level(text: Any) -> str:
@@ -125,6 +175,13 @@ _PARSERS: Final[dict[str, Callable[[Any], Any]]] = {
     "standalone": _boolean,
     "health_port": _port,
     "metrics_port": _port,
+    "prometheus_address": _url,
+    "picker_image": _non_empty,
+    "pod_template_policy": _policy,
+    "allowed_registries": _registries,
+    "allowed_priority_classes": _strings,
+    "allowed_host_paths": _host_paths,
+    "allow_service_account_token": _boolean,
 }
 
 

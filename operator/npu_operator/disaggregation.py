@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 from npu_runtime.kv_transfer import KVTransfer, RoleSizes, problems, reserved_port_floor
 from npu_runtime.routing.router import RouterOptions, route_argv
 
-from npu_operator import builders, crd
+from npu_operator import builders, children, crd
 from npu_operator.api import NPUInferenceSpec
 from npu_operator.config import OperatorConfig
 
@@ -125,7 +126,7 @@ def build_children(
         build_router(name, namespace, spec, config),
         build_disaggregated_set(name, namespace, spec, config),
         _service(name, namespace, ROUTER, name),
-        *(_service(name, namespace, role, f"{name}-{role}") for role in ROLES),
+        *(_service(name, namespace, role, role_service_name(name, role)) for role in ROLES),
     ]
     if spec.pod_monitor.enabled and pod_monitor:
         children.append(builders.build_pod_monitor(name, namespace, spec))
@@ -148,9 +149,12 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     template["metadata"]["labels"] = _sorted({**template["metadata"]["labels"], ROLE_LABEL: role})
     pod = template["spec"]
     container = pod["containers"][0]
-    container["args"] = _with_serve_flags(
-        container["args"], ["--kv-transfer-config", kv_transfer(spec, role).to_json()]
-    )
+    # The args are already literals for the kubelet (`builders.kubelet_literal`); so is this one,
+    # but for the engine_id `$(POD_NAME)`, which the kubelet is meant to expand.
+    transfer = kv_transfer(spec, role)
+    literal = {**_literal_json(transfer.to_config()), "engine_id": transfer.engine_id}
+    arg = json.dumps(literal, sort_keys=True, separators=(",", ":"))
+    container["args"] = _with_serve_flags(container["args"], ["--kv-transfer-config", arg])
     env = {var["name"]: var for var in container["env"]}
     defaults: dict[str, JSON] = {
         POD_NAME_ENV: {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -165,6 +169,22 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     return {"name": role, "spec": lws_spec}
 
 
+def _literal_json(value: Any) -> Any:
+    """`value` (a user's JSON) with every string in it a literal for the kubelet."""
+    if isinstance(value, str):
+        return builders.kubelet_literal(value)
+    if isinstance(value, Mapping):
+        return {builders.kubelet_literal(str(key)): _literal_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_literal_json(item) for item in value]
+    return value
+
+
+def role_service_name(name: str, role: str) -> str:
+    """The Service of a role's leaders, which the router calls (`<name>-prefill`, `<name>-decode`)."""
+    return (children.PREFILL_SERVICE if role == "prefill" else children.DECODE_SERVICE).child_name(name)
+
+
 def _with_serve_flags(args: list[str], flags: list[str]) -> list[str]:
     """`npu-runtime serve` args with `flags` added before the engine's extra arguments (`--`)."""
     cut = args.index("--") if "--" in args else len(args)
@@ -174,7 +194,7 @@ def _with_serve_flags(args: list[str], flags: list[str]) -> list[str]:
 def router_options(name: str, namespace: str, spec: NPUInferenceSpec) -> RouterOptions:
     assert spec.disaggregation is not None
     router = spec.disaggregation.router
-    url = {role: f"http://{name}-{role}.{namespace}.svc:{builders.HTTP_PORT}" for role in ROLES}
+    url = {role: f"http://{role_service_name(name, role)}.{namespace}.svc:{builders.HTTP_PORT}" for role in ROLES}
     return RouterOptions(
         prefill=(url["prefill"],),
         decode=(url["decode"],),
@@ -189,10 +209,11 @@ def build_router(name: str, namespace: str, spec: NPUInferenceSpec, config: Oper
     """The router's Deployment: `npu-runtime route` from the runtime image, behind the resource's Service."""
     assert spec.disaggregation is not None
     selector = {**builders.selector_labels(name), ROLE_LABEL: ROUTER}
+    options = router_options(name, namespace, spec)
     container: JSON = {
         "name": ROUTER_CONTAINER,
         "image": spec.engine.image or config.runtime_image,
-        "args": ["npu-runtime", "route", *route_argv(router_options(name, namespace, spec))],
+        "args": [builders.kubelet_literal(arg) for arg in ["npu-runtime", "route", *route_argv(options)]],
         "ports": [
             {"name": "http", "containerPort": builders.HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": builders.METRICS_PORT, "protocol": "TCP"},

@@ -62,6 +62,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # early backs off in the login session's WatchThrottle (see `supervision`).
     settings.watching.reconnect_backoff = 1.0
     # The worker is the only status writer: no finalizers needed, children go by owner references.
+    # The CRD's schema (its defaults) is read here, not by the first resource's spec check.
+    crd.load_crd()
     memo.wakeups = watches.Wakeups()
     memo.seen_children = watches.SeenChildren()
     memo.client = client.KubeClient(lambda: client.connection_info(settings, logger))
@@ -97,7 +99,7 @@ async def check_spec(body: kopf.Body, reason: str, memo: Any, **_: Any) -> None:
     # resume the worker is being started and its first tick reads this very spec.
     if reason == kopf.Reason.UPDATE:
         memo.wakeups.wake((body["metadata"]["namespace"], body["metadata"]["name"]))
-    problems = reconcile.read_spec(body)[1]
+    problems = reconcile.read_spec(body, memo.config)[1]
     if problems:
         # The worker reports it (status, Warning Event); retrying cannot fix a spec.
         raise kopf.PermanentError("; ".join(str(problem) for problem in problems))

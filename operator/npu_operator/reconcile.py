@@ -23,12 +23,13 @@ from typing import Any, Protocol
 
 import kopf
 
-from npu_operator import aggregate, builders, children, disaggregation, ownership, status
+from npu_operator import aggregate, builders, children, disaggregation, ownership, scaling, status
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.children import ChildKind, Step
 from npu_operator.client import PERSISTENT_VOLUME_CLAIMS, ApiError, KubeClient
 from npu_operator.config import OperatorConfig
 from npu_operator.model_status import model_status
+from npu_operator.policy import policy_problems
 from npu_operator.report_schema import one_line
 from npu_operator.runtime_reports import ReportCollector
 
@@ -43,8 +44,8 @@ class LiveView(Protocol):
 
     def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]: ...
 
-    def replica_sets(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
-        """The ReplicaSets with the resource's labels: the links of a pod's owner chain."""
+    def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        """The ReplicaSets and StatefulSets with the resource's labels: the links of a pod's owner chain."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,20 +64,22 @@ class Desired:
 
     spec: NPUInferenceSpec | None
     problems: tuple[SpecError, ...]
-    manifests: Mapping[tuple[str, str], JSON]  # (kind, name) -> the stamped manifest to apply
+    manifests: Mapping[str, JSON]  # kind -> the stamped manifest to apply
     notes: tuple[str, ...]  # optional children asked for whose API is not installed or usable
     # (reason, message): the workload itself cannot be made here (no LeaderWorkerSet API).
     blocked: tuple[str, str] | None = None
     cache_claim: JSON | None = None  # the shared model cache's claim, to create when missing
 
 
-def read_spec(body: Mapping[str, Any]) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
-    """The typed spec and everything wrong with it (schema-level gaps included)."""
+def read_spec(body: Mapping[str, Any], config: OperatorConfig) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
+    """The typed spec and everything wrong with it (schema-level gaps and the pod-template policy included)."""
     try:
         spec = parse_spec(body.get("spec", {}))
     except SpecError as exc:
         return None, [exc]
-    return spec, validate_spec(spec)
+    return spec, validate_spec(spec) + scaling.spec_problems(spec, builders.plan_options(spec)) + policy_problems(
+        spec, config
+    )
 
 
 def desired_state(
@@ -84,16 +87,20 @@ def desired_state(
 ) -> Desired:
     """The children `body` should have, given the optional kinds the API server serves (and,
     in `refused`, why the API of an optional kind could not even be asked)."""
-    spec, problems = read_spec(body)
+    spec, problems = read_spec(body, config)
     if spec is None or problems:
         return Desired(spec, tuple(problems), {}, ())
     refused = refused or {}
-    manifests: dict[tuple[str, str], JSON] = {}
+    manifests: dict[str, JSON] = {}
     notes: list[str] = []
     blocked: tuple[str, str] | None = None
+    owner = body["metadata"]["name"]
+    startup = scaling.seen_startup_seconds(body.get("status") or {})
     # Built as if every optional API were served, so that what cannot be created is named.
-    for child in adopted_children(body, spec, config, builders.Capabilities(pod_monitor=True)):
-        kind = children.BY_KIND[child["kind"]]
+    for child in adopted_children(body, spec, config, builders.Capabilities.everything(), startup):
+        kind = children.kind_of(child, owner)
+        if kind.needs is not None and kind.needs not in served:
+            continue  # useless without the API it needs, whose own note says it is missing
         if kind.optional and kind.kind not in served:
             why = refused.get(kind.kind) or f"the {kind.resource.api_version} API is not installed"
             if kind is children.LEADER_WORKER_SET:
@@ -111,7 +118,7 @@ def desired_state(
             else:
                 notes.append(f"{kind.kind} not managed: {why}")
             continue
-        manifests[(kind.kind, child["metadata"]["name"])] = children.stamped(child)
+        manifests[kind.key] = children.stamped(child)
     if blocked is not None and spec.disaggregation is not None:
         manifests = {}  # nothing else changes: no router without its engines
     claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
@@ -131,7 +138,8 @@ class DesiredCache:
     ) -> Desired:
         meta = body["metadata"]
         labels = tuple(sorted((meta.get("labels") or {}).items()))
-        key = (meta.get("uid"), meta.get("generation"), labels, served, tuple(sorted(refused.items())))
+        startup = scaling.seen_startup_seconds(body.get("status") or {})
+        key = (meta.get("uid"), meta.get("generation"), labels, served, tuple(sorted(refused.items())), startup)
         if self.value is None or key != self.key:
             self.key, self.value = key, desired_state(body, config, served, refused)
             self.cache_claim_checked = False
@@ -189,18 +197,17 @@ async def reconcile(
             continue
         if desired.blocked is not None and spec.disaggregation is not None:
             break  # without the DisaggregatedSet API nothing changes
-        for child_name in children.names(kind, name):
-            manifest = desired.manifests.get((kind.kind, child_name))
-            live = view.child(kind, namespace, child_name)
-            if live is not None and not children.owned_by(live, uid):
-                if manifest is not None or child_name == name:
-                    conflicts.append(f"{kind.kind} {namespace}/{child_name}")
-                continue
-            step = children.plan(kind, child_name, manifest, live, uid)
-            if step is not None:
-                steps.append(step)
-            if kind in workloads and manifest is not None:
-                live_workload = live
+        child_name = kind.child_name(name)
+        manifest = desired.manifests.get(kind.key)
+        live = view.child(kind, namespace, child_name)
+        if live is not None and not children.owned_by(live, uid):
+            conflicts.append(f"{kind.kind} {namespace}/{child_name}")
+            continue
+        step = children.plan(kind, child_name, manifest, live, uid)
+        if step is not None:
+            steps.append(step)
+        if kind in workloads and manifest is not None:
+            live_workload = live
     applied_steps: list[Step] = []
     for step in steps:
         try:
@@ -244,7 +251,13 @@ async def reconcile(
         previous.get("graph", {}),
         now=now,
         same_generation=previous.get("observedGeneration") == generation,
+        nodes=spec.npu.nodes,
     )
+    groups = aggregate.group_findings(pods, reports, spec.npu.nodes, previous.get("graph", {}), spec.replicas)
+    if restarting := aggregate.restarting_groups(groups):
+        graph["restartingGroups"] = restarting
+        # A group being recreated is not failing: why it restarts is in the GroupRestarting message.
+        pods = [pod for pod in pods if (ownership.rank_of(pod) or (-1, 0))[0] not in groups.restarting]
     observed = status.Observed(
         deployment=dict(live_workload) if live_workload is not None else None,
         conflicts=tuple(conflicts),
@@ -254,6 +267,11 @@ async def reconcile(
         graph=graph,
         blocked=desired.blocked,
         model=model_status(spec.model.hub, pods, reports, previous.get("model", {})),
+        startup_seconds=max(
+            (seen for seen in (scaling.observed_startup_seconds(pods), scaling.seen_startup_seconds(previous)) if seen),
+            default=None,
+        ),
+        groups=groups,
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
     return _result(previous, new, tuple(applied_steps))
@@ -267,7 +285,8 @@ def own_pods(view: LiveView, namespace: str, name: str, workload: Mapping[str, A
     pods = view.pods(namespace, name)
     if not pods:
         return []
-    return ownership.owned_pods(pods, view.replica_sets(namespace, name), str(uid))
+    # A LeaderWorkerSet's leader pods are links too: they control their groups' worker StatefulSets.
+    return ownership.owned_pods(pods, [*view.owner_links(namespace, name), *pods], str(uid))
 
 
 async def ensure_cache_claim(client: KubeClient, namespace: str, claim: JSON) -> None:
@@ -283,6 +302,7 @@ def adopted_children(
     spec: NPUInferenceSpec,
     config: OperatorConfig,
     capabilities: builders.Capabilities,
+    startup_seconds: int | None = None,
 ) -> list[JSON]:
     """The desired children, owned by `body` (owner references, namespace, the owner's labels)."""
     meta = body["metadata"]
@@ -292,7 +312,7 @@ def adopted_children(
         "kind": body["kind"],
         "metadata": {**meta, "namespace": namespace},
     }
-    built = builders.build_children(meta["name"], namespace, spec, config, capabilities)
+    built = builders.build_children(meta["name"], namespace, spec, config, capabilities, startup_seconds)
     for child in built:
         kopf.adopt(child, owner=owner)  # type: ignore[arg-type]
     return built
@@ -302,7 +322,27 @@ def _result(
     previous: Mapping[str, Any], new: JSON, changes: tuple[Step, ...], problems: tuple[SpecError, ...] = ()
 ) -> Result:
     events = status.transition_events(previous.get("conditions", ()), new.get("conditions", ()))
-    for downgrade in aggregate.new_downgrades(previous.get("graph", {}), new.get("graph", {})):
+    old_graph, new_graph = previous.get("graph", {}), new.get("graph", {})
+    ranked = "ranks" in new_graph  # a multi-node replica: the Events name the rank instead
+    announced: set[str] = set()
+    for rank in aggregate.new_rank_problems(old_graph, new_graph):
+        where = f"group {rank['group']} node {rank['node']} (pod {rank['pod']})"
+        if "failure" in rank:
+            events.append(status.Event("Warning", status.RANK_FAILED, f"{where}: {rank['failure']}"))
+        if "downgrade" in rank:
+            reason = rank["downgrade"]
+            announced.add(reason)
+            known = next((d for d in new_graph.get("downgrades", []) if d["reason"] == reason), None)
+            message = (
+                f"{where}: {known['fromMode']} -> {known['toMode']} ({reason}, {known['stage']} stage): "
+                f"{known['message']}"
+                if known is not None
+                else f"{where}: {rank.get('mode', 'an other mode')} ({reason})"
+            )
+            events.append(status.Event("Warning", status.GRAPH_MODE_DOWNGRADED, message))
+    for downgrade in aggregate.new_downgrades(old_graph, new_graph):
+        if ranked and downgrade["reason"] in announced:
+            continue
         modes = f"{downgrade['fromMode']} -> {downgrade['toMode']}"
         why = downgrade["message"].removeprefix(f"{modes}: ")
         pods = f"{downgrade['pods']} pod" + ("s" if downgrade["pods"] != 1 else "")

@@ -16,11 +16,14 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from npu_operator.calibration import CalibrationSection, parse_section
+
 # Bounds on what one report can hold.
 MAX_CAPTURES: Final = 64  # vLLM captures at most a few dozen batch sizes per mode
 MAX_REPLAY_ROWS: Final = 64
 MAX_DOWNGRADES: Final = 8  # a runtime reports at most a handful (plan and engine stage)
 MAX_FALLBACK_REASONS: Final = 16
+MAX_NODE_RANKS: Final = 64  # data-parallel ranks one node runs: at most one per device
 MAX_MESSAGE: Final = 256  # characters
 MAX_SIZE: Final = 1 << 16  # batch sizes
 MAX_COUNT: Final = 1 << 62  # counters (decode steps, replays, bytes)
@@ -96,6 +99,11 @@ class RuntimeReport:
     eager_fallbacks: int = 0
     failure: Failure | None = None
     model: ModelProgress | None = None
+    # Which node of a multi-node replica the runtime runs (its --node-rank) and its DP ranks.
+    node_rank: int | None = None
+    data_parallel_ranks: tuple[int, ...] = ()
+    calibration: CalibrationSection | None = None
+    """Estimated vs measured per memory term (npu_operator.calibration)."""
     dropped: int = 0
 
 
@@ -176,6 +184,10 @@ def parse_report(document: Any) -> RuntimeReport:
     for size in read.items((plan or {}).get("capture_sizes"), MAX_CAPTURES):
         if (checked := read.count(size, limit=MAX_SIZE, low=1)) is not None:
             planned.append(checked)
+    node = read.mapping(document.get("node"))
+    node_rank = None if node is None or node.get("rank") is None else read.count(node["rank"], limit=MAX_SIZE)
+    listed = read.items((node or {}).get("data_parallel_ranks"), MAX_NODE_RANKS)
+    ranks = [read.count(rank, limit=MAX_SIZE) for rank in listed]
     return RuntimeReport(
         state=state,
         effective_mode=effective,
@@ -187,6 +199,9 @@ def parse_report(document: Any) -> RuntimeReport:
         eager_fallbacks=_fallbacks(read, document.get("eager_fallbacks")),
         failure=_failure(read, document.get("failure")),
         model=parse_model_progress(document.get("model"), read),
+        node_rank=node_rank,
+        data_parallel_ranks=tuple(sorted({rank for rank in ranks if rank is not None})),
+        calibration=parse_section(document.get("calibration")),
         dropped=read.dropped,
     )
 

@@ -3,6 +3,9 @@
 One collector serves the whole operator: a semaphore bounds the reads in flight across every
 NPUInference, each read has a short timeout, a pod is read at most once per poll interval, and a
 pod that does not answer is retried with exponential backoff while its last good report is kept.
+Fresh, not sticky: a pod whose state changed (phase, Ready, a container restart: `transition_mark`)
+is read at once, whatever its backoff, and a report read before the pod's last transition is
+handed on as stale (`PodReport.stale`), never as the pod's current state.
 A pod whose last read failed is read through a pool of its own (a quarter of the slots), so
 hung pods never hold the slots of healthy ones; the HTTP connection pool is as large as the bound.
 Pod IPs and ports come from the Pod objects (the container port named `metrics`).
@@ -27,8 +30,10 @@ from typing import Any, Final
 import aiohttp
 
 from npu_operator.aggregate import PodReport
+from npu_operator.api import condition
 from npu_operator.builders import CONTAINER_NAME, METRICS_PORT
 from npu_operator.config import backoff_seconds
+from npu_operator.ownership import rank_of
 from npu_operator.report_schema import RuntimeReport, parse_report
 
 # A runtime's /status is a few KiB; this leaves room for many captures and still bounds memory.
@@ -41,14 +46,32 @@ class Unreadable(Exception):
     """Why a pod's /status could not be taken: the message says it in words."""
 
 
+Mark = tuple[Any, ...]
+
+
 @dataclasses.dataclass
 class _Entry:
     address: str
+    mark: Mark  # the pod's transition mark as last seen
     report: RuntimeReport | None = None
+    report_mark: Mark | None = None  # the pod's mark when `report` was read
     reachable: bool = True
     failures: int = 0
     next_read: float = 0.0
     problem: str = ""
+
+    @property
+    def stale(self) -> bool:
+        """The report was read before the pod's last transition: not what the pod is now."""
+        return self.report is not None and self.report_mark != self.mark
+
+
+def transition_mark(pod: Mapping[str, Any]) -> Mark:
+    """What changes when a pod transitions: its phase, its Ready condition, its containers' restarts."""
+    status = pod.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    restarts = sum(int(entry.get("restartCount") or 0) for entry in statuses if isinstance(entry, Mapping))
+    return (status.get("phase"), condition(pod, "Ready").get("status"), restarts)
 
 
 def runtime_address(pod: Mapping[str, Any]) -> str | None:
@@ -98,30 +121,42 @@ class ReportCollector:
         self._entries.pop(owner, None)
 
     async def collect(self, owner: str, pods: Sequence[Mapping[str, Any]]) -> list[PodReport]:
-        """One report per pod that has an address: fresh when due, else the last one read."""
+        """One report per pod that has an address: fresh when due (at once when the pod changed),
+        else the last one read, marked stale when the pod changed since."""
         entries = self._entries.setdefault(owner, {})
-        current: dict[str, tuple[str, str]] = {}
+        current: dict[str, tuple[Mapping[str, Any], str]] = {}
         for pod in pods:
             address = runtime_address(pod)
             if address is not None:
-                current[pod["metadata"]["uid"]] = (pod["metadata"]["name"], address)
+                current[pod["metadata"]["uid"]] = (pod, address)
         for uid in set(entries) - set(current):
-            del entries[uid]  # the pod is gone
-        for uid, (_, address) in current.items():
-            if uid not in entries or entries[uid].address != address:
-                entries[uid] = _Entry(address)
+            del entries[uid]  # the pod is gone: its reports go with it
+        for uid, (pod, address) in current.items():
+            mark = transition_mark(pod)
+            entry = entries.get(uid)
+            if entry is None or entry.address != address:
+                entries[uid] = _Entry(address, mark)
+            elif entry.mark != mark:
+                entry.mark, entry.next_read = mark, 0.0  # read at once, not after its backoff
         now = self._clock()
-        due = [(name, entries[uid]) for uid, (name, _) in current.items() if entries[uid].next_read <= now]
-        await asyncio.gather(*(self._read(name, entry) for name, entry in due))
+        due = [(pod, entries[uid]) for uid, (pod, _) in current.items() if entries[uid].next_read <= now]
+        await asyncio.gather(*(self._read(pod["metadata"]["name"], entry) for pod, entry in due))
         return [
-            PodReport(pod=name, report=entries[uid].report, reachable=entries[uid].reachable)
-            for uid, (name, _) in sorted(current.items(), key=lambda item: item[1][0])
+            PodReport(
+                pod=pod["metadata"]["name"],
+                report=entries[uid].report,
+                reachable=entries[uid].reachable,
+                stale=entries[uid].stale,
+                rank=rank_of(pod),
+            )
+            for uid, (pod, _) in sorted(current.items(), key=lambda item: str(item[1][0]["metadata"]["name"]))
         ]
 
     async def _read(self, pod: str, entry: _Entry) -> None:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._concurrency + self._suspect_slots)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+        mark = entry.mark  # the pod as it was when the read began
         async with self._suspect if entry.failures else self._healthy:
             self.reads += 1
             try:
@@ -136,6 +171,7 @@ class ReportCollector:
                 entry.next_read = self._clock() + backoff_seconds(self._poll, entry.failures)
                 return
         entry.report, entry.reachable, entry.failures, entry.problem = parse_report(document), True, 0, ""
+        entry.report_mark = mark
         entry.next_read = self._clock() + self._poll
 
     async def _fetch(self, url: str) -> Any:

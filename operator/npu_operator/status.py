@@ -12,10 +12,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from npu_operator import api
-from npu_operator.aggregate import PodFindings
+from npu_operator import api, routing, scaling
+from npu_operator.aggregate import GroupFindings, PodFindings
 from npu_operator.api import NPUInferenceSpec, SpecError
-from npu_operator.builders import endpoint, selector_string
+from npu_operator.builders import endpoint, plan_options, selector_string
 
 JSON = dict[str, Any]
 
@@ -28,6 +28,10 @@ CHILD_REJECTED: Final = "ChildRejected"
 CHILD_CONFLICT: Final = "ChildConflict"
 LWS_NOT_INSTALLED: Final = "LeaderWorkerSetNotInstalled"
 DS_NOT_INSTALLED: Final = "DisaggregatedSetNotInstalled"
+# Multi-node replicas (LeaderWorkerSet groups).
+GROUP_RESTARTING: Final = "GroupRestarting"  # LeaderWorkerSet is recreating a group
+RANKS_NOT_SERVING: Final = "RanksNotServing"  # the groups count as ready, but a rank does not serve
+RANK_FAILED: Final = "RankFailed"  # Event: a rank's runtime reports a failure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +67,10 @@ class Observed:
     blocked: tuple[str, str] | None = None
     # The download of a hub source (see `model_status`); None for a volume source.
     model: JSON | None = None
+    # The longest startup seen among ready pods, kept across ticks (see `scaling.observed_startup_seconds`).
+    startup_seconds: int | None = None
+    # The groups of a multi-node replica (see `aggregate.group_findings`).
+    groups: GroupFindings = dataclasses.field(default_factory=GroupFindings)
 
 
 def compute_status(
@@ -83,13 +91,20 @@ def compute_status(
         "readyReplicas": ready,
         "updatedReplicas": updated,
         "ready": f"{ready}/{spec.replicas}",
-        "selector": selector_string(name),
+        "selector": selector_string(name, multi_node=spec.npu.nodes > 1),
         "endpoint": endpoint(name, namespace),
         "graph": observed.graph or {**previous.get("graph", {}), "requestedMode": spec.graph.mode},
         "conditions": merge_conditions(previous.get("conditions", ()), conditions, now=now, generation=generation),
     }
     if observed.model is not None:
         status["model"] = observed.model
+    if spec.autoscaling is not None or spec.routing is not None:
+        cap = scaling.capacity(spec, plan_options(spec))  # read_spec refused a spec it raises for
+        if spec.autoscaling is not None:
+            timeout = spec.engine.startup_timeout_seconds
+            status["autoscaling"] = scaling.autoscaling_status(spec.autoscaling, cap, observed.startup_seconds, timeout)
+        if spec.routing is not None:
+            status["routing"] = routing.routing_status(name, cap.per_replica)
     status["phase"], status["reason"] = summarize(conditions, created=observed.deployment is not None)
     return status
 
@@ -164,9 +179,17 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
         message = f"the engines run {effective}, not the requested {spec.graph.mode} (spec.graph.onDowngrade: Degrade)"
         degraded = Condition(DEGRADED, True, GRAPH_MODE_DOWNGRADED, message)
 
+    groups = observed.groups
     if desired == 0:
         ready_condition = Condition(READY, True, "ScaledToZero", "0 replicas requested")
         rolling = total > 0
+    elif groups.restarting:
+        # Ready means every rank of every group serves; the LeaderWorkerSet's counters lag behind.
+        ready_condition = Condition(READY, False, GROUP_RESTARTING, groups.restarting_message)
+        rolling = True
+    elif current and updated == desired and ready >= desired and total == desired and groups.not_serving:
+        ready_condition = Condition(READY, False, RANKS_NOT_SERVING, groups.not_serving_message)
+        rolling = True
     else:
         done = current and updated == desired and ready >= desired and total == desired
         ready_condition = (
@@ -187,8 +210,10 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
         rolling = not done
     phases = ", ".join(f"{count} {phase}" for phase, count in observed.findings.starting.items())
     rollout = f"{updated}/{desired} replicas updated, {ready} ready" + (f"; starting: {phases}" if phases else "")
+    if groups.restarting:
+        rollout = f"{groups.restarting_message}; {rollout}"
     progressing = (
-        Condition(PROGRESSING, True, "RollingOut", rollout)
+        Condition(PROGRESSING, True, GROUP_RESTARTING if groups.restarting else "RollingOut", rollout)
         if rolling and not degraded.status
         else Condition(PROGRESSING, False, "RolloutComplete" if not rolling else degraded.reason, "")
     )
@@ -248,7 +273,17 @@ def transition_events(previous: Sequence[Mapping[str, Any]], current: Sequence[M
 
 
 def status_patch(previous: Mapping[str, Any], new: Mapping[str, Any]) -> JSON:
-    """A merge patch of `status` with only the keys that changed (None removes a key)."""
-    patch: JSON = {key: value for key, value in new.items() if previous.get(key) != value}
+    """A merge patch of `status` with only the keys that changed (None removes a key).
+
+    Recursive: a merge patch merges nested objects, so a key dropped inside one (`graph.modes`
+    once the pods agree, `graph.unreachablePods` once they answer) needs its own None, or the
+    stored status keeps it.
+    """
+    patch: JSON = {}
+    for key, value in new.items():
+        old = previous.get(key)
+        if old == value:
+            continue
+        patch[key] = status_patch(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
     patch.update({key: None for key in previous if key not in new})
     return patch

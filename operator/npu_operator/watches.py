@@ -13,8 +13,12 @@ Children of an optional kind (PodMonitor, LeaderWorkerSet) are kept by their eve
 filled by its first listing, and an optional API the operator may not list (a 403 from RBAC)
 must never hold the required children back. Until its first event such a child is unknown, which
 costs at most one unforced apply (an object of ours answers it as a no-op).
-ReplicaSets with our name label are indexed too (no wake-up): a pod is ours only when its owner
-chain through them leads to our workload (`ownership`), since labels can be copied.
+ReplicaSets and StatefulSets with our name label are indexed too (no wake-up): a pod is ours
+only when its owner chain through them leads to our workload (`ownership`), since labels can be
+copied. A LeaderWorkerSet's StatefulSets carry our labels because LeaderWorkerSet copies its own
+labels onto the leader and worker StatefulSets (kubernetes-sigs/lws v0.10.0,
+pkg/controllers/leaderworkerset_controller.go constructLeaderStatefulSetApplyConfiguration and
+pod_controller.go constructWorkerStatefulSetApplyConfiguration: mergeMetadata(lws.Labels, ...)).
 kopf starts the workers only once every index has been filled by its first listing. A kind whose
 API is not installed is not watched (kopf skips it) and its index stays empty.
 """
@@ -31,13 +35,14 @@ import kopf
 
 from npu_operator import builders, children
 from npu_operator.children import ChildKind
-from npu_operator.client import PODS, REPLICA_SETS, Resource
+from npu_operator.client import PODS, REPLICA_SETS, STATEFUL_SETS, Resource
 
 OwnerKey = tuple[str, str]  # (namespace, NPUInference name)
 OURS: Final[Mapping[str, Any]] = {builders.NAME_LABEL: kopf.PRESENT, "app.kubernetes.io/managed-by": "npu-operator"}
 POD_LABELS: Final = {builders.NAME_LABEL: kopf.PRESENT}
 POD_INDEX: Final = "npu_pods"
-REPLICA_SET_INDEX: Final = "npu_replicasets"
+# The links of pods' owner chains, one index per kind.
+LINK_INDEXES: Final = {REPLICA_SETS: "npu_replicasets", STATEFUL_SETS: "npu_statefulsets"}
 
 
 def index_name(kind: ChildKind) -> str:
@@ -99,7 +104,7 @@ class WatchedView:
         }
         self._seen = seen
         self._pods: kopf.Index[OwnerKey, Any] = indexes[POD_INDEX]
-        self._replica_sets: kopf.Index[OwnerKey, Any] = indexes[REPLICA_SET_INDEX]
+        self._links: list[kopf.Index[OwnerKey, Any]] = [indexes[index] for index in LINK_INDEXES.values()]
 
     def child(self, kind: ChildKind, namespace: str, name: str) -> Mapping[str, Any] | None:
         index = self._children.get(kind)
@@ -112,13 +117,13 @@ class WatchedView:
     def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         return [dict(pod) for pod in self._pods.get((namespace, name), ())]
 
-    def replica_sets(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
-        return [dict(obj) for obj in self._replica_sets.get((namespace, name), ())]
+    def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        return [dict(obj) for index in self._links for obj in index.get((namespace, name), ())]
 
 
 # What the reconcile reads of a child and of a pod; the rest (a child's spec, most of all the pod
 # template) is not kept, so 1,000 resources fit in little memory.
-_CHILD_METADATA: Final = ("name", "namespace", "uid", "generation", "labels", "ownerReferences", "managedFields")
+_CHILD_METADATA: Final = ("name", "namespace", "uid", "generation", "labels", "ownerReferences")
 _POD_METADATA: Final = ("name", "namespace", "uid", "labels", "deletionTimestamp", "ownerReferences")
 _LINK_METADATA: Final = ("name", "namespace", "uid", "ownerReferences")
 
@@ -129,6 +134,8 @@ def essentials(body: Mapping[str, Any], *, pod: bool = False) -> dict[str, Any]:
     kept: dict[str, Any] = {key: meta[key] for key in (_POD_METADATA if pod else _CHILD_METADATA) if key in meta}
     if not pod and (digest := (meta.get("annotations") or {}).get(children.DIGEST_ANNOTATION)) is not None:
         kept["annotations"] = {children.DIGEST_ANNOTATION: digest}
+    if not pod and (managed := children.managed_fields_to_keep(meta.get("managedFields"))) is not None:
+        kept["managedFields"] = managed
     # Parts of the event's own object (kopf does not change it afterwards), not copies.
     result: dict[str, Any] = {"metadata": kept, "status": body.get("status") or {}}
     if pod:
@@ -146,7 +153,7 @@ def _index_pod(namespace: str | None, labels: Mapping[str, str], body: kopf.Body
 
 
 def _index_link(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
-    """A link of a pod's owner chain (a ReplicaSet): only who it is and who owns it."""
+    """A link of a pod's owner chain (a ReplicaSet, a StatefulSet): only who it is and who owns it."""
     meta = body.get("metadata", {})
     return {owner_key(namespace, labels): {"metadata": {key: meta[key] for key in _LINK_METADATA if key in meta}}}
 
@@ -177,17 +184,19 @@ def quiet_wakeups(record: logging.LogRecord) -> bool:
 
 def register() -> None:
     """The indexes and wake-up handlers of every kind of child and of pods (called once, on import)."""
-    for kind in children.KINDS:
+    for resource in children.RESOURCES:  # two kinds of child may share an API (the picker's Deployment)
+        kind = next(kind for kind in children.KINDS if kind.resource == resource)
         if kind.optional:
-            group, version, plural = kind.resource.group, kind.resource.version, kind.resource.plural
+            group, version, plural = resource.group, resource.version, resource.plural
             kopf.on.event(group=group, version=version, plural=plural, labels=OURS, id=f"wake_for_{plural}")(
                 _see_optional
             )
         else:
-            _watch(kind.resource, OURS, index_name(kind), _index_child)
+            _watch(resource, OURS, index_name(kind), _index_child)
     _watch(PODS, POD_LABELS, POD_INDEX, _index_pod)
-    group, version, plural = REPLICA_SETS.group, REPLICA_SETS.version, REPLICA_SETS.plural
-    kopf.index(group=group, version=version, plural=plural, labels=POD_LABELS, id=REPLICA_SET_INDEX)(_index_link)
+    for link, index in LINK_INDEXES.items():
+        group, version, plural = link.group, link.version, link.plural
+        kopf.index(group=group, version=version, plural=plural, labels=POD_LABELS, id=index)(_index_link)
 
 
 def _watch(resource: Resource, labels: Mapping[str, Any], index: str, indexer: Any) -> None:

@@ -142,6 +142,15 @@ class PlanOptions:
     # ACL graph stream budget per device (NPU only); None: vllm-ascend's historical 1800 of 2048.
     # Soft-partitioned NPUs get only a share of the device's streams (vllm-ascend issue #8585).
     stream_budget: int | None = None
+    # HCCL_BUFFSIZE (MB) the engine runs with; None: the environment's (the pod's env, which
+    # spec.engine.env sets), else HCCL's default 200.
+    hccl_buffsize: int | None = None
+    # Redundant experts of vllm-ascend's EPLB (additional_config eplb_config.num_redundant_experts);
+    # None: read from serve's --additional-config, else 0.
+    redundant_experts: int | None = None
+    # A calibration record (JSON, written by the operator from an earlier pod's measurements) whose
+    # measured figures replace the estimates when its key matches this plan's.
+    calibration: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +262,23 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantization",
         default=None,
         help="vLLM's --quantization (default: detected from the model directory, e.g. ascend for ModelSlim)",
+    )
+    engine.add_argument(
+        "--hccl-buffsize",
+        type=_positive_int,
+        default=None,
+        help="HCCL_BUFFSIZE in MB the engine runs with (default: the environment's, else 200)",
+    )
+    engine.add_argument(
+        "--redundant-experts",
+        type=_non_negative_int,
+        default=None,
+        help="EPLB redundant experts (default: additional-config eplb_config.num_redundant_experts, else 0)",
+    )
+    engine.add_argument(
+        "--calibration",
+        default=None,
+        help="a calibration record (JSON) of measured figures for this model, device and layout",
     )
     device = parser.add_argument_group("device overrides (default: probe the device)")
     device.add_argument("--device-kind", choices=DEVICE_KINDS, default=None)

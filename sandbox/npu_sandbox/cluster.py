@@ -26,8 +26,45 @@ from npu_operator.config import OperatorConfig
 from npu_sandbox.emulator import KubeEmulator
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+CRDS_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 # How the tests' and the sandbox's own requests name themselves (the API server's default field manager).
 USER_AGENT = "npu-sandbox"
+
+
+def kopf_peering_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
+    """kopf's peering CRDs (group kopf.dev), as the chart's templates/peering-crds.yaml defines them."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.kopf.dev"},
+        "spec": {
+            "group": "kopf.dev",
+            "scope": scope,
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {"status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def product_crds() -> list[dict[str, Any]]:
+    """What `kubectl apply -f crds/` installs, plus kopf's peering CRDs: for clusters set up without the chart."""
+    return [
+        crd.load_crd(),
+        kopf_peering_crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster"),
+        kopf_peering_crd("KopfPeering", "kopfpeerings", "Namespaced"),
+    ]
 
 
 def resource_path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
@@ -53,7 +90,10 @@ class LocalCluster:
         leader_worker_sets: bool = False,
         workdir: Path | None = None,
         emulator: KubeEmulator | None = None,
+        crds: bool = True,
     ) -> None:
+        """`crds`: install the product's CRDs through the API at the start (`product_crds`); off when
+        they come from elsewhere (the sandbox's `helm install`)."""
         self.emulator = emulator if emulator is not None else KubeEmulator()  # tests bring one with faults
         if pod_monitors:
             self.emulator.serve_pod_monitors()
@@ -67,6 +107,7 @@ class LocalCluster:
         self._operator: tuple[threading.Thread, threading.Event, list[BaseException]] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._old_kubeconfig: str | None = None
+        self._crds = crds
 
     @property
     def url(self) -> str:
@@ -79,6 +120,9 @@ class LocalCluster:
         self.kubeconfig.write_text(yaml.safe_dump(self.kubeconfig_document()), encoding="utf-8")
         self._old_kubeconfig = os.environ.get("KUBECONFIG")
         os.environ["KUBECONFIG"] = str(self.kubeconfig)
+        if self._crds:
+            for definition in product_crds():
+                await self._call("POST", CRDS_PATH, definition)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -91,12 +135,13 @@ class LocalCluster:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def kubeconfig_document(self) -> dict[str, Any]:
+    def kubeconfig_document(self, token: str = "sandbox") -> dict[str, Any]:
+        """A kubeconfig for this API: as the sandbox's admin, or with a ServiceAccount's `token` (`create_token`)."""
         return {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "sandbox", "cluster": {"server": self.url}}],
-            "users": [{"name": "sandbox", "user": {"token": "sandbox"}}],
+            "users": [{"name": "sandbox", "user": {"token": token}}],
             "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "sandbox"}}],
             "current-context": "sandbox",
         }
@@ -169,6 +214,18 @@ class LocalCluster:
         result: dict[str, Any] = await self._call("POST", resource_path(obj["apiVersion"], plural, namespace), obj)
         return result
 
+    async def create_token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
+        """A token of the ServiceAccount (TokenRequest, as a kubelet asks for the token it projects into a pod)."""
+        path = resource_path("v1", "serviceaccounts", namespace, service_account) + "/token"
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": seconds},
+        }
+        answer = await self._call("POST", path, request)
+        token: str = answer["status"]["token"]
+        return token
+
     async def ensure(self, obj: dict[str, Any], plural: str) -> None:
         with contextlib.suppress(ApiRejected):
             await self.create(obj, plural)
@@ -201,11 +258,16 @@ class LocalCluster:
         return result
 
     async def report_deployment(
-        self, namespace: str, name: str, generation: int, replicas: int, ready: int
+        self, namespace: str, name: str, generation: int, replicas: int, ready: int, *, updated: int | None = None
     ) -> dict[str, Any]:
-        """Play the Deployment controller: `replicas` updated to `generation`, `ready` of them ready."""
-        status = {"observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas}
-        status |= {"readyReplicas": ready, "availableReplicas": ready}
+        """Play the Deployment controller: `replicas` pods at `generation`, `updated` of them (all by
+        default) of the current template, `ready` of them ready (and available: minReadySeconds is 0).
+
+        The one place a Deployment's status is written (`npu_sandbox.controllers` and tests call it).
+        """
+        updated = replicas if updated is None else updated
+        status = {"observedGeneration": generation, "replicas": replicas, "updatedReplicas": updated}
+        status |= {"readyReplicas": ready, "availableReplicas": ready, "unavailableReplicas": max(0, replicas - ready)}
         return await self.patch("apps/v1", "deployments", namespace, name, {"status": status}, subresource="status")
 
     async def delete(self, api_version: str, plural: str, namespace: str | None, name: str) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
+import datetime
 import itertools
 import json
 import re
@@ -37,19 +39,10 @@ from kmock._internal import dicts, enums, rendering
 from npu_operator import crd
 from npu_operator.worker import utc_now
 
-from npu_sandbox import fields, openapi, printer
+from npu_sandbox import custom_resources, fields, kube_protobuf, openapi, openapi_v2_proto, printer, rbac
 
 # Resources served by default: what the operator and its tests touch.
 RESOURCES: dict[str, Any] = {
-    f"{crd.GROUP}/{crd.VERSION}/{crd.PLURAL}": {
-        "kind": crd.KIND,
-        "singular": "npuinference",
-        "namespaced": True,
-        "shortnames": {"npuinf"},
-        "categories": {"all"},
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status", "scale"},
-    },
     "apps/v1/deployments": {
         "kind": "Deployment",
         "singular": "deployment",
@@ -66,6 +59,21 @@ RESOURCES: dict[str, Any] = {
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status", "scale"},
+    },
+    "apps/v1/statefulsets": {
+        "kind": "StatefulSet",
+        "singular": "statefulset",
+        "shortnames": {"sts"},
+        "categories": {"all"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status", "scale"},
+    },
+    "apps/v1/controllerrevisions": {
+        "kind": "ControllerRevision",
+        "singular": "controllerrevision",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
     },
     "v1/services": {
         "kind": "Service",
@@ -116,17 +124,59 @@ RESOURCES: dict[str, Any] = {
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
         "subresources": {"status"},
     },
-    "kopf.dev/v1/kopfpeerings": {
-        "kind": "KopfPeering",
-        "singular": "kopfpeering",
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-    },
-    "kopf.dev/v1/clusterkopfpeerings": {
-        "kind": "ClusterKopfPeering",
-        "singular": "clusterkopfpeering",
+    # What a Helm chart installs, and Helm's own release storage (Secrets).
+    "apiextensions.k8s.io/v1/customresourcedefinitions": {
+        "kind": "CustomResourceDefinition",
+        "singular": "customresourcedefinition",
+        "shortnames": {"crd", "crds"},
         "namespaced": False,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
+        "subresources": {"status"},
+    },
+    "v1/secrets": {
+        "kind": "Secret",
+        "singular": "secret",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
+    },
+    "v1/configmaps": {
+        "kind": "ConfigMap",
+        "singular": "configmap",
+        "shortnames": {"cm"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
+    },
+    "v1/serviceaccounts": {
+        "kind": "ServiceAccount",
+        "singular": "serviceaccount",
+        "shortnames": {"sa"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
+        "subresources": {"token"},
+    },
+    "rbac.authorization.k8s.io/v1/roles": {
+        "kind": "Role",
+        "singular": "role",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
+    },
+    "rbac.authorization.k8s.io/v1/rolebindings": {
+        "kind": "RoleBinding",
+        "singular": "rolebinding",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
+    },
+    "rbac.authorization.k8s.io/v1/clusterroles": {
+        "kind": "ClusterRole",
+        "singular": "clusterrole",
+        "namespaced": False,
+        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
+    },
+    "rbac.authorization.k8s.io/v1/clusterrolebindings": {
+        "kind": "ClusterRoleBinding",
+        "singular": "clusterrolebinding",
+        "namespaced": False,
+        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
     },
 }
 # The namespaces every cluster starts with.
@@ -138,6 +188,30 @@ POD_MONITORS: tuple[str, Any] = (
         "singular": "podmonitor",
         "namespaced": True,
         "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+)
+
+# Optional APIs of spec.autoscaling and spec.routing (KEDA; the Gateway API Inference Extension).
+SCALED_OBJECTS: tuple[str, Any] = (
+    "keda.sh/v1alpha1/scaledobjects",
+    {
+        "kind": "ScaledObject",
+        "singular": "scaledobject",
+        "shortnames": {"so"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status"},
+    },
+)
+INFERENCE_POOLS: tuple[str, Any] = (
+    "inference.networking.k8s.io/v1/inferencepools",
+    {
+        "kind": "InferencePool",
+        "singular": "inferencepool",
+        "shortnames": {"infpool"},
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status"},
     },
 )
 
@@ -222,6 +296,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     compacted_before: int = attrs.field(default=0, init=False)
     _history: list[rendering.Request] = attrs.field(factory=list, init=False)
     _openapi_cache: dict[str, Any] = attrs.field(factory=dict, init=False)
+    # The APIs the stored CRDs serve: (group, version, plural) -> the CRD's version (schema, subresources, columns).
+    _custom: dict[tuple[str, str, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
+    # Tokens issued through serviceaccounts/{name}/token: token -> (namespace, ServiceAccount name).
+    _tokens: dict[str, tuple[str, str]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -234,10 +312,26 @@ class KubeEmulator(kmock.KubernetesEmulator):
         key, info = POD_MONITORS
         self.resources[key] = info
 
+    def serve_scaled_objects(self) -> None:
+        """Pretend KEDA's CRDs are installed; nothing runs KEDA (tests scale as its HPA would)."""
+        key, info = SCALED_OBJECTS
+        self.resources[key] = info
+
+    def serve_inference_pools(self) -> None:
+        """Pretend the Gateway API Inference Extension's CRDs are installed; no gateway runs them."""
+        key, info = INFERENCE_POOLS
+        self.resources[key] = info
+
     def serve_leader_worker_sets(self) -> None:
-        """Pretend the LeaderWorkerSet CRD (kubernetes-sigs/lws) is installed; no controller runs it."""
+        """Serve the LeaderWorkerSet API (kubernetes-sigs/lws), as its CRD does; the sandbox's
+        stand-in for its controller is `npu_sandbox.lws` (nothing runs it unless a kubelet does)."""
         key, info = LEADER_WORKER_SETS
         self.resources[key] = info
+
+    def _get_resources(self) -> list[Any]:
+        """Only what is declared is served: kmock would also serve any resource it holds objects of
+        (a deleted CRD's objects stay in its store, soft-deleted)."""
+        return [resource for resource in super()._get_resources() if resource in self._resources]
 
     def _has_status(self, resource: Any) -> bool:
         return resource in self.resources and "status" in self.resources[resource].subresources
@@ -269,7 +363,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         at first, 45 ms after 600 requests). The history is kept here instead (`history`).
         """
         self._history.append(request)
+        if request.resource is not None and (request.resource.group, request.resource.plural) == ("", "namespaces"):
+            object.__setattr__(request, "namespace", None)  # see __call__: namespaces are cluster-scoped
         try:
+            denied = self._authorize(request)
+            if denied is not None:
+                return denied
             return await self._serve(request)
         finally:
             for index, served in enumerate(self._requests):
@@ -278,9 +377,23 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     break
 
     async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None and request.resource.plural and request.resource not in self._resources:
+            return await self._render_error(
+                kmock.KubernetesNotFoundError(
+                    reason="NotFound", message="the server could not find the requested resource"
+                )
+            )
+        if request.subresource == "token" and _plural(request) == "serviceaccounts":
+            return await self._serve_token_request(request)
+        if _plural(request) == "customresourcedefinitions" and request.method != enums.method.GET:
+            try:
+                return await self._serve_object(request)
+            finally:
+                await self._sync_custom_resources()
+        return await self._serve_object(request)
+
+    async def _serve_object(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         warnings: list[str] = []
-        if request.resource is not None and (request.resource.group, request.resource.plural) == ("", "namespaces"):
-            object.__setattr__(request, "namespace", None)  # see __call__: namespaces are cluster-scoped
         if request.resource is not None and request.headers.get("Content-Type", "").startswith(fields.APPLY_PATCH):
             return await self._serve_apply(request)
         if request.resource is not None:
@@ -302,6 +415,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         collect = request.name is not None and (
             request.action == enums.action.DELETE or (request.action == enums.action.UPDATE and self._deleting(request))
         )
+        # An object created with an owner that is gone (a controller acting on a stale read while its
+        # owner was deleted) is collected at once, as the garbage collector would soon after.
+        collect = collect or (
+            request.action == enums.action.CREATE
+            and isinstance(request.data, dict)
+            and bool(request.data.get("metadata", {}).get("ownerReferences"))
+        )
         response = await super()._handle(request)
         if collect:
             await self._collect_garbage()
@@ -316,14 +436,20 @@ class KubeEmulator(kmock.KubernetesEmulator):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)
         if request.namespace and not meta.get("namespace"):
             meta["namespace"] = request.namespace
-        if self._is_npu_inference(request):
-            defaulted = self._admitted(data)
-            data.clear()
-            data.update(defaulted)
+        resource = request.resource
+        if resource is not None and self._stored(resource, request.namespace, str(meta.get("name"))) is not None:
+            qualified = f"{resource.plural}.{resource.group}" if resource.group else str(resource.plural)
+            raise kmock.KubernetesError(  # the API server's StatusReasonAlreadyExists, not kmock's wording
+                status=409,
+                reason="AlreadyExists",
+                message=f'{qualified} "{meta.get("name")}" already exists',
+                details={"name": meta.get("name"), "group": resource.group, "kind": resource.plural},
+            )
         if self._has_status(request.resource) and request.subresource is None:
             data.pop("status", None)
-        if request.resource is not None and (request.resource.group, request.resource.plural) == ("", "namespaces"):
-            data["status"] = {"phase": "Active"}  # the namespace lifecycle's first and, here, only phase
+        admitted = self._admitted(request, data)
+        data.clear()
+        data.update(admitted)
         meta = data["metadata"]
         meta.update(
             uid=str(uuid.uuid4()),
@@ -359,8 +485,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         new: dict[str, Any] = copy.deepcopy(dict(dicts.patch_dict(old, patch)))
         # Only a change outside metadata and status is admitted again: one that leaves the spec as
         # admitted cannot make it invalid (kopf's annotation patches cost a CEL run each otherwise).
-        if self._is_npu_inference(request) and request.subresource != "status" and _body(old) != _body(new):
-            new = self._admitted(new)
+        if request.subresource != "status" and _body(old) != _body(new):
+            new = self._admitted(request, new)
         meta = new.setdefault("metadata", {})
         old_meta = old.get("metadata", {})
         meta.update(uid=old_meta.get("uid"), creationTimestamp=old_meta.get("creationTimestamp"))
@@ -430,8 +556,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             new, owners = fields.applied(base, config, manager, force=force, has_status=has_status)
         except fields.ApplyConflict as exc:
             raise kmock.KubernetesError(status=409, reason="Conflict", message=str(exc)) from None
-        if self._is_npu_inference(request):
-            new = self._admitted(new)
+        new = self._admitted(request, new)
         meta = new["metadata"]
         meta["managedFields"] = fields.managed_fields(owners, config["apiVersion"])
         meta["resourceVersion"] = self._next_version()
@@ -442,22 +567,168 @@ class KubeEmulator(kmock.KubernetesEmulator):
             meta["generation"] = generation + 1 if _body(old) != _body(new) else generation
         return new, created
 
-    def _is_npu_inference(self, request: rendering.Request) -> bool:
-        resource = request.resource
-        return bool(resource is not None and resource.group == crd.GROUP and resource.plural == crd.PLURAL)
+    # --- CustomResourceDefinitions, ServiceAccount tokens, RBAC --------------------------------
 
-    def _admitted(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """The object as the API server stores it (defaults applied), or its 422 answer."""
-        defaulted, errors = crd.admit(obj)
+    async def _sync_custom_resources(self) -> None:
+        """Serve what the stored CRDs define, as the API server's CRD handler does.
+
+        A served version becomes an API with the version's schema, subresources and printer
+        columns; a changed CRD changes them; an API no CRD serves any more is gone, and with it every
+        object of it (the API server's CRD finalizer deletes them; here at once, finalizers and all).
+        """
+        crds = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        wanted: dict[tuple[str, str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+        for (resource, _, _), obj in list(self.objects.items()):
+            if resource == crds and not obj.deleted:
+                for path, served in custom_resources.served(obj.raw).items():
+                    group, version, plural = path.rsplit("/", 2)
+                    wanted[group, version, plural] = served
+        for group, version, plural in set(self._custom) - set(wanted):
+            del self._custom[group, version, plural]
+            del self.resources[f"{group}/{version}/{plural}"]
+            gone = kmock.resource(group, version, plural)
+            async with self._lock:
+                for key, obj in list(self.objects.items()):
+                    if key[0] == gone and not obj.deleted:
+                        raw = obj.raw
+                        obj.delete()
+                        await self._buses[gone].put({"type": "DELETED", "object": raw})
+        for (group, version, plural), (info, spec) in wanted.items():
+            self.resources[f"{group}/{version}/{plural}"] = info  # type: ignore[assignment]  # kmock's ResourceDict
+            self._custom[group, version, plural] = spec
+
+    async def _serve_token_request(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """`POST serviceaccounts/{name}/token` (TokenRequest): a token that authenticates as the account,
+        as the kubelet asks for one to project into a pod."""
+        if request.method != enums.method.POST:
+            return await self._render_error(
+                kmock.KubernetesError(
+                    status=405,
+                    reason="MethodNotAllowed",
+                    message="the server does not allow this method on the requested resource",
+                )
+            )
+        namespace, name = request.namespace or "", request.name or ""
+        if self._stored(request.resource, namespace, name) is None:
+            return await self._render_error(
+                kmock.KubernetesObjectNotFoundError(reason="NotFound", message=f'serviceaccounts "{name}" not found')
+            )
+        spec = dict((request.data or {}).get("spec") or {}) if isinstance(request.data, dict) else {}
+        seconds = int(spec.get("expirationSeconds") or 3600)
+        token = secrets.token_urlsafe(32)
+        self._tokens[token] = (namespace, name)
+        expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds)
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": utc_now()},
+            "spec": {
+                "audiences": spec.get("audiences") or ["https://kubernetes.default.svc"],
+                "expirationSeconds": seconds,
+            }
+            | ({"boundObjectRef": spec["boundObjectRef"]} if spec.get("boundObjectRef") else {}),
+            "status": {
+                "token": token,
+                "expirationTimestamp": expires.replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+            },
+        }
+        return aiohttp.web.json_response(body, status=201)
+
+    def _user(self, request: rendering.Request) -> rbac.User | None:
+        """The ServiceAccount a request's bearer token was issued to; None for any other client (unrestricted)."""
+        header = request.headers.get("Authorization", "")
+        account = self._tokens.get(header.removeprefix("Bearer ").strip()) if header.startswith("Bearer ") else None
+        return None if account is None else rbac.User.service_account(*account)
+
+    def _authorize(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
+        """RBAC for ServiceAccount tokens (see `rbac`): None when allowed, else the API server's 401 or 403."""
+        user = self._user(request)
+        if user is None:
+            return None
+        namespace, account = user.name.removeprefix(rbac.SERVICE_ACCOUNT_PREFIX).split(":", 1)
+        if self._stored(kmock.resource("", "v1", "serviceaccounts"), namespace, account) is None:
+            status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+            return aiohttp.web.json_response(
+                status | {"message": "Unauthorized", "reason": "Unauthorized", "code": 401}, status=401
+            )
+        resource = request.resource
+        if resource is None or not resource.plural:
+            return None  # discovery, /version, /openapi: every identity reads them (system:discovery)
+        method = request.method.value
+        watch = request.action == enums.action.WATCH
+        named = request.name is not None
+        verb = rbac.verb_of(method, named=named, watch=watch)
+        name = request.name or _name_from_field_selector(request.params.get("fieldSelector", ""))
+        attributes = rbac.Attributes(
+            user=user,
+            verb=verb,
+            group=resource.group or "",
+            resource=resource.plural,
+            subresource=request.subresource or "",
+            namespace=request.namespace or "",
+            name=name,
+        )
+        checks = [attributes]
+        applying = request.headers.get("Content-Type", "").startswith(fields.APPLY_PATCH)
+        if verb == "patch" and applying and self._stored(resource, request.namespace, request.name or "") is None:
+            checks.append(
+                dataclasses.replace(attributes, verb="create")
+            )  # an apply that creates (patch.go withAuthorization)
+        policy = self._policy()
+        for check in checks:
+            allowed, reason = policy.authorize(check)
+            if not allowed:
+                return aiohttp.web.json_response(rbac.forbidden(check, reason), status=403)
+        return None
+
+    def _policy(self) -> rbac.Policy:
+        """The stored Roles, ClusterRoles and their bindings."""
+        stored: dict[str, list[dict[str, Any]]] = {}
+        for (resource, _, _), obj in self.objects.items():
+            if resource.group == "rbac.authorization.k8s.io" and not obj.deleted:
+                stored.setdefault(str(resource.plural), []).append(obj.raw)
+        return rbac.Policy(
+            roles={(r["metadata"].get("namespace", ""), r["metadata"]["name"]): r for r in stored.get("roles", [])},
+            cluster_roles={r["metadata"]["name"]: r for r in stored.get("clusterroles", [])},
+            role_bindings=stored.get("rolebindings", []),
+            cluster_role_bindings=stored.get("clusterrolebindings", []),
+        )
+
+    def _custom_version(self, request: rendering.Request) -> dict[str, Any] | None:
+        """The CRD version that serves this request's resource (schema, subresources, columns), if any."""
+        resource = request.resource
+        if resource is None or resource.group is None or resource.version is None or resource.plural is None:
+            return None
+        return self._custom.get((resource.group, resource.version, resource.plural))
+
+    def _admitted(self, request: rendering.Request, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The object as the API server stores it, or its 422 answer: a custom resource defaulted and
+        checked against its CRD's schema and CEL rules; a CRD checked and given its status."""
+        version = self._custom_version(request)
+        if request.resource is not None and (request.resource.group, request.resource.plural) == ("", "namespaces"):
+            return dict(obj) | {"status": obj.get("status") or {"phase": "Active"}}  # the lifecycle's first phase
+        if _plural(request) == "secrets":
+            return dict(obj) | {"type": obj.get("type") or "Opaque"}  # core/v1 SetDefaults_Secret
+        if _plural(request) == "customresourcedefinitions":
+            errors = custom_resources.errors(obj)
+            kind, group = "CustomResourceDefinition", "apiextensions.k8s.io"
+            admitted = dict(obj)
+            if not errors:
+                admitted["status"] = obj.get("status") or custom_resources.status(obj)
+        elif version is not None and request.resource is not None:
+            kind, group = self._kind(request) or "", request.resource.group or ""
+            admitted, errors = crd.admit(obj, version["schema"]["openAPIV3Schema"])
+        else:
+            return dict(obj)
         if errors:
             name = obj.get("metadata", {}).get("name")
             raise kmock.KubernetesError(
                 status=422,
                 reason="Invalid",
-                message=f'{crd.KIND}.{crd.GROUP} "{name}" is invalid: ' + "; ".join(errors),
-                details={"name": name, "group": crd.GROUP, "kind": crd.KIND, "causes": [_cause(e) for e in errors]},
+                message=f'{kind}.{group} "{name}" is invalid: ' + "; ".join(errors),
+                details={"name": name, "group": group, "kind": kind, "causes": [_cause(e) for e in errors]},
             )
-        return defaulted
+        return admitted
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
         """Discovery as an API server answers it: `v1` for the core group; subresources without short names."""
@@ -470,17 +741,24 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return result
 
     def _wants_table(self, request: rendering.Request) -> bool:
-        """kubectl get asks for a server-side Table; NPUInference's columns are the CRD's printer columns."""
+        """kubectl get asks for a server-side Table; a custom resource's columns are its CRD's printer columns."""
         if "as=Table" not in request.headers.get("Accept", "") or request.subresource is not None:
             return False
-        return self._is_npu_inference(request) or self._kind(request) in printer.BUILTIN_KINDS
+        kind = self._kind(request)
+        return self._custom_version(request) is not None or kind in printer.BUILTIN_KINDS or kind in printer.CRD_COLUMNS
 
     def _as_table(
-        self, items: list[dict[str, Any]], request: rendering.Request | None = None, resource_version: str = "1"
+        self, items: list[dict[str, Any]], request: rendering.Request, resource_version: str = "1"
     ) -> dict[str, Any]:
-        if request is not None and not self._is_npu_inference(request):
-            return printer.builtin_table(self._kind(request), items, resource_version)
-        return printer.table(crd.version_spec().get("additionalPrinterColumns", []), items, resource_version)
+        version = self._custom_version(request)
+        if version is None:
+            kind = self._kind(request)
+            if kind in printer.CRD_COLUMNS:  # a third-party CRD the sandbox serves without its object
+                return printer.table(printer.CRD_COLUMNS[kind], items, resource_version)
+            return printer.builtin_table(kind, items, resource_version)
+        # Without printer columns, the API server prints a custom resource's name and age.
+        age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+        return printer.table(version.get("additionalPrinterColumns") or [age], items, resource_version)
 
     async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:
         payload: Any = await super()._serve_fetch(request)
@@ -531,7 +809,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         seconds = request.params.get("timeoutSeconds") or ""
         async with self._lock:
             marker = await bus.mark()
-            objects = [(obj.deleted, copy.deepcopy(obj.raw)) for obj in self._objects_for(request)]
+            # A deleted object keeps its last state (kmock soft-deletes; `raw` refuses those).
+            objects = [(obj.deleted, copy.deepcopy(obj.last.raw)) for obj in self._objects_for(request)]
         try:
             async with asyncio.timeout(float(seconds) if seconds.isdigit() and int(seconds) > 0 else None):
                 for event in self._catch_up(objects, since):
@@ -598,7 +877,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if match is not None:
             name = f"/{match['name']}" if match["name"] else ""
             path = f"/api/v1/namespaces/-/namespaces{name}{match['rest'] or ''}"
-            raw_request = raw_request.clone(rel_url=raw_request.rel_url.with_path(path))
+            raw_request = raw_request.clone(
+                rel_url=raw_request.rel_url.with_path(path).with_query(raw_request.rel_url.query)
+            )
+        if raw_request.headers.get("Content-Type", "").startswith(kube_protobuf.CONTENT_TYPE):
+            try:
+                raw_request = await _as_json(raw_request)
+            except kube_protobuf.Unsupported as exc:
+                status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 415}
+                message = f"the sandbox reads protobuf bodies of Secrets, ConfigMaps, Namespaces, DeleteOptions: {exc}"
+                return aiohttp.web.json_response(
+                    status | {"reason": "UnsupportedMediaType", "message": message}, status=415
+                )
         return await super().__call__(raw_request)
 
     async def _serve_server_version(self, request: rendering.Request) -> rendering.Payload:
@@ -625,11 +915,16 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     "verbs": sorted(info.verbs),
                     "subresources": sorted(info.subresources),
                 }
+                custom = self._custom.get((resource.group, resource.version, resource.plural))
+                if custom is not None:
+                    served[resource.group, resource.version, resource.plural]["schema"] = custom["schema"][
+                        "openAPIV3Schema"
+                    ]
         return served
 
     def _openapi_v3(self) -> dict[str, bytes]:
         served = self._served()
-        key = json.dumps(sorted(map(list, served)), sort_keys=True)
+        key = json.dumps(sorted(served.items()), sort_keys=True)
         if self._openapi_cache.get("key") != key:
             self._openapi_cache = {"key": key, "v3": openapi.v3_documents(served)}
         documents: dict[str, bytes] = self._openapi_cache["v3"]
@@ -647,14 +942,26 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return rendering.Response(payload=document, headers={"Content-Type": "application/json"})
 
     async def _serve_openapi_v2(self, request: rendering.Request) -> rendering.Payload:
+        """One Swagger 2.0 document: protobuf when asked for it (client-go asks for nothing else), else JSON."""
         accept = request.headers.get("Accept", "")
-        if accept and "json" not in accept and "*/*" not in accept:  # client-go asks for protobuf only
+        served = self._served()
+        key = json.dumps(sorted(served.items()), sort_keys=True)
+        if self._openapi_cache.get("v2-key") != key:
+            document = openapi.v2_document(served)
+            self._openapi_cache.update({"v2-key": key, "v2": document, "v2-proto": None})
+        if any(media in accept for media in openapi_v2_proto.ACCEPTED):
+            if self._openapi_cache["v2-proto"] is None:
+                self._openapi_cache["v2-proto"] = openapi_v2_proto.encode(json.loads(self._openapi_cache["v2"]))
+            body, content_type = self._openapi_cache["v2-proto"], openapi_v2_proto.CONTENT_TYPE
+        elif not accept or "json" in accept or "*/*" in accept:
+            body, content_type = self._openapi_cache["v2"], "application/json"
+        else:
             raise kmock.KubernetesError(
-                status=406, reason="NotAcceptable", message="only application/json is served for OpenAPI v2 here"
+                status=406,
+                reason="NotAcceptable",
+                message=f"OpenAPI v2 is served as JSON or {openapi_v2_proto.CONTENT_TYPE}",
             )
-        return rendering.Response(
-            payload=openapi.v2_document(self._served()), headers={"Content-Type": "application/json"}
-        )
+        return rendering.Response(payload=body, headers={"Content-Type": content_type})
 
     async def _watch_as_asked(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
         """kmock's watch, with the selectors applied and objects as Tables when kubectl asks for them."""
@@ -778,8 +1085,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def _scale_paths(self, request: rendering.Request) -> tuple[str, str, str]:
         """The replicas and selector paths of the scale subresource: the CRD's, or a Deployment's."""
-        if self._is_npu_inference(request):
-            scale = crd.version_spec()["subresources"]["scale"]
+        version = self._custom_version(request)
+        if version is not None:
+            scale = version["subresources"]["scale"]
             return scale["specReplicasPath"], scale["statusReplicasPath"], scale.get("labelSelectorPath", "")
         return ".spec.replicas", ".status.replicas", ".spec.selector"
 
@@ -823,8 +1131,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if "strategic-merge-patch" in request.headers.get("Content-Type", ""):
             _drop_patch_directives(body)  # applied as a merge patch: its $directives are no fields
         directive = request.params.get("fieldValidation", "Warn")
+        custom = self._custom_version(request)
         unknown = openapi.unknown_fields(
-            resource.group or "", resource.version or "", kind, body, prune=directive != "Strict"
+            resource.group or "",
+            resource.version or "",
+            kind,
+            body,
+            prune=directive != "Strict",
+            schema=custom["schema"]["openAPIV3Schema"] if custom is not None else None,
         )
         if not unknown or directive == "Ignore":
             return []
@@ -915,6 +1229,15 @@ def _drop_patch_directives(value: Any) -> None:
             _drop_patch_directives(item)
 
 
+async def _as_json(raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.BaseRequest:
+    """A protobuf request body (see `kube_protobuf`) re-read as the JSON it stands for."""
+    clone = raw_request.clone(headers=dict(raw_request.headers) | {"Content-Type": "application/json"})
+    body = await clone.read()  # the same stream: a request cannot be cloned once read
+    if body:
+        clone._read_bytes = json.dumps(kube_protobuf.decode(body)).encode()  # what read(), text(), json() return
+    return clone
+
+
 def _refuse_protobuf(request: rendering.Request) -> None:
     """Bodies are read as JSON; kubectl's generators (`create namespace`, `create deployment`) send protobuf."""
     if "protobuf" in request.headers.get("Content-Type", "") and request.body:
@@ -938,6 +1261,16 @@ def _is_dry_run(request: rendering.Request) -> bool:
 def _warning(text: str) -> str:
     """A `Warning` header as the API server writes it (RFC 7234: code 299, no agent)."""
     return "299 - " + json.dumps(text)
+
+
+def _plural(request: rendering.Request) -> str | None:
+    return request.resource.plural if request.resource is not None else None
+
+
+def _name_from_field_selector(selector: str) -> str:
+    """A list or watch of one object by `metadata.name=x` is authorized for that name (requestinfo.go)."""
+    match = re.fullmatch(r"\s*metadata\.name\s*==?\s*([^,\s]+)\s*", selector)
+    return match[1] if match else ""
 
 
 def _body(obj: Mapping[str, Any]) -> dict[str, Any]:

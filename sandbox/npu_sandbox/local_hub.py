@@ -12,6 +12,11 @@ it), a connection cut after N bytes of a file (once), a file served with wrong b
 size. `LocalHub.served` counts the file bodies sent, so a test can prove a second replica
 downloaded nothing.
 
+And a hostile hub, for the fetch's trust boundary: a revision answered with a commit that is not
+one (`commit`), listing entries that name paths outside the repository (`listed`), listed sizes
+that differ from the bodies (`listed_sizes`), bodies that never end (`endless`). A branch moves
+with `LocalHub.push` (older commits stay fetchable by id), and tags name commits (`tags`).
+
     python -m npu_sandbox.local_hub MODEL_DIR --repo org/name [--port N]
 """
 
@@ -77,13 +82,19 @@ class Faults:
     token: str | None = None  # requests without `Authorization: Bearer <token>` get 401
     cut_after: dict[str, int] = dataclasses.field(default_factory=dict)  # path -> bytes, then close (once)
     corrupt: set[str] = dataclasses.field(default_factory=set)  # paths served with wrong bytes, right size
+    commit: str | None = None  # what revision answers name as the commit (HF `sha`, ModelScope `CommitId`)
+    listed: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # extra entries: {"path", "size"}
+    listed_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # path -> the size listings say
+    endless: set[str] = dataclasses.field(default_factory=set)  # paths whose body never ends (no length)
 
 
 class LocalHub:
     """Serves repositories on 127.0.0.1 in a background thread; `url` is the endpoint to give clients."""
 
     def __init__(self, repos: list[Repo], port: int = 0) -> None:
-        self.repos = {repo.repo_id: repo for repo in repos}
+        self.repos = {repo.repo_id: repo for repo in repos}  # each repository's branch head
+        self.commits = {(repo.repo_id, repo.commit): repo for repo in repos}  # every commit ever pushed
+        self.tags: dict[tuple[str, str], str] = {}  # (repo_id, tag) -> commit
         self.faults = Faults()
         self.rate: float | None = None  # bytes per second per file body (to watch progress); None: as fast as it goes
         self.served: collections.Counter[str] = collections.Counter()  # "repo_id/path" -> file bodies sent
@@ -117,6 +128,15 @@ class LocalHub:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+    def push(self, repo: Repo) -> None:
+        """Moves the repository's branches to `repo`'s commit; the older commits stay fetchable."""
+        self.repos[repo.repo_id] = repo
+        self.commits[(repo.repo_id, repo.commit)] = repo
+
+    def tag(self, repo: Repo, name: str) -> None:
+        self.commits[(repo.repo_id, repo.commit)] = repo
+        self.tags[(repo.repo_id, name)] = repo.commit
 
     def count(self, repo_id: str, path: str, sent: int) -> None:
         with self._lock:
@@ -163,14 +183,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     {
                         "id": repo.repo_id,
                         "modelId": repo.repo_id,
-                        "sha": repo.commit,
+                        "sha": self.owner.faults.commit or repo.commit,
                         "private": False,
                         "siblings": [{"rfilename": name} for name in repo.files],
                     }
                 )
         elif match := _HF_TREE.match(path):
             if (repo := self._repo(match["repo"], match["rev"])) is not None:
-                self._json([_hf_entry(f) for f in repo.files.values()])
+                extra = [{"type": "file", "oid": "0" * 40, **entry} for entry in self.owner.faults.listed]
+                self._json([_hf_entry(self._listed(f)) for f in repo.files.values()] + extra)
         elif match := _HF_FILE.match(path):
             if (repo := self._repo(match["repo"], match["rev"])) is not None:
                 self._file(repo, match["path"], head=head, hf=True)
@@ -184,10 +205,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if repo is None:
             self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
             return None
-        if revision not in (*BRANCHES, repo.commit):
+        found = self._at(repo, revision)
+        if found is None:
             self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-            return None
-        return repo
+        return found
+
+    def _at(self, head: Repo, revision: str) -> Repo | None:
+        if revision in BRANCHES:
+            return head
+        commit = self.owner.tags.get((head.repo_id, revision), revision)
+        return self.owner.commits.get((head.repo_id, commit))
+
+    def _listed(self, f: RepoFile) -> RepoFile:
+        size = self.owner.faults.listed_sizes.get(f.path)
+        return f if size is None else dataclasses.replace(f, size=size)
 
     def _modelscope(self, repo_id: str, rest: str, query: dict[str, str], *, head: bool) -> None:
         revision = query.get("Revision") or query.get("revision") or "master"
@@ -197,12 +228,31 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if rest in ("", "/"):
             return self._ms_ok({"Id": 1, "Name": repo_id.split("/")[1], "Path": repo_id.split("/")[0]})
         if rest == "/revisions":
-            branch = {"Revision": "master", "CommitId": repo.commit, "CreatedAt": 1767225600}
-            return self._ms_ok({"RevisionMap": {"Branches": [branch], "Tags": []}})
-        if revision not in (*BRANCHES, repo.commit):
+            commit = self.owner.faults.commit or repo.commit
+            branch = {"Revision": "master", "CommitId": commit, "CreatedAt": 1767225600}
+            tags = [
+                {"Revision": tag, "CommitId": commit, "CreatedAt": 1767225600}
+                for (repo_id, tag), commit in self.owner.tags.items()
+                if repo_id == repo.repo_id
+            ]
+            return self._ms_ok({"RevisionMap": {"Branches": [branch], "Tags": tags}})
+        if (found := self._at(repo, revision)) is None:
             return self._ms_error(404, f"revision {revision} not found")
+        repo = found
         if rest == "/repo/files":
-            files = [_ms_entry(repo, f) for f in repo.files.values()]
+            extra = [
+                {
+                    "Name": e["path"].rsplit("/", 1)[-1],
+                    "Path": e["path"],
+                    "Type": "blob",
+                    "Size": e["size"],
+                    "Sha256": "0" * 64,
+                    "IsLFS": False,
+                    "Revision": repo.commit,
+                }
+                for e in self.owner.faults.listed
+            ]
+            files = [_ms_entry(repo, self._listed(f)) for f in repo.files.values()] + extra
             return self._ms_ok({"Files": files, "TotalCount": len(files)})
         if rest == "/repo":
             return self._file(repo, query.get("FilePath", ""), head=head, hf=False)
@@ -227,6 +277,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if not head:
                 self.owner.ranges.append((path, start))
         body = data[start:]
+        if path in self.owner.faults.endless and not head:
+            return self._endless(repo, path, body)
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Content-Type", "application/octet-stream")
@@ -248,6 +300,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         self._send(body)
         self.owner.count(repo.repo_id, path, len(body))
+
+    def _endless(self, repo: Repo, path: str, body: bytes) -> None:
+        """The file's bytes, then more, with no length: until the client hangs up (or 256 MiB)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        sent, chunk = 0, (body or b"x") * max(1, (1 << 20) // max(len(body), 1))
+        try:
+            self.wfile.write(body)
+            sent = len(body)
+            while sent < 256 << 20:
+                self.wfile.write(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass
+        self.owner.count(repo.repo_id, path, sent)
 
     def _send(self, body: bytes) -> None:
         rate = self.owner.rate

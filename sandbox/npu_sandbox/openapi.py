@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import kubernetes_validate
-from npu_operator import crd
 
 KUBERNETES_VERSION: Final = "1.37.0"
 OBJECT_META: Final = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
@@ -116,10 +115,12 @@ def _crd_schema_name(group: str, version: str, kind: str) -> str:
     return ".".join(reversed(group.split("."))) + f".{version}.{kind}"
 
 
-def _custom_schema(group: str, version: str, kind: str, ref_prefix: str) -> dict[str, Any]:
+def _custom_schema(
+    group: str, version: str, kind: str, ref_prefix: str, crd_schema: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """A custom resource's schema as the API server publishes it: the CRD's, or one that keeps any field."""
-    if (group, version, kind) == (crd.GROUP, crd.VERSION, crd.KIND):
-        schema = copy.deepcopy(crd.openapi_schema())
+    if crd_schema is not None:
+        schema = copy.deepcopy(dict(crd_schema))
     else:
         schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     properties = schema.setdefault("properties", {})
@@ -164,23 +165,27 @@ def schemas(served: Mapping[tuple[str, str, str], Mapping[str, Any]], ref_prefix
                 kubernetes.append(list_name)
             continue
         name = _crd_schema_name(group, version, kind)
-        custom[name] = _custom_schema(group, version, kind, ref_prefix)
+        custom[name] = _custom_schema(group, version, kind, ref_prefix, info.get("schema"))
         custom[f"{name}List"] = _list_schema(group, version, kind, ref_prefix + name, ref_prefix)
         kubernetes.extend([OBJECT_META, LIST_META])
     return _with_dependencies(kubernetes, ref_prefix) | custom
 
 
 @functools.cache
-def _kind_schemas(group: str, version: str, kind: str) -> dict[str, Any]:
-    return schemas({(group, version, ""): {"kind": kind}}, V3_REF)
+def _kind_schemas(group: str, version: str, kind: str, crd_schema: str | None) -> dict[str, Any]:
+    info: dict[str, Any] = {"kind": kind} | ({"schema": json.loads(crd_schema)} if crd_schema else {})
+    return schemas({(group, version, ""): info}, V3_REF)
 
 
-def unknown_fields(group: str, version: str, kind: str, obj: Any, *, prune: bool = False) -> list[str]:
+def unknown_fields(
+    group: str, version: str, kind: str, obj: Any, *, prune: bool = False, schema: Mapping[str, Any] | None = None
+) -> list[str]:
     """The paths of fields the kind's schema does not know (`spec.grph`), as strict decoding names them.
 
-    With `prune`, they are also removed from `obj`, as the API server drops them when it is not strict.
+    `schema`: a custom resource's, from its CRD. With `prune`, they are also removed from `obj`, as
+    the API server drops them when it is not strict.
     """
-    known = _kind_schemas(group, version, kind)
+    known = _kind_schemas(group, version, kind, json.dumps(schema, sort_keys=True) if schema is not None else None)
     root = known.get(schema_name(group, version, kind))
     found: list[str] = []
     if root is not None and isinstance(obj, dict):

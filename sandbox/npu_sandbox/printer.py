@@ -2,8 +2,9 @@
 
 The API server renders a CRD's `additionalPrinterColumns` into a Table when kubectl asks for one
 (Accept: ...;as=Table;g=meta.k8s.io;v=v1); the emulator does the same with `table`, so the real
-`kubectl get npuinf` shows our columns. `builtin_table` does it for the kinds whose columns a user
-of the sandbox reads (Events, Namespaces, Deployments, Pods), with the API server's column names.
+`kubectl get npuinf` shows our columns (and LeaderWorkerSet's, `CRD_COLUMNS`). `builtin_table` does
+it for the kinds whose columns a user of the sandbox reads (Events, Namespaces, Deployments,
+StatefulSets, Pods), with the API server's column names.
 `text` prints a Table the way kubectl does.
 """
 
@@ -143,6 +144,11 @@ BUILTIN_COLUMNS: dict[str, tuple[Column, ...]] = {
         ("Available", 0, lambda d: d.get("status", {}).get("availableReplicas", 0)),
         ("Age", 0, _age),
     ),
+    "StatefulSet": (
+        ("Name", 0, _name),
+        ("Ready", 0, lambda s: f"{s.get('status', {}).get('readyReplicas', 0)}/{s.get('spec', {}).get('replicas', 1)}"),
+        ("Age", 0, _age),
+    ),
     "Pod": (
         ("Name", 0, _name),
         ("Ready", 0, _pod_ready),
@@ -161,6 +167,33 @@ BUILTIN_COLUMNS: dict[str, tuple[Column, ...]] = {
     ),
 }
 BUILTIN_KINDS = frozenset(BUILTIN_COLUMNS)
+
+# Printer columns of CRDs the sandbox serves besides NPUInference: LeaderWorkerSet's, as its CRD
+# declares them (kubernetes-sigs/lws v0.10.0, api/leaderworkerset/v1/leaderworkerset_types.go, the
+# +kubebuilder:printcolumn markers of type LeaderWorkerSet).
+CRD_COLUMNS: dict[str, list[dict[str, Any]]] = {
+    "LeaderWorkerSet": [
+        {
+            "name": "Ready",
+            "type": "integer",
+            "jsonPath": ".status.readyReplicas",
+            "description": "Number of ready replicas",
+        },
+        {
+            "name": "Desired",
+            "type": "integer",
+            "jsonPath": ".spec.replicas",
+            "description": "Number of desired replicas",
+        },
+        {
+            "name": "Up-to-date",
+            "type": "integer",
+            "jsonPath": ".status.updatedReplicas",
+            "description": "Number of up-to-date replicas",
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ],
+}
 
 
 def builtin_table(

@@ -3,7 +3,9 @@
 What a cluster's prometheus-operator would set up from the chart's PodMonitors, written by hand:
 one scrape job whose targets come from a file (file_sd; rewritten when a pod starts), each target
 with the labels the PodMonitors give (`namespace`, `pod`, `container`, `endpoint`, `job` and
-`inference_npu_dev_name` copied from the pod label inference.npu.dev/name), and the chart's
+`inference_npu_dev_name` copied from the pod label inference.npu.dev/name; `group` and
+`node_rank` from a LeaderWorkerSet pod's group and worker index, as the endpoints' relabelings
+do: `builders.RANK_TARGET_LABELS`), and the chart's
 PrometheusRule groups, rendered by the real helm, as the rule file. Everything listens on
 127.0.0.1; the TSDB lies in the workdir, so a later Prometheus can open it again (the dashboard
 test does).
@@ -26,6 +28,7 @@ from typing import Any, Final
 
 import aiohttp
 import yaml
+from npu_operator import builders
 
 from npu_sandbox.kubelet import die_with_parent
 
@@ -221,11 +224,13 @@ def pod_targets(pod: Mapping[str, Any], ports: Mapping[str, int]) -> list[tuple[
         "container": "runtime",
         "inference_npu_dev_name": metadata.get("labels", {}).get("inference.npu.dev/name", ""),
     }
+    labels = metadata.get("labels", {})
+    common |= {target: labels[label] for target, label in builders.RANK_TARGET_LABELS.items() if labels.get(label)}
     return [([f"127.0.0.1:{ports[endpoint]}"], {**common, "endpoint": endpoint}) for endpoint in ("metrics", "http")]
 
 
 def operator_targets(port: int) -> list[tuple[list[str], dict[str, str]]]:
-    """The operator runs inside the sandbox's own process; labelled as the operator's PodMonitor would."""
+    """The operator's pod (the chart's Deployment, run by the sandbox's kubelet), labelled as its PodMonitor would."""
     labels = {
         "job": OPERATOR_JOB,
         "namespace": "npu-system",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -164,11 +165,23 @@ def test_operator_settings_come_from_values(tmp_path: Path) -> None:
             "npuResourceName": "huawei.com/Ascend910C",
             "resyncSeconds": 60,
             "peeringName": "llm-operators",
+            "podTemplatePolicy": {
+                "allowedRegistries": ["registry.example.com", "quay.io/ascend"],
+                "allowedPriorityClasses": ["inference-high"],
+                "allowedHostPaths": ["/data/models"],
+            },
         },
         "image": {"repository": "registry.example.com/npu-operator", "tag": "1.2.3"},
     }
     objects = render(values, tmp_path)
     config = load_config(env_of(objects))
+    assert config.pod_template_policy == "Restricted"  # the default, kept beside the lists given
+    assert config.allowed_registries == ("registry.example.com", "quay.io/ascend")
+    assert config.allowed_priority_classes == ("inference-high",)
+    assert config.allowed_host_paths == ("/data/models",)
+    assert config.allow_service_account_token is False
+    permissive = render({"operator": {"podTemplatePolicy": {"mode": "Permissive"}}}, tmp_path)
+    assert load_config(env_of(permissive)).pod_template_policy == "Permissive"
     assert config.runtime_image == "registry.example.com/npu-runtime:1.2.3-a3"
     assert config.npu_resource_name == "huawei.com/Ascend910C"
     assert config.resync_seconds == 60
@@ -192,7 +205,20 @@ NAMESPACED_RULES = {
     ("", "pods"): {"get", "list", "watch"},
     ("", "persistentvolumeclaims"): {"get", "create", "patch"},
     ("apps", "replicasets"): {"get", "list", "watch"},
+    ("apps", "statefulsets"): {"get", "list", "watch"},
     ("", "events"): {"create"},
+    ("keda.sh", "scaledobjects"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("gateway.networking.k8s.io", "httproutes"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "serviceaccounts"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "patch", "delete"},
+    # Only so that the picker's Role may grant it (RBAC escalation check).
+    ("inference.networking.x-k8s.io", "inferenceobjectives"): {"get", "list", "watch"},
+    ("inference.networking.x-k8s.io", "inferencemodelrewrites"): {"get", "list", "watch"},
+    ("llm-d.ai", "inferenceobjectives"): {"get", "list", "watch"},
+    ("llm-d.ai", "inferencemodelrewrites"): {"get", "list", "watch"},
 }
 
 
@@ -425,10 +451,19 @@ def test_both_inference_pod_monitors_give_series_the_same_labels(tmp_path: Path)
     assert chart_monitor["spec"]["podTargetLabels"] == operator_monitor["spec"]["podTargetLabels"]
     assert operator_monitor["spec"]["podTargetLabels"] == [builders.NAME_LABEL]
 
-    def endpoints(monitor: JSON) -> list[tuple[str, str]]:
-        return sorted((e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"])
+    def endpoints(monitor: JSON) -> list[tuple[str, str, str]]:
+        return sorted(
+            (e["port"], e["path"], json.dumps(e["relabelings"], sort_keys=True))
+            for e in monitor["spec"]["podMetricsEndpoints"]
+        )
 
     assert endpoints(chart_monitor) == endpoints(operator_monitor)
+    # A LeaderWorkerSet pod's group and node become the target labels `group` and `node_rank`.
+    relabelings = operator_monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert {r["targetLabel"]: r["sourceLabels"] for r in relabelings} == {
+        "group": ["__meta_kubernetes_pod_label_leaderworkerset_sigs_k8s_io_group_index"],
+        "node_rank": ["__meta_kubernetes_pod_label_leaderworkerset_sigs_k8s_io_worker_index"],
+    }
 
 
 def test_operator_pod_monitor_selects_the_operator_pod(tmp_path: Path) -> None:

@@ -61,7 +61,19 @@ def test_the_issues_panels_are_there(board: dict[str, Any]) -> None:
         "Time to first token",
         "Inter-token latency",
         "Requests running and waiting",
+        "Replay latency p99 per rank",
+        "Graph-mode downgrades per rank",
     } <= titles
+
+
+def test_the_rank_panels_split_by_the_podmonitors_rank_labels(board: dict[str, Any]) -> None:
+    """`group` and `node_rank`: the target labels the PodMonitors' relabelings give LeaderWorkerSet pods."""
+    from npu_operator import builders
+
+    by_title = {panel["title"]: panel for panel in panels(board)}
+    for title in ("Replay latency p99 per rank", "Graph-mode downgrades per rank"):
+        expr = by_title[title]["targets"][0]["expr"]
+        assert all(f"{label}," in expr for label in builders.RANK_TARGET_LABELS), (title, expr)
 
 
 def test_panels_tile_the_grid_without_overlapping(board: dict[str, Any]) -> None:
@@ -92,6 +104,11 @@ def test_inference_queries_follow_the_namespace_and_npuinference_variables(board
         for target in panel["targets"]:
             for name in metrics_contract.used(target["expr"]):
                 if name.startswith("npu_operator_"):
+                    continue
+                if name.startswith("kube_horizontalpodautoscaler_"):  # KEDA's HPA of the chosen resources
+                    for selector in _selectors(target["expr"], name):
+                        assert 'namespace=~"$namespace"' in selector, (panel["title"], selector)
+                        assert 'horizontalpodautoscaler=~"keda-hpa-$npuinference"' in selector, selector
                     continue
                 for selector in _selectors(target["expr"], name):
                     assert 'namespace=~"$namespace"' in selector, (panel["title"], selector)
@@ -124,3 +141,19 @@ def test_panels_that_only_an_npu_fills_say_so(board: dict[str, Any]) -> None:
         assert ("NPU only:" in panel["description"]) == (panel["title"] in npu_only), panel["title"]
     for title in npu_only:
         assert title in board["description"]
+
+
+def test_the_scaling_panels_show_replicas_and_the_target(board: dict[str, Any]) -> None:
+    """spec.autoscaling's panels: desired vs current (and max) replicas, and the per-replica load against the
+    target, from KEDA's HPA (named keda-hpa-<resource>) as kube-state-metrics exports it."""
+    keda_only = generator().KEDA_ONLY
+    by_title = {panel["title"]: panel for panel in panels(board)}
+    assert keda_only <= by_title.keys()
+    replicas = " ".join(t["expr"] for t in by_title["Replicas: current, desired and max"]["targets"])
+    for series in ("status_current_replicas", "status_desired_replicas", "spec_max_replicas"):
+        assert f"kube_horizontalpodautoscaler_{series}{{" in replicas
+    load = [t["expr"] for t in by_title["Running requests per replica and the target"]["targets"]]
+    assert "vllm:num_requests_running{" in load[0] and "status_current_replicas" in load[0]
+    assert 'metric_name="s0-prometheus"' in load[1]  # KEDA's name for the first trigger: running requests
+    for title in keda_only:
+        assert "Needs KEDA and kube-state-metrics" in by_title[title]["description"]

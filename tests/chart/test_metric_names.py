@@ -37,11 +37,17 @@ VLLM_METRICS = {
     "vllm:kv_cache_usage_perc": "gauge",
     "vllm:generation_tokens": "counter",
 }
-# Outside the project: Prometheus' own `up` per target, and kube-state-metrics (two alerts).
+# Outside the project: Prometheus' own `up` per target, and kube-state-metrics (three alerts and
+# the autoscaling panels: KEDA's HPA of a resource, as kube-state-metrics' horizontalpodautoscaler
+# collector exports it).
 OUTSIDE_METRICS = {
     "up": "gauge",
     "kube_pod_status_ready": "gauge",
     "kube_pod_container_status_restarts_total": "counter",
+    "kube_horizontalpodautoscaler_status_current_replicas": "gauge",
+    "kube_horizontalpodautoscaler_status_desired_replicas": "gauge",
+    "kube_horizontalpodautoscaler_spec_max_replicas": "gauge",
+    "kube_horizontalpodautoscaler_spec_target_metric": "gauge",
 }
 
 
@@ -114,6 +120,7 @@ def test_the_alerts_are_the_ones_the_chart_documents(rules: list[JSON]) -> None:
         "NPUGraphModeDowngradedByEngine",
         "NPUGraphModeDowngradedByPlan",
         "NPUGraphReplayLatencyRegression",
+        "NPUInferenceAtMaxReplicasAboveCapturedBatch",
         "NPUInferenceCrashLooping",
         "NPUInferencePodNotReady",
         "NPUOperatorReconcileErrors",

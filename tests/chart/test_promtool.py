@@ -94,7 +94,7 @@ def test_every_alert_fires_and_holds_back_as_the_unit_tests_expect(promtool: str
 
 def test_every_alert_has_a_firing_case_and_a_near_miss(rule_groups: list[JSON]) -> None:
     alerts = rule_names(rule_groups, "alert")
-    assert len(alerts) == 8, alerts
+    assert len(alerts) == 9, alerts
     cases: list[dict[str, Any]] = yaml.safe_load(TESTS.read_text(encoding="utf-8"))["tests"]
     for alert in alerts:
         fires = [c["name"] for c in cases if any(t["alertname"] == alert and t["exp_alerts"] for t in _checks(c))]

@@ -208,7 +208,78 @@ INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
     ("bad-cpu-quantity", setting("spec.resources", {"requests": {"cpu": "eight"}}), "does not match"),
     ("bad-toleration-operator", setting("spec.template", {"tolerations": [{"operator": "In"}]}), "is not one of"),
     ("bad-scrape-interval", setting("spec.metrics", {"podMonitor": {"interval": "30"}}), "does not match"),
+    ("autoscaling-without-max", setting("spec.autoscaling", {"minReplicas": 1}), "'maxReplicas' is a required"),
+    (
+        "autoscaling-min-above-max",
+        setting("spec.autoscaling", {"minReplicas": 5, "maxReplicas": 2}),
+        "autoscaling.minReplicas (5) may not exceed autoscaling.maxReplicas (2)",
+    ),
+    (
+        "scale-to-zero-without-routing",
+        setting("spec.autoscaling", {"minReplicas": 0, "maxReplicas": 2}),
+        "(scale to zero) needs spec.routing",
+    ),
+    (
+        "utilization-above-100",
+        setting("spec.autoscaling", {"maxReplicas": 2, "targetUtilization": 101}),
+        "greater than the maximum",
+    ),
+    (
+        "scale-up-period-above-hpa-limit",
+        setting("spec.autoscaling", {"maxReplicas": 2, "scaleUpPeriodSeconds": 3600}),
+        "greater than the maximum",
+    ),
+    (
+        "prometheus-not-a-url",
+        setting("spec.autoscaling", {"maxReplicas": 2, "prometheus": {"address": "prometheus:9090"}}),
+        "does not match",
+    ),
+    ("routing-unknown-failure-mode", setting("spec.routing", {"failureMode": "Maybe"}), "is not one of"),
+    ("gateway-without-name", setting("spec.routing", {"gateway": {"namespace": "gw"}}), "'name' is a required"),
+    # Everything a user writes is data: revisions are names (no `$(VAR)`, no `..`), free-form fields bounded.
+    *(
+        (
+            f"{hub}-revision-{label}",
+            setting("spec.model", hub_model(**{hub: {"repository": "org/name", "revision": revision}})),
+            "does not match",
+        )
+        for hub in ("huggingFace", "modelScope")
+        for label, revision in (
+            ("variable", "$(NPU_MODEL_TOKEN)"),
+            ("climbing", "../../../../x/outside"),
+            ("inner-dots", "main/../x"),
+            ("absolute", "/abs"),
+            ("space", "main branch"),
+        )
+    ),
+    (
+        "additional-config-too-many-keys",
+        setting("spec.engine", {"additionalConfig": {f"k{i}": i for i in range(65)}}),
+        "has too many properties",
+    ),
+    ("env-value-too-long", setting("spec.engine", {"env": [{"name": "A", "value": "x" * 32769}]}), "is too long"),
+    (
+        "env-value-from-two-sources",
+        setting("spec.engine", {"env": [{"name": "A", "valueFrom": {"fieldRef": {}, "secretKeyRef": {}}}]}),
+        "has too many properties",
+    ),
+    (
+        "too-many-annotations",
+        setting("spec.template", {"metadata": {"annotations": {f"a{i}": "x" for i in range(65)}}}),
+        "has too many properties",
+    ),
+    ("affinity-not-an-affinity", setting("spec.template", {"affinity": {f"k{i}": {} for i in range(4)}}), "too many"),
 ]
+
+
+def test_the_revision_pattern_is_the_runtimes() -> None:
+    """The runtime checks its --revision with the same pattern the CRD has (one source: the runtime's)."""
+    from npu_runtime.fetch.listing import REVISION_PATTERN
+
+    schema = crd.openapi_schema()
+    source = schema["properties"]["spec"]["properties"]["model"]["properties"]["source"]["properties"]
+    for hub in ("huggingFace", "modelScope"):
+        assert source[hub]["properties"]["revision"]["pattern"] == REVISION_PATTERN
 
 
 @pytest.mark.parametrize(("change", "fragment"), [(c, f) for _, c, f in INVALID], ids=[i for i, _, _ in INVALID])
@@ -230,11 +301,20 @@ def test_the_base_manifest_is_valid() -> None:
     assert crd.validate(base()) == []
 
 
+def test_scale_to_zero_with_routing_is_valid() -> None:
+    manifest = base()
+    manifest["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2}
+    manifest["spec"]["routing"] = {}
+    assert crd.validate(manifest) == []
+
+
 @pytest.mark.parametrize(
     "model",
     [
         hub_model(),
         hub_model(modelScope={"repository": "Qwen/Qwen2.5-7B-Instruct", "revision": "v1.0"}),
+        hub_model(huggingFace={"repository": "org/name", "revision": "refs/pr/1"}),
+        hub_model(huggingFace={"repository": "org/name", "revision": "release/v2.1_rc-3"}),
         {
             **hub_model(
                 huggingFace={
@@ -244,12 +324,13 @@ def test_the_base_manifest_is_valid() -> None:
                     "ignorePatterns": ["original/*"],
                     "tokenSecretRef": {"name": "hf-token", "key": "HF_TOKEN"},
                     "endpoint": "https://hf-mirror.com",
+                    "sendTokenOverHTTP": False,
                 }
             ),
             "cache": {"claimName": "models", "create": {"size": "2Ti", "storageClassName": "nfs"}},
         },
     ],
-    ids=["huggingFace", "modelScope", "everything"],
+    ids=["huggingFace", "modelScope", "pull-request-ref", "branch-with-slash", "everything"],
 )
 def test_hub_sources_are_valid(model: dict[str, Any]) -> None:
     manifest = base()

@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ from npu_sandbox.cluster import LocalCluster
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = ROOT / ".cache" / "k8s-tools" / "bin" / "kubectl"
 EXAMPLES = ROOT / "examples"
-CONFIG = OperatorConfig(resync_seconds=1.0, metrics_port=0, health_port=0)
+# The models are hostPath sources in the test's temporary directory: the policy lists it.
+CONFIG = OperatorConfig(resync_seconds=1.0, metrics_port=0, health_port=0, allowed_host_paths=(tempfile.gettempdir(),))
 NPUINF = resource(crd.GROUP, crd.VERSION, crd.PLURAL)
 
 pytestmark = [

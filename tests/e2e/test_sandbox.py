@@ -54,6 +54,36 @@ def test_the_sandbox_runs_the_whole_chain_and_leaves_nothing_behind(sandbox_run:
 
 @pytest.mark.engine
 @pytest.mark.timeout(900)
+def test_the_product_is_installed_upgraded_and_uninstalled_with_the_real_helm(sandbox_run: SandboxRun) -> None:
+    """README's cluster commands, run by the sandbox: the operator is the chart's pod under the chart's RBAC."""
+    result, summary = sandbox_run.result, sandbox_run.summary
+    for line in (
+        "helm install npu-operator charts/npu-inference-operator -n npu-system --create-namespace",
+        "STATUS: deployed",
+        "serviceaccount/npu-operator-npu-inference-operator",
+        "clusterrole.rbac.authorization.k8s.io/npu-operator-npu-inference-operator",
+        "npu-operator run (ServiceAccount npu-system/npu-operator-npu-inference-operator",
+    ):
+        assert line in result.stdout
+    # The NPUInference went Ready through that operator (the other test checks the rest of the chain).
+    assert summary["ready"] is True
+    upgrade = summary["helm"]["upgrade"]
+    assert upgrade["revision"] == 2 and upgrade["log_level"] == "DEBUG"
+    assert not set(upgrade["operator_pods"]["after"]) & set(upgrade["operator_pods"]["before"])  # rolled
+    assert upgrade["peers"]["new"]  # the new operator patched its peering object: authorized, alive
+    assert upgrade["ready"] and upgrade["model_pods_unchanged"] and isinstance(upgrade["completion"], str)
+    uninstall = summary["helm"]["uninstall"]
+    assert uninstall["left"] == {"deployments": [], "serviceaccounts": [], "pods": []}
+    assert uninstall["cluster_roles"] == [] and uninstall["releases"] == []
+    # helm.sh/resource-policy: keep: the CRDs stay, and with them the users' resources, still serving.
+    assert {"npuinferences.inference.npu.dev", "clusterkopfpeerings.kopf.dev"} <= set(uninstall["crds"])
+    assert uninstall["resource_kept"] is True and isinstance(uninstall["completion"], str)
+    for pid in summary["helm"]["operator_pids"]:
+        assert not alive(pid), f"operator process {pid} outlived the sandbox"
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(900)
 def test_a_real_prometheus_scraped_the_sandbox_and_shows_the_plan_downgrade_alert(sandbox_run: SandboxRun) -> None:
     if prometheus.binary() is None:
         pytest.skip("prometheus not found: install Debian's prometheus package (scripts/bootstrap does it as root)")

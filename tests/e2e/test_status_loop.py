@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,14 @@ from tests.operator.conftest import example
 
 NS = "default"
 NAME = "tiny-llama"
-CONFIG = OperatorConfig(resync_seconds=1.0, status_poll_seconds=1.0, metrics_port=0, health_port=0)
+# The models are hostPath sources in the test's temporary directory: the policy lists it.
+CONFIG = OperatorConfig(
+    resync_seconds=1.0,
+    status_poll_seconds=1.0,
+    metrics_port=0,
+    health_port=0,
+    allowed_host_paths=(tempfile.gettempdir(),),
+)
 ENGINE_STARTUP = 300.0  # a tiny model takes 35-45 s on 2 cores; leave room for a loaded CI machine
 
 

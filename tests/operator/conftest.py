@@ -14,7 +14,10 @@ from npu_sandbox.cluster import LocalCluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Short intervals so that a test sees several resyncs; everything else as in production.
-TEST_CONFIG = OperatorConfig(resync_seconds=1.0, metrics_port=0, health_port=0)
+# The sandbox example's hostPath model directory, listed as a platform engineer lists the nodes'
+# model disk (the default pod-template policy refuses hostPath sources elsewhere).
+SANDBOX_HOST_PATHS = ("/tmp/npu-sandbox/models",)
+TEST_CONFIG = OperatorConfig(resync_seconds=1.0, metrics_port=0, health_port=0, allowed_host_paths=SANDBOX_HOST_PATHS)
 
 
 def example(name: str) -> dict[str, Any]:

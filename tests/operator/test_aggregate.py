@@ -58,12 +58,25 @@ def test_pods_that_disagree_show_the_most_common_mode_and_the_count_per_mode() -
     assert graph["modes"] == {"FULL_DECODE_ONLY": 2, "PIECEWISE": 1}
 
 
-def test_unreachable_pods_are_counted_and_their_last_report_kept() -> None:
+def test_unreachable_pods_are_counted_once_and_their_last_report_kept() -> None:
+    """A pod whose last read failed is unreachable, never also reporting; what it said before is kept."""
     reports = [PodReport("a", report(), reachable=False), PodReport("b", None, reachable=False)]
     graph = graph_status("FULL_DECODE_ONLY", reports, {}, now=NOW, same_generation=True)
     assert graph["effectiveMode"] == "NONE"
-    assert graph["reportingPods"] == 1
+    assert graph["reportingPods"] == 0
     assert graph["unreachablePods"] == 2
+
+
+def test_a_stale_report_is_not_the_current_state() -> None:
+    """Read before the pod's last transition: not folded in, not counted as reporting."""
+    loading = report("PIECEWISE", state="loading")
+    reports = [PodReport("a", loading, reachable=False, stale=True), PodReport("b", loading, stale=True)]
+    graph = graph_status("FULL_DECODE_ONLY", reports, {}, now=NOW, same_generation=False)
+    assert "effectiveMode" not in graph
+    assert (graph["reportingPods"], graph["unreachablePods"], graph["stalePods"]) == (0, 1, 1)
+    pods = [pod("a", ready=True), pod("b", ready=False)]
+    assert pod_findings(pods, reports, None).starting == {}  # "loading" is what they said before
+    assert pod_findings(pods, [PodReport("b", loading)], None).starting == {"loading": 1}
 
 
 def test_no_report_keeps_the_previous_mode_and_downgrades_until_the_spec_changes() -> None:

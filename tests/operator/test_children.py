@@ -87,15 +87,76 @@ def test_an_unwanted_child_is_deleted_only_if_it_exists() -> None:
 
 
 def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
-    assert [kind.kind for kind in children.KINDS] == [
+    assert [kind.key for kind in children.KINDS] == [
         "Deployment",
         "LeaderWorkerSet",
         "DisaggregatedSet",
         "Service",
+        "Service-prefill",
+        "Service-decode",
         "PodDisruptionBudget",
         "PodMonitor",
+        "ScaledObject",
+        "ServiceAccount-epp",
+        "Role-epp",
+        "RoleBinding-epp",
+        "ConfigMap-epp",
+        "Deployment-epp",
+        "Service-epp",
+        "InferencePool",
+        "HTTPRoute",
     ]
-    optional = [kind.kind for kind in children.KINDS if kind.optional]
-    assert optional == ["LeaderWorkerSet", "DisaggregatedSet", "PodMonitor"]
+    assert [kind.kind for kind in children.KINDS if kind.optional] == [
+        "LeaderWorkerSet",
+        "DisaggregatedSet",
+        "PodMonitor",
+        "ScaledObject",
+        "InferencePool",
+        "HTTPRoute",
+    ]
+    # The endpoint picker's objects (and the route to its pool) are only made where InferencePools are served.
+    assert {kind.key for kind in children.KINDS if kind.needs == "InferencePool"} == {
+        "ServiceAccount-epp",
+        "Role-epp",
+        "RoleBinding-epp",
+        "ConfigMap-epp",
+        "Deployment-epp",
+        "Service-epp",
+        "HTTPRoute",
+    }
+    # A disaggregated resource's role Services are only made where DisaggregatedSets are served.
+    assert {kind.key for kind in children.KINDS if kind.needs == "DisaggregatedSet"} == {
+        "Service-prefill",
+        "Service-decode",
+    }
     assert children.WORKLOADS == (children.DEPLOYMENT, children.LEADER_WORKER_SET, children.DISAGGREGATED_SET)
     assert children.owned_by(DESIRED, "owner") and not children.owned_by(DESIRED, "someone")
+
+
+def test_a_child_name_stays_a_dns_label_however_long_the_owner() -> None:
+    assert children.PICKER_SERVICE.child_name("qwen") == "qwen-epp"
+    longest = "a" * 63
+    name = children.PICKER_SERVICE.child_name(longest)
+    assert len(name) == 63 and name.endswith("-epp")
+    assert name != children.PICKER_SERVICE.child_name("a" * 62 + "b")  # the digest keeps them apart
+    assert children.DEPLOYMENT.child_name(longest) == longest
+
+
+def test_the_watch_cache_keeps_managed_fields_only_when_another_manager_wrote_the_child() -> None:
+    from npu_operator.watches import essentials
+
+    manifest = stamped(DESIRED)
+    status_writer = {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status",
+                     "fieldsV1": {"f:status": {"f:loadBalancer": {}}}}  # fmt: skip
+    hand_edit = {"manager": "kubectl-edit", "operation": "Update",
+                 "fieldsV1": {"f:spec": {"f:selector": {"f:a": {}}}}}  # fmt: skip
+    ours_only = live_from(manifest, status_writer)
+    assert "managedFields" not in essentials(ours_only)["metadata"]
+    edited = live_from(manifest, status_writer, hand_edit)
+    del edited["metadata"]["managedFields"][0]["fieldsV1"]["f:spec"]["f:selector"]  # moved to kubectl-edit
+    kept = essentials(edited)["metadata"]["managedFields"]
+    assert [e["manager"] for e in kept] == [FIELD_MANAGER, "kubectl-edit"]  # the status write is never read
+    # The decision is the same as from the whole object.
+    for live in (ours_only, edited):
+        assert taken_fields(essentials(live), manifest) == taken_fields(live, manifest)
+    assert taken_fields(essentials(edited), manifest)

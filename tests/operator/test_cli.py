@@ -14,14 +14,22 @@ import yaml
 from tests.operator.conftest import EXAMPLES
 
 
-def render(*args: str) -> subprocess.CompletedProcess[str]:
+def render(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **{f"NPU_OPERATOR_{key.upper()}": value for key, value in settings.items()}}
     return subprocess.run(
-        [sys.executable, "-m", "npu_operator.cli", "render", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "npu_operator.cli", "render", *args], capture_output=True, text=True, timeout=60, env=env
     )
 
 
-def test_render_prints_valid_children_that_request_npus() -> None:
+def test_render_refuses_a_priority_class_the_operator_does_not_allow() -> None:
     result = render("-f", str(EXAMPLES / "qwen2.5-32b-tp4.yaml"))
+    assert result.returncode == 2
+    assert "spec.template.priorityClassName: 'inference-high' is not an allowed priority class" in result.stderr
+
+
+def test_render_prints_valid_children_that_request_npus() -> None:
+    # The example's priority class, allowed as its comment says (the chart's allowedPriorityClasses).
+    result = render("-f", str(EXAMPLES / "qwen2.5-32b-tp4.yaml"), allowed_priority_classes="inference-high")
     assert result.returncode == 0, result.stderr
     children = list(yaml.safe_load_all(result.stdout))
     assert [c["kind"] for c in children] == ["Deployment", "Service"]

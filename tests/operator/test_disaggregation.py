@@ -26,7 +26,7 @@ from npu_runtime.contract import parse_serve_args
 from npu_runtime.planner.plan import make_plan
 from npu_runtime.routing.router import parse_route_args
 
-from tests.operator import ds_schema
+from tests.operator import ds_schema, test_security
 from tests.operator.conftest import example
 from tests.runtime.conftest import POD_ENV, load_model
 from tests.runtime.test_golden import A3_NODE
@@ -153,7 +153,8 @@ def test_the_router_is_the_resources_endpoint_and_reaches_each_roles_leaders() -
     for role in ("prefill", "decode"):
         selector = built[("Service", f"x-{role}")]["spec"]["selector"]
         assert selector[disaggregation.ROLE_LABEL] == role and selector[builders.LWS_WORKER_INDEX_LABEL] == "0"
-    assert {name for kind, name in built if kind == "Service"} == set(children.names(children.SERVICE, "x"))
+    services = {kind.child_name("x") for kind in (children.SERVICE, children.PREFILL_SERVICE, children.DECODE_SERVICE)}
+    assert {name for kind, name in built if kind == "Service"} == services
 
 
 def test_scaled_to_zero_both_roles_are_zero() -> None:
@@ -212,13 +213,9 @@ def test_without_the_disaggregated_set_api_nothing_is_built_and_the_reason_is_gi
     assert "disaggregatedset.x-k8s.io/v1" in desired.blocked[1]
     with_api = reconcile.desired_state(manifest, CONFIG, served | {"DisaggregatedSet"})
     assert with_api.blocked is None
-    assert sorted(with_api.manifests) == [
-        ("Deployment", "deepseek-r1-pd"),
-        ("DisaggregatedSet", "deepseek-r1-pd"),
-        ("Service", "deepseek-r1-pd"),
-        ("Service", "deepseek-r1-pd-decode"),
-        ("Service", "deepseek-r1-pd-prefill"),
-    ]
+    keys = ["Deployment", "DisaggregatedSet", "Service", "Service-decode", "Service-prefill"]
+    assert sorted(with_api.manifests) == keys
+    assert with_api.manifests["Service-prefill"]["metadata"]["name"] == "deepseek-r1-pd-prefill"
 
 
 def role_plans(manifest: dict[str, Any], model: str) -> dict[str, Any]:
@@ -269,3 +266,59 @@ def test_the_roles_counts_are_the_resources_and_none_is_ready_without_a_ready_pr
     ds["status"]["roleStatuses"][0]["readyReplicas"] = 1
     view = disaggregation.workload_view(ds)["status"]
     assert (view["readyReplicas"], view["observedGeneration"]) == (1, 3)
+
+
+# --- what a user writes stays data; the pod-template policy covers the prefill role -----------------
+
+
+def role_containers(built: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every child with a pod template, a DisaggregatedSet's roles as LeaderWorkerSets."""
+    found: list[dict[str, Any]] = []
+    for child in built:
+        if child["kind"] == disaggregation.DS_KIND:
+            found += [{"spec": role["spec"]} for role in child["spec"]["roles"]]
+        else:
+            found.append(child)
+    return found
+
+
+def test_no_disaggregation_field_is_expanded_by_the_kubelet() -> None:
+    manifest = example(EXAMPLE)
+    pd = manifest["spec"]["disaggregation"]
+    pd["prefill"].update(extraArgs=["--seed", "1"], env=[{"name": "MY_VAR", "value": "v"}])
+    pd["connector"]["extraConfig"] = {"mooncake_protocol": "ascend"}
+    reaching: set[str] = set()
+    for path in test_security.string_leaves(pd):
+        changed = copy.deepcopy(manifest)
+        node: Any = changed["spec"]["disaggregation"]
+        for key in path:
+            node = node[key]
+        test_security.set_leaf(changed["spec"]["disaggregation"], path, node + "$(LEAK)$$(LEAK2)")
+        try:
+            built = builders.build_children("m", "ns", parse_spec(changed["spec"]), CONFIG)
+        except (ValueError, KeyError, TypeError):
+            continue
+        for value in test_security.container_strings(role_containers(built)):
+            names, passed = test_security.kubelet_references(value)
+            assert names <= {*test_security.OPERATOR_REFERENCES, disaggregation.POD_NAME_ENV}, (path, value)
+            if "$(LEAK)$$(LEAK2)" in passed:
+                reaching.add(".".join(str(key) for key in path if not isinstance(key, int)))
+    assert {"prefill.extraArgs", "prefill.env.value", "connector.extraConfig.mooncake_protocol"} <= reaching
+    # The engine_id is the one reference of ours in the connector's settings, and it still expands.
+    built = builders.build_children("m", "ns", parse_spec(manifest["spec"]), CONFIG)
+    args = role_containers(built)[1]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"]
+    config = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert config["engine_id"] == "$(POD_NAME)" and config["kv_connector_extra_config"]["mooncake_protocol"] == "ascend"
+
+
+def test_the_pod_template_policy_covers_the_prefill_env_and_p_d_refuses_autoscaling_and_routing() -> None:
+    manifest = example(EXAMPLE)
+    secret = {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    manifest["spec"]["disaggregation"]["prefill"]["env"] = [secret]
+    manifest["metadata"]["uid"] = "u1"
+    _, problems = reconcile.read_spec(manifest, CONFIG)
+    assert [p.field for p in problems] == ["spec.disaggregation.prefill.env[0].valueFrom.secretKeyRef"]
+    manifest = example(EXAMPLE)
+    manifest["spec"]["routing"] = {"failureMode": "FailOpen"}
+    problems = validate_spec(parse_spec(manifest["spec"]))
+    assert [(p.field, "spec.disaggregation" in p.message) for p in problems] == [("spec.routing", True)]

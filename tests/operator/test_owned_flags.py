@@ -32,6 +32,8 @@ SMUGGLED = [
     (["--tensor_parallel_size", "3"], "tensor_parallel_size", 3),
     (["--enforce_eager"], "enforce_eager", True),
     (["--port=1"], "port", 1),
+    (["-qawq"], "quantization", "awq"),  # a one-letter option with its value attached
+    (["-qfp8"], "quantization", "fp8"),
 ]
 
 

@@ -219,3 +219,68 @@ async def test_hung_pods_do_not_hold_the_reads_of_healthy_ones(runtimes: tuple[R
         await collector.close()
     assert healthy_seconds < 0.4  # not behind the hung pods' 0.5 s timeouts
     assert fake.hits[ports[4]] == 1
+
+
+def ready(value: bool) -> list[dict[str, str]]:
+    return [{"type": "Ready", "status": "True" if value else "False"}]
+
+
+async def test_a_pod_that_turns_ready_is_read_at_once_not_after_its_backoff(
+    runtimes: tuple[Runtimes, list[int]],
+) -> None:
+    fake, ports = runtimes
+    clock = Clock()
+    collector = ReportCollector(concurrency=4, timeout=0.5, poll_seconds=10, clock=clock)
+    try:
+        await collector.collect("o", [pod("a", ports[0], conditions=ready(False))])
+        fake.behaviour[ports[0]] = "error"
+        clock.now = 10
+        await collector.collect("o", [pod("a", ports[0], conditions=ready(False))])  # fails: back off 20 s
+        assert fake.hits[ports[0]] == 2
+        fake.behaviour[ports[0]] = "ok"
+        clock.now = 11
+        (now_ready,) = await collector.collect("o", [pod("a", ports[0], conditions=ready(True))])
+        assert fake.hits[ports[0]] == 3  # read at once, 19 s before its backoff allowed
+        assert now_ready.reachable and not now_ready.stale
+        clock.now = 12
+        restarted = pod("a", ports[0], conditions=ready(True), containerStatuses=[{"restartCount": 1}])
+        await collector.collect("o", [restarted])
+        assert fake.hits[ports[0]] == 4  # a container restart is a transition too
+    finally:
+        await collector.close()
+
+
+async def test_a_report_older_than_the_pods_last_transition_is_stale(runtimes: tuple[Runtimes, list[int]]) -> None:
+    """Seen on a busy machine: the pod turned Ready, its /status read timed out, the old report stuck."""
+    fake, ports = runtimes
+    clock = Clock()
+    collector = ReportCollector(concurrency=4, timeout=0.5, poll_seconds=10, clock=clock)
+    try:
+        (loading,) = await collector.collect("o", [pod("a", ports[0], conditions=ready(False))])
+        assert loading.report is not None and loading.current is not None
+        fake.behaviour[ports[0]] = "hang"
+        clock.now = 1
+        (turned,) = await collector.collect("o", [pod("a", ports[0], conditions=ready(True))])
+        assert (turned.reachable, turned.stale, turned.current) == (False, True, None)
+        assert turned.report is loading.report  # kept, but only as what the pod said before
+        fake.behaviour[ports[0]] = "ok"
+        clock.now = 30
+        (fresh,) = await collector.collect("o", [pod("a", ports[0], conditions=ready(True))])
+        assert (fresh.reachable, fresh.stale) == (True, False) and fresh.current is not None
+    finally:
+        await collector.close()
+
+
+async def test_a_leader_worker_set_pod_carries_its_rank(runtimes: tuple[Runtimes, list[int]]) -> None:
+    _, ports = runtimes
+    worker = pod("r1-3-1", ports[0])
+    worker["metadata"]["labels"] = {
+        "leaderworkerset.sigs.k8s.io/group-index": "3",
+        "leaderworkerset.sigs.k8s.io/worker-index": "1",
+    }
+    collector = ReportCollector(concurrency=4, timeout=2, poll_seconds=10)
+    try:
+        (ranked, plain) = await collector.collect("o", [worker, pod("s", ports[1])])
+    finally:
+        await collector.close()
+    assert (ranked.rank, plain.rank) == ((3, 1), None)

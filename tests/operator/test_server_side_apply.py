@@ -8,6 +8,7 @@ Simplified (see npu_sandbox.fields): lists are atomic; the status subresource is
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kopf
@@ -73,5 +74,20 @@ async def test_the_client_maps_errors_and_404s(cluster: LocalCluster) -> None:
         with pytest.raises(ApiError) as caught:
             await client.apply(SERVICES, "default", {**service(), "metadata": {"name": "other"}, "kind": ""})
         assert caught.value.status == 400 and not caught.value.transient
+    finally:
+        await client.close()
+
+
+async def test_concurrent_callers_share_one_discovery_request(cluster: LocalCluster) -> None:
+    # Every worker's first tick asks whether PodMonitors are served at once after a start.
+    pod_monitors = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
+    client = KubeClient(lambda: connection_info(kopf.OperatorSettings()))
+    try:
+        before = len(cluster.emulator.history)
+        answers = await asyncio.gather(*(client.serves(pod_monitors) for _ in range(20)))
+        asked = [r for r in cluster.emulator.history[before:] if r.url.path == pod_monitors.group_version_path]
+        assert answers == [False] * 20 and len(asked) == 1
+        assert await client.serves(pod_monitors) is False  # from the cache, no request
+        assert len(cluster.emulator.history) == before + 1
     finally:
         await client.close()

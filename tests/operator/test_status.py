@@ -134,3 +134,9 @@ def test_status_patch_holds_only_changes() -> None:
     assert status.status_patch({"a": 1, "b": 2}, {"a": 1, "b": 3}) == {"b": 3}
     assert status.status_patch({"a": 1, "gone": 1}, {"a": 1}) == {"gone": None}
     assert status.status_patch({"a": [1]}, {"a": [1]}) == {}
+    # A merge patch merges nested objects: what left one needs its own null, or it stays.
+    before = {"graph": {"effectiveMode": "NONE", "unreachablePods": 1, "rankModes": {"NONE": "0:1", "FULL": "0:0"}}}
+    after = {"graph": {"effectiveMode": "FULL", "rankModes": {"FULL": "0:*"}}}
+    assert status.status_patch(before, after) == {
+        "graph": {"effectiveMode": "FULL", "unreachablePods": None, "rankModes": {"NONE": None, "FULL": "0:*"}}
+    }

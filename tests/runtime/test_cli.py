@@ -116,6 +116,16 @@ def test_a_device_kind_without_its_memory_exits_2() -> None:
     assert "--device-memory" in done.stderr
 
 
+def test_a_named_npu_plans_without_its_memory_and_hccl_buffsize_reaches_the_plan() -> None:
+    args = ["--model", str(FIXTURES / "deepseek-r1-w8a8"), "--device-kind", "npu", "--device-name", "Ascend910_9392"]
+    args += ["--device-count", "16", "--tensor-parallel", "4", "--data-parallel", "4", "--enable-expert-parallel"]
+    args += ["--max-model-len", "16384", "--max-num-seqs", "16"]
+    from_env = json.loads(run("plan", *args, "--json", env={"HCCL_BUFFSIZE": "1024"}).stdout)
+    from_flag = plan_json(*args, "--hccl-buffsize", "1024")
+    assert from_env["device"]["source"] == "device-table"
+    assert from_env["memory"]["hccl_buffsize_mb"] == from_flag["memory"]["hccl_buffsize_mb"] == 1024
+
+
 def test_model_that_cannot_fit_exits_3_with_numbers() -> None:
     done = run("plan", "--model", str(FIXTURES / "qwen2.5-72b-instruct"), "--device-kind", "npu",
                "--device-memory", "32Gi", "--json")  # fmt: skip

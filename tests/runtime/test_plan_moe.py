@@ -24,8 +24,13 @@ R1: dict[str, Any] = {"max_num_seqs": 16, "max_model_len": 16384, "gpu_memory_ut
 def test_routed_experts_split_over_dp_x_tp_dense_parts_over_tp() -> None:
     model = load_model("deepseek-r1-w8a8")
     plan = make_plan(PlanOptions(data_parallel=4, tensor_parallel=4, enable_expert_parallel=True, **R1), A3, model)
-    dense = model.weight_bytes - model.expert_weight_bytes
-    assert plan.memory.weights_bytes == math.ceil(dense / 4 + model.expert_weight_bytes / 16)
+    dense = model.weight_bytes - model.expert_weight_bytes - model.replicated_weight_bytes
+    terms = plan.memory.weight_terms
+    assert (terms.split, terms.replicated, terms.experts) == (
+        math.ceil(dense / 4),
+        model.replicated_weight_bytes,
+        math.ceil(model.expert_weight_bytes / 16),
+    )
     assert (plan.layout.ep_size, plan.layout.experts_per_rank, plan.layout.moe_tensor_parallel) == (16, 16, 1)
     # Without EP vLLM slices every expert over the same 16 ranks: the same bytes for 256 experts.
     sliced = make_plan(PlanOptions(data_parallel=4, tensor_parallel=4, **R1), A3, model)

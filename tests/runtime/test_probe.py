@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from npu_runtime.contract import PlanError, PlanOptions
+from npu_runtime.planner import probe
 from npu_runtime.planner.probe import (
     DeviceError,
     DeviceInfo,
@@ -16,6 +17,7 @@ from npu_runtime.planner.probe import (
     _probe_torch_npu,
     device_family,
     device_from_options,
+    device_nodes_present,
     parse_npu_smi,
     probe_device,
 )
@@ -106,6 +108,61 @@ def test_device_family(kind: str, name: str, family: str) -> None:
     assert device_family(DeviceInfo(kind, name, 1, 1, None, "override")) == family
 
 
+@pytest.fixture
+def device_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A /dev with the nodes of a node with GPUs and NPUs, so that the stand-in torch is asked."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("null", "nvidiactl", "nvidia0", "davinci0", "davinci_manager"):
+        (dev / name).touch()
+    monkeypatch.setattr(probe, "DEVICE_DIR", str(dev))
+    return dev
+
+
+@pytest.mark.parametrize(
+    ("nodes", "kinds"),
+    [
+        (["null", "tty", "shm"], set()),  # a CPU node
+        (["nvidiactl", "nvidia-uvm", "nvidia0"], {"cuda"}),
+        (["dxg"], {"cuda"}),  # WSL2
+        (["davinci0", "davinci_manager", "devmm_svm", "hisi_hdc"], {"npu"}),
+        (["davinci_manager"], {"npu"}),
+        (["nvidia-caps"], set()),  # the MIG capability directory alone gives no device
+    ],
+)
+def test_device_nodes_say_which_kinds_torch_could_see(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: list[str], kinds: set[str]
+) -> None:
+    for name in nodes:
+        (tmp_path / name).touch()
+    monkeypatch.setattr(probe, "DEVICE_DIR", str(tmp_path))
+    assert {kind for kind in ("npu", "cuda") if device_nodes_present(kind)} == kinds
+    monkeypatch.setattr(probe, "DEVICE_DIR", str(tmp_path / "unreadable"))
+    assert device_nodes_present("cuda") and device_nodes_present("npu")  # cannot tell: torch is asked
+
+
+def test_the_probe_without_a_child_interpreter_finds_what_the_child_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # This machine's real torch (when installed) and real /dev: the probe that asks torch in a child
+    # interpreter whatever /dev shows (as before) and the one that skips it without device nodes
+    # give the same device. The host's free memory changes from one read to the next: read once.
+    host = probe._probe_cpu()
+    monkeypatch.setattr(probe, "_probe_cpu", lambda: host)
+    with monkeypatch.context() as always_ask:
+        always_ask.setattr(probe, "device_nodes_present", lambda kind: True)
+        asked = probe_device()
+    children: list[object] = []
+    real_run = subprocess.run
+
+    def run(*args: object, **kwargs: object) -> object:
+        children.append(args)
+        return real_run(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert probe_device() == asked
+    if not device_nodes_present("cuda") and not device_nodes_present("npu"):
+        assert asked == host and children == []  # a CPU machine: no child interpreter at all
+
+
 FAKE_TORCH = """
 class _Backend:
     def is_available(self): return True
@@ -116,6 +173,7 @@ class _Backend:
 """
 
 
+@pytest.mark.usefixtures("device_nodes")
 def test_torch_probes_run_in_a_child_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A stand-in torch (and torch_npu, which registers torch.npu) that only the child process imports.
     (tmp_path / "torch").mkdir()
@@ -133,6 +191,7 @@ def test_torch_probes_run_in_a_child_interpreter(tmp_path: Path, monkeypatch: py
         assert not str(getattr(sys.modules.get(name), "__file__", "") or "").startswith(str(tmp_path))
 
 
+@pytest.mark.usefixtures("device_nodes")
 def test_a_broken_torch_is_no_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('libcuda.so missing')\n")
@@ -141,6 +200,7 @@ def test_a_broken_torch_is_no_device(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert _probe_torch_cuda() is None
 
 
+@pytest.mark.usefixtures("device_nodes")
 def test_a_given_kind_asks_only_its_own_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A stand-in torch with a GPU that leaves a mark whenever a child interpreter imports it.
     marks = tmp_path / "torch-imported"
@@ -155,6 +215,20 @@ def test_a_given_kind_asks_only_its_own_sources(tmp_path: Path, monkeypatch: pyt
     assert not marks.exists()
     assert device_from_options(PlanOptions(device_kind="cuda")).source == "torch.cuda"
     assert marks.read_text() == "x"
+
+
+def test_without_device_nodes_torch_is_not_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in torch that would report a GPU, in an image run on a node that has none.
+    marks = tmp_path / "torch-imported"
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        f"open({str(marks)!r}, 'a').write('x')\n" + FAKE_TORCH.format(name="NVIDIA H200", attribute="cuda")
+    )
+    (tmp_path / "dev").mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(probe, "DEVICE_DIR", str(tmp_path / "dev"))
+    assert probe_device().source == "cpu"
+    assert not marks.exists()
 
 
 def test_a_kind_this_machine_lacks_needs_its_memory() -> None:

@@ -90,6 +90,38 @@ def test_status_agrees_and_shows_the_observer_in_every_engine_process(planned: S
 
 
 @pytest.mark.engine
+def test_the_engines_measurements_become_the_next_pods_plan(planned: ServeRun, tmp_path: Path) -> None:
+    # The calibration loop on the CPU build: this pod's /status -> the operator's parser and merge ->
+    # the record the ConfigMap holds -> the next pod's plan.
+    import json
+
+    from npu_operator import calibration as operator_calibration
+    from npu_operator.report_schema import parse_report
+    from npu_runtime.contract import PlanOptions
+    from npu_runtime.planner.plan import plan_for
+
+    status = planned.status()
+    section = parse_report(status).calibration
+    assert section is not None
+    assert section.measured["kv_cache_bytes"] == 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1, measured by the worker
+    # The CPU build's runner has no model_memory_usage: weights are measured on NPU/CUDA only.
+    assert "weights_bytes" not in section.measured
+    record = operator_calibration.merge_record(None, section, (1, 1, 1, 1))
+    assert record is not None
+    path = tmp_path / operator_calibration.RECORD_FILE
+    path.write_text(json.dumps(record))
+    options = PlanOptions(max_num_seqs=4, max_model_len=512, calibration=str(path))
+    model = planned.argv[planned.argv.index("--model") + 1]
+    second = plan_for(options, model, resolve_mode=False, environ={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert second.calibration["record"] == "applied", second.warnings
+    assert "kv_cache_bytes" in second.calibration["measured_used"]
+    assert second.memory.kv_cache_bytes <= section.measured["kv_cache_bytes"]  # never more than measured
+    print("record:", json.dumps(record, indent=1))
+    shown = {"calibration": second.calibration, "kv_cache_bytes": second.memory.kv_cache_bytes}
+    print("second plan:", json.dumps(shown))
+
+
+@pytest.mark.engine
 def test_sigterm_exits_zero_within_the_grace_period_and_leaves_no_engine_process(planned: ServeRun) -> None:
     pids = planned.engine_pids()
     assert len(pids) >= 3

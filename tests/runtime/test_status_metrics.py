@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from npu_runtime import metrics, reports
 from npu_runtime.serving.failures import Failure
-from npu_runtime.serving.status import PlanView, RuntimeStatus, aggregate
+from npu_runtime.serving.status import EngineView, PlanView, RuntimeStatus, aggregate
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.design_metrics import RUNTIME_TABLE
@@ -247,6 +247,22 @@ def test_serve_hands_the_plan_to_the_status_as_plain_data() -> None:
     assert [d["reason"] for d in view.downgrades] == ["CpuHasNoGraphs"]
     assert view.memory["total"] == plan.memory.total_bytes
     assert describe_plan(plan) == render_plan(plan.to_dict())
+    assert view.node == {"rank": 0, "nodes": 1, "data_parallel_ranks": [0]}
+
+
+def test_status_says_which_node_and_data_parallel_ranks_the_pod_runs() -> None:
+    from npu_runtime.contract import PlanOptions
+    from npu_runtime.planner.plan import make_plan
+    from npu_runtime.serving.serve import plan_view
+
+    from .conftest import DEVICES, load_model
+
+    options = PlanOptions(nodes=2, data_parallel=2, graph_mode="NONE")
+    plan = make_plan(options, DEVICES["CPU-64GiB"], load_model("llama-3.1-8b"), environ={})
+    runtime = RuntimeStatus(None, "NONE")
+    runtime.set_plan(plan_view(plan, 1))
+    assert runtime.document(EngineView())["node"] == {"rank": 1, "nodes": 2, "data_parallel_ranks": [1]}
+    assert RuntimeStatus(None, "NONE").document(EngineView())["node"] is None  # before the plan
 
 
 def test_nothing_is_claimed_about_the_mode_before_the_plan_is_made(tmp_path: Path) -> None:

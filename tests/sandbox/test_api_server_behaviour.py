@@ -14,7 +14,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from npu_operator import crd
+from npu_sandbox import openapi_v2_proto
 from npu_sandbox.cluster import LocalCluster
 
 from tests.operator.conftest import example
@@ -70,20 +72,39 @@ async def test_openapi_v3_describes_every_served_kind_and_offers_field_validatio
 
 def _refs(schema: Any) -> list[str]:
     if isinstance(schema, dict):
-        return [v for k, v in schema.items() if k == "$ref"] + [r for v in schema.values() for r in _refs(v)]
+        # A string under "$ref" is a reference; a schema under it is a property of that name (JSONSchemaProps').
+        refs = [v for k, v in schema.items() if k == "$ref" and isinstance(v, str)]
+        return refs + [r for v in schema.values() for r in _refs(v)]
     if isinstance(schema, list):
         return [r for v in schema for r in _refs(v)]
     return []
 
 
-async def test_openapi_v2_is_served_as_json_and_protobuf_is_declined(api: Any) -> None:
+async def test_openapi_v2_is_served_as_json_and_as_gnostic_protobuf(api: Any) -> None:
     _, session = api
     status, document, _ = await call(session, "GET", "/openapi/v2")
     assert status == 200 and document["swagger"] == "2.0"
     assert f"dev.npu.inference.{crd.VERSION}.{crd.KIND}" in document["definitions"]
     assert all(ref.startswith("#/definitions/") for ref in _refs(document))
-    protobuf = {"Accept": "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"}
+    protobuf = {"Accept": openapi_v2_proto.ACCEPTED[0]}  # what client-go sends
     async with session.get("/openapi/v2", headers=protobuf) as response:
+        assert response.status == 200 and response.content_type == openapi_v2_proto.CONTENT_TYPE
+        decoded: Any = openapi_v2_proto.decode(await response.read())
+    assert decoded.swagger == "2.0"
+    definitions = {named.name: named.value for named in decoded.definitions.additional_properties}
+    assert set(definitions) == set(document["definitions"])
+    assert {named.name for named in decoded.paths.path} == set(document["paths"])
+    npuinf = definitions[f"dev.npu.inference.{crd.VERSION}.{crd.KIND}"]
+    extensions = {named.name: yaml.safe_load(named.value.yaml) for named in npuinf.vendor_extension}
+    assert extensions["x-kubernetes-group-version-kind"] == [
+        {"group": crd.GROUP, "version": crd.VERSION, "kind": crd.KIND}
+    ]
+    properties = {named.name: named.value for named in npuinf.properties.additional_properties}
+    spec = crd.openapi_schema()["properties"]["spec"]
+    assert set(properties) >= {"apiVersion", "kind", "metadata", "spec", "status"}
+    assert {named.name for named in properties["spec"].properties.additional_properties} == set(spec["properties"])
+    assert list(properties["spec"].type.value) == ["object"]
+    async with session.get("/openapi/v2", headers={"Accept": "application/yaml"}) as response:
         assert response.status == 406
 
 
@@ -268,3 +289,34 @@ async def test_namespaces_are_a_cluster_scoped_resource_with_the_usual_ones(api:
     status, fetched, _ = await call(session, "GET", "/api/v1/namespaces/team-a")
     assert status == 200 and fetched["metadata"]["uid"] == created["metadata"]["uid"]
     assert "namespace" not in fetched["metadata"]
+
+
+async def test_a_watch_from_a_resource_version_sees_a_deleted_object_as_deleted(api: Any) -> None:
+    """A watch resumed after a pod was deleted gets a DELETED event, not a 500 (kmock soft-deletes)."""
+    cluster, session = api
+    pods = "/api/v1/pods"  # cluster-wide, as the operator watches them
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gone", "namespace": "default"}}
+    pod["spec"] = {"containers": [{"name": "c", "image": "x"}]}
+    _, listed, _ = await call(session, "GET", pods)
+    await cluster.create(pod, "pods")
+    await cluster.delete("v1", "pods", "default", "gone")
+    version = listed["metadata"]["resourceVersion"]
+    params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "1"}
+    async with session.get(pods, params=params) as watch:
+        assert watch.status == 200
+        events = [json.loads(line) async for line in watch.content if line.strip()]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("DELETED", "gone")]
+
+
+async def test_an_object_created_for_a_deleted_owner_is_collected(api: Any) -> None:
+    """The garbage collector deletes what a controller made from a stale read after its owner went."""
+    cluster, _ = api
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": "gone", "uid": "no-such-uid", "controller": True}
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "orphan", "namespace": "default", "ownerReferences": [owner]},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+    await cluster.create(pod, "pods")
+    assert await cluster.get("v1", "pods", "default", "orphan") is None

@@ -11,19 +11,31 @@ process; modelscope also across processes, huggingface_hub 1.x never reuses a ki
 partial file, which the next holder of the lock removes), their retries. This module adds what a
 shared cache volume needs around them:
 
-- **One download per revision.** The revision is first resolved with the hub (Hugging Face: to
-  its commit), then a file lock on the cache volume, `<cache>/.npu/locks/<hub>/<repo>/<key>.lock`,
-  is taken. The first replica downloads; the others wait on the lock (showing the holder's
-  progress, which it writes beside the lock) and find the revision complete. A lock, not a Job
-  per revision: no extra controller, objects or RBAC, and it works for every resource and
-  replica that mounts the same volume, across namespaces' PVCs that bind one volume. The
-  kernel drops the lock when its holder dies, so a killed pod never blocks the next one,
-  which takes the download over.
+- **A hub is untrusted input** (`listing`): the revision is resolved to a commit (40 hex digits,
+  both hubs), every listed path must be relative and inside the snapshot, and this is checked
+  before anything is written, linked or deleted. Files are handed to the library as names, not
+  patterns. A Hugging Face body longer than its listed size is cut off while it streams (the
+  modelscope library stops at the listed size itself).
+- **Cache keyed by endpoint** (`layout`): each endpoint has its own folder under `<cache>/<hub>/`,
+  so one endpoint's answers never reach the files another endpoint's resources serve.
+- **One download per repository at a time.** A file lock on the cache volume
+  (`<cache>/.npu/locks/<hub>/<endpoint key>/<owner>--<name>.lock`) covers the repository's blobs.
+  The first replica downloads; the others wait on the lock (showing the holder's progress,
+  which it writes beside the lock) and find the revision complete. A lock, not a Job per
+  revision: no extra controller, objects or RBAC, and it works for every resource and replica
+  that mounts the same volume, across namespaces' PVCs that bind one volume. The kernel drops
+  the lock when its holder dies, so a killed pod never blocks the next one, which takes the
+  download over; a waiter gives up after `--lock-timeout` seconds in which the holder's
+  progress did not move.
 - **Complete means checked.** After the library returns, every file's size and hash is checked
   against the hub's listing (sha256 for LFS files and every ModelScope file, the git blob sha1
   for the rest). A file that does not match is deleted and fetched again once; twice wrong is
-  `ModelHashMismatch`. Only then is the marker `<repo folder>/.npu-complete/<key>.json` written,
-  and later pods trust the marker when the hub's listing still matches it.
+  `ModelHashMismatch`. Files in the snapshot that the listing does not name are removed. Only
+  then is the marker `<repo folder>/.npu-complete/<commit>.json` written; later pods trust it
+  when the hub's listing still matches it and every file is still there with its size.
+- **A branch is a commit.** Both hubs' branches and tags are resolved to the commit they point
+  at, and the snapshot is that commit's: a branch that moves makes a new snapshot, never a
+  rewritten one under a running replica.
 - **config.json first**, so the model can be planned (`--plan` runs `npu-runtime plan` with
   the given flags) before gigabytes of weights arrive: a model that cannot fit fails in seconds.
 - **Progress** (`--status-port`): `/status` answers `{"model": {...}}` with the phase, bytes
@@ -52,12 +64,28 @@ import os
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from npu_runtime.fetch import layout
+from npu_runtime.fetch.listing import (
+    Listing,
+    ListingError,
+    RemoteFile,
+    as_name,
+    check_commit,
+    check_path,
+    check_repository,
+    check_revision,
+    checked,
+    is_commit,
+)
 from npu_runtime.serving import failures
 from npu_runtime.serving.failures import Failure, write_termination_message
+
+__all__ = ["FetchError", "FetchOptions", "Listing", "Progress", "RemoteFile", "fetch", "fetch_command"]
 
 HUGGING_FACE: Final = "huggingface"
 MODEL_SCOPE: Final = "modelscope"
@@ -89,6 +117,7 @@ EXIT_CODES: Final = {
     failures.MODEL_DOES_NOT_FIT: EXIT_DOES_NOT_FIT,
 }
 _CHUNK: Final = 8 << 20
+DEFAULT_LOCK_TIMEOUT: Final = 1800.0
 
 
 OnConfig = Callable[[Path], None]  # called with the snapshot directory once config.json is in it
@@ -102,26 +131,6 @@ class FetchError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class RemoteFile:
-    path: str
-    size: int
-    sha256: str | None
-    sha1: str | None  # git blob id, where the hub gives no sha256
-
-
-@dataclasses.dataclass(frozen=True)
-class Listing:
-    """A revision as the hub lists it: the commit it resolves to (or the name, where the hub has none)."""
-
-    commit: str
-    files: tuple[RemoteFile, ...]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
-
-
-@dataclasses.dataclass(frozen=True)
 class FetchOptions:
     hub: str
     repo: str
@@ -132,6 +141,8 @@ class FetchOptions:
     endpoint: str | None = None
     token: str | None = None
     link: Path | None = None
+    # A waiter gives up after this long without the lock holder's progress moving.
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
 
 
 @dataclasses.dataclass
@@ -174,31 +185,37 @@ class Hub(Protocol):
     def repo_folder(self, options: FetchOptions) -> Path: ...
     def drop_orphans(self, options: FetchOptions) -> None: ...
     def resolve(self, options: FetchOptions) -> Listing: ...
-    def download(self, options: FetchOptions, commit: str, allow: Sequence[str] | None) -> Path: ...
+    def download(self, options: FetchOptions, listing: Listing, names: Sequence[str]) -> Path: ...
     def classify(self, exc: BaseException) -> FetchError | None: ...
 
 
 class HuggingFaceHub:
-    """`huggingface_hub`: its standard cache (`models--org--name/{blobs,snapshots/<commit>}`) in <cache>/huggingface."""
+    """`huggingface_hub`: its standard cache (`models--org--name/{blobs,snapshots/<commit>}`), per endpoint."""
 
     default_revision = "main"
 
     def repo_folder(self, options: FetchOptions) -> Path:
-        return options.cache / HUGGING_FACE / ("models--" + options.repo.replace("/", "--"))
+        return _library_cache(options) / ("models--" + layout.repository_name(options.repo))
 
     def drop_orphans(self, options: FetchOptions) -> None:
         """Partial files of killed downloads: huggingface_hub 1.x writes to a file unique to the process
-        and never reuses it (huggingface_hub#4228), so under our lock nobody else's is in flight."""
-        for orphan in (self.repo_folder(options) / "blobs").glob("*.incomplete"):
+        and never reuses it (huggingface_hub#4228), so under our lock nobody else's is in flight. And
+        the library's own tree listings: this fetch has its checked listing, the library lists again."""
+        folder = self.repo_folder(options)
+        for orphan in (folder / "blobs").glob("*.incomplete"):
             orphan.unlink(missing_ok=True)
+        _remove_tree(folder / "trees", folder)
 
     def resolve(self, options: FetchOptions) -> Listing:
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile as HfRepoFile
 
+        _guard_huggingface_hub()
         api = HfApi(endpoint=options.endpoint, token=options.token or False)
         revision = options.revision or self.default_revision
-        commit = api.repo_info(options.repo, revision=revision).sha or revision
+        commit = check_commit(api.repo_info(options.repo, revision=revision).sha)
+        if is_commit(revision) and commit != revision:
+            raise ListingError(f"the hub resolved commit {revision} to another commit, {commit}")
         files = [
             RemoteFile(f.path, f.size, f.lfs.sha256 if f.lfs else None, None if f.lfs else f.blob_id)
             for f in api.list_repo_tree(options.repo, recursive=True, revision=commit)
@@ -206,16 +223,17 @@ class HuggingFaceHub:
         ]
         return Listing(commit, tuple(files))
 
-    def download(self, options: FetchOptions, commit: str, allow: Sequence[str] | None) -> Path:
+    def download(self, options: FetchOptions, listing: Listing, names: Sequence[str]) -> Path:
         from huggingface_hub import snapshot_download
 
+        _guard_huggingface_hub()
+        _EXPECTED.expect(options.repo, listing)
         return Path(
             snapshot_download(
                 options.repo,
-                revision=commit,
-                cache_dir=options.cache / HUGGING_FACE,
-                allow_patterns=list(allow) if allow is not None else None,
-                ignore_patterns=list(options.ignore) or None,
+                revision=listing.commit,
+                cache_dir=_library_cache(options),
+                allow_patterns=[as_name(name) for name in names],
                 endpoint=options.endpoint,
                 token=options.token or False,
             )
@@ -238,18 +256,104 @@ class HuggingFaceHub:
         return None
 
 
+class _ExpectedBodies:
+    """The listed size of each file this process downloads from a Hugging Face endpoint, by URL
+    path suffix `/<repo>/resolve/<commit>/<path>`, and the commit each revision answer must name."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sizes: dict[str, int] = {}
+        self.commits: dict[str, str] = {}  # "/api/models/<repo>/revision/<commit>" -> commit
+
+    def expect(self, repo: str, listing: Listing) -> None:
+        with self._lock:
+            for remote in listing.files:
+                self.sizes[f"/{repo}/resolve/{listing.commit}/{remote.path}"] = remote.size
+            self.commits[f"/api/models/{repo}/revision/{listing.commit}"] = listing.commit
+
+    def size(self, path: str) -> int | None:
+        with self._lock:
+            found = [size for suffix, size in self.sizes.items() if path.endswith(suffix)]
+        return found[0] if len(found) == 1 else None
+
+    def commit(self, path: str) -> str | None:
+        with self._lock:
+            return next((commit for suffix, commit in self.commits.items() if path.endswith(suffix)), None)
+
+
+_EXPECTED: Final = _ExpectedBodies()
+_GUARDED: list[bool] = []
+
+
+class _BodyTooLong(Exception):
+    """A file's body went past its listed size (a hostile or broken endpoint)."""
+
+
+def _guard_huggingface_hub() -> None:
+    """huggingface_hub's HTTP client, with a check on what the library reads from the endpoint:
+    file bodies stop at their listed size while they stream (the library compares sizes only
+    after the whole body is on disk), and a revision answer for a pinned commit must name that
+    commit (the library builds its snapshot and tree-cache paths from it).
+
+    Through the library's documented hook, `huggingface_hub.set_client_factory`, keeping its
+    default client's own event hooks (huggingface_hub v1.x, utils/_http.py)."""
+    if _GUARDED:
+        return
+    import httpx
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils._http import default_client_factory
+
+    class Capped(httpx.SyncByteStream):
+        def __init__(self, inner: Any, limit: int, path: str) -> None:
+            self.inner, self.limit, self.path = inner, limit, path
+
+        def __iter__(self) -> Iterator[bytes]:
+            seen = 0
+            for chunk in self.inner:
+                seen += len(chunk)
+                if seen > self.limit:
+                    raise _BodyTooLong(f"{self.path}: the endpoint sent more bytes than the {self.limit} listed")
+                yield chunk
+
+        def close(self) -> None:
+            self.inner.close()
+
+    def check(response: httpx.Response) -> None:
+        first = response.history[0].request if response.history else response.request
+        path = urllib.parse.unquote(first.url.path)
+        if (commit := _EXPECTED.commit(path)) is not None and response.status_code == 200:
+            response.read()
+            if response.json().get("sha") != commit:
+                raise ListingError(f"the hub answered another commit than {commit} for it")
+        size = _EXPECTED.size(path)
+        if size is None or first.method != "GET" or response.status_code not in (200, 206):
+            return
+        start = 0
+        if response.status_code == 206 and (ranged := re.match(r"bytes=(\d+)-", first.headers.get("Range", ""))):
+            start = int(ranged[1])
+        response.stream = Capped(response.stream, max(size - start, 0), path)
+
+    def guarded_client() -> httpx.Client:
+        client = default_client_factory()
+        client.event_hooks["response"] = [*client.event_hooks["response"], check]
+        return client
+
+    set_client_factory(guarded_client)
+    _GUARDED.append(True)
+
+
 class ModelScopeHub:
-    """`modelscope`: its cache (`models/org--name/snapshots/<revision>`) under <cache>/modelscope.
+    """`modelscope`: its cache (`models/org--name/snapshots/<commit>`) in the endpoint's folder.
 
     ModelScope's file API takes a branch, tag or commit but answers no commit for a branch: the
-    cache key is the revision as given, and a cached branch is re-checked against the hub's
-    current listing (sizes and sha256) at every start.
+    branch or tag is resolved to its commit with the repository's revision list first, and the
+    files are listed and downloaded at that commit, so a branch that moves makes a new snapshot.
     """
 
     default_revision = "master"
 
     def repo_folder(self, options: FetchOptions) -> Path:
-        return options.cache / MODEL_SCOPE / "models" / options.repo.replace("/", "--")
+        return _library_cache(options) / "models" / layout.repository_name(options.repo)
 
     def drop_orphans(self, options: FetchOptions) -> None:
         """Nothing: modelscope resumes its `<file>.incomplete` with a Range request."""
@@ -259,16 +363,29 @@ class ModelScopeHub:
 
         return HubApi(endpoint=options.endpoint, token=options.token)
 
+    def _commit(self, options: FetchOptions, revision: str) -> str:
+        if is_commit(revision):
+            return revision
+        # GET /api/v1/models/<repo>/revisions: branches and tags, each with its CommitId
+        # (modelscope_hub 0.5, _legacy_api.py, LegacyClient.list_revisions_detail).
+        branches, tags = self._api(options).legacy.list_revisions_detail(options.repo, "model")
+        named = [entry for entry in (*branches, *tags) if entry.get("Revision") == revision]
+        if not named:
+            from modelscope_hub import errors
+
+            raise errors.NotExistError(f"revision {revision} not found")
+        return check_commit(named[0].get("CommitId"))
+
     def resolve(self, options: FetchOptions) -> Listing:
-        revision = options.revision or self.default_revision
+        commit = self._commit(options, options.revision or self.default_revision)
         files = [
             RemoteFile(f.path, int(f.size), f.sha256, None)
-            for f in self._api(options).list_repo_files(options.repo, "model", revision=revision, recursive=True)
+            for f in self._api(options).list_repo_files(options.repo, "model", revision=commit, recursive=True)
             if not f.is_dir
         ]
-        return Listing(revision, tuple(files))
+        return Listing(commit, tuple(files))
 
-    def download(self, options: FetchOptions, commit: str, allow: Sequence[str] | None) -> Path:
+    def download(self, options: FetchOptions, listing: Listing, names: Sequence[str]) -> Path:
         # modelscope >= 1.40 is a shim over modelscope_hub; its package import pulls in torch, which
         # an init container has no use for. The same download function, without that.
         from modelscope_hub.compat.snapshot_download import snapshot_download
@@ -276,10 +393,9 @@ class ModelScopeHub:
         return Path(
             snapshot_download(
                 repo_id=options.repo,
-                revision=commit,
-                cache_dir=str(options.cache / MODEL_SCOPE),
-                allow_patterns=list(allow) if allow is not None else None,
-                ignore_patterns=list(options.ignore) or None,
+                revision=listing.commit,
+                cache_dir=str(_library_cache(options)),
+                allow_patterns=[as_name(name) for name in names],
                 endpoint=options.endpoint,
                 token=options.token,
             )
@@ -300,6 +416,10 @@ class ModelScopeHub:
             if isinstance(cause, errors.FileIntegrityError):
                 return FetchError(HASH_MISMATCH, "size or hash differs from the hub's: " + str(cause).splitlines()[0])
         return None
+
+
+def _library_cache(options: FetchOptions) -> Path:
+    return layout.library_cache(options.cache, options.hub, options.endpoint)
 
 
 def hub_for(name: str) -> Hub:
@@ -333,17 +453,18 @@ def selected(listing: Listing, allow: Sequence[str], ignore: Sequence[str]) -> L
     return Listing(listing.commit, tuple(f for f in listing.files if wanted(f.path)))
 
 
-def cache_key(listing: Listing) -> str:
-    """The file name (without suffix) of a revision's lock, progress and marker files."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", listing.commit)
-
-
 def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: OnConfig | None = None) -> Path:
     """The snapshot directory of the revision, downloaded (once, under the lock) and checked."""
     import filelock
 
     try:
-        listing = selected(hub.resolve(options), options.allow, options.ignore)
+        check_repository(options.repo)
+        if options.revision is not None:
+            check_revision(options.revision)
+    except ListingError as exc:
+        raise FetchError(failures.INVALID_CONFIGURATION, str(exc)) from None
+    try:
+        listing = checked(selected(hub.resolve(options), options.allow, options.ignore))
     except Exception as exc:
         raise _failure(hub, exc, options) from exc
     if not listing.files:
@@ -354,24 +475,19 @@ def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: OnC
         listing.total_bytes,
     )
     folder = hub.repo_folder(options)
-    key = cache_key(listing)
-    marker = folder / ".npu-complete" / f"{key}.json"
-    state = options.cache / ".npu" / "locks" / options.hub / options.repo / key
-    state.parent.mkdir(parents=True, exist_ok=True)
-    progress_file = state.with_suffix(".progress.json")
-    lock = filelock.FileLock(str(state.with_suffix(".lock")))
+    marker = folder / ".npu-complete" / f"{listing.commit}.json"
+    lock_path = layout.lock_file(options.cache, options.hub, options.endpoint, options.repo)
+    progress_file = layout.progress_file(options.cache, options.hub, options.endpoint, options.repo, listing.commit)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(str(lock_path))
     progress.phase = "Waiting"
-    while True:
-        try:
-            lock.acquire(timeout=1)
-            break
-        except filelock.Timeout:  # another replica downloads: show its progress
-            _adopt(progress, progress_file)
+    _wait_for(lock, progress, progress_file, options)
     try:
-        if _complete(marker, listing):
-            snapshot = _snapshot_dir(hub, options, listing)
+        snapshot = folder / "snapshots" / listing.commit
+        if _complete(marker, snapshot, folder, listing):
             _finish(progress, listing)
             return snapshot
+        marker.unlink(missing_ok=True)
         progress.phase = "Downloading"
         hub.drop_orphans(options)
         with _watch(progress, folder, listing, progress_file):
@@ -380,10 +496,11 @@ def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: OnC
             bad = _mismatched(snapshot, listing)
             if bad:  # fetched again once: a cut or a corrupt proxy answer; twice wrong is the hub's
                 for path in bad:
-                    _remove(snapshot / path)
+                    _remove(snapshot, path)
                 snapshot = _download(hub, options, listing, None)
                 if bad := _mismatched(snapshot, listing):
                     raise FetchError(HASH_MISMATCH, f"{_name(options)}: size or hash differs from the hub's: {bad}")
+            _prune(snapshot, listing)
         marker.parent.mkdir(parents=True, exist_ok=True)
         _write_json(marker, {"commit": listing.commit, "files": [dataclasses.asdict(f) for f in listing.files]})
         _finish(progress, listing)
@@ -393,21 +510,48 @@ def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: OnC
         lock.release()
 
 
+def _wait_for(lock: Any, progress: Progress, progress_file: Path, options: FetchOptions) -> None:
+    """Takes the repository's lock; meanwhile shows the holder's progress, and gives up when that
+    progress has not moved for `options.lock_timeout` seconds (a holder that hangs)."""
+    import filelock
+
+    last, since = None, time.monotonic()
+    while True:
+        try:
+            lock.acquire(timeout=1)
+            return
+        except filelock.Timeout:  # another replica downloads: show its progress
+            _adopt(progress, progress_file)
+            seen = (progress.bytes_done, progress.files_done)
+            if seen != last:
+                last, since = seen, time.monotonic()
+            elif time.monotonic() - since > options.lock_timeout:
+                raise FetchError(
+                    DOWNLOAD_FAILED,
+                    f"{_name(options)}: another download of the repository holds the cache's lock and has not"
+                    f" progressed for {options.lock_timeout:.0f}s",
+                ) from None
+
+
 def _download(hub: Hub, options: FetchOptions, listing: Listing, on_config: OnConfig | None) -> Path:
     """The library's download of the listed files (config.json first when it is to be planned)."""
-    names = {f.path for f in listing.files}
+    names = sorted(f.path for f in listing.files)
     try:
         if on_config is not None and CONFIG_FILE in names:
-            on_config(hub.download(options, listing.commit, [CONFIG_FILE]))
-        return hub.download(options, listing.commit, sorted(names))
+            on_config(_inside_cache(hub.download(options, listing, [CONFIG_FILE]), options, listing))
+        return _inside_cache(hub.download(options, listing, names), options, listing)
     except FetchError:
         raise
     except Exception as exc:
         raise _failure(hub, exc, options) from exc
 
 
-def _snapshot_dir(hub: Hub, options: FetchOptions, listing: Listing) -> Path:
-    return hub.repo_folder(options) / "snapshots" / listing.commit
+def _inside_cache(snapshot: Path, options: FetchOptions, listing: Listing) -> Path:
+    """The library's snapshot directory, when it is the one this fetch expects."""
+    expected = hub_for(options.hub).repo_folder(options) / "snapshots" / listing.commit
+    if os.path.realpath(snapshot) != os.path.realpath(expected):
+        raise FetchError(DOWNLOAD_FAILED, f"{_name(options)}: the library put the snapshot at {snapshot}")
+    return expected
 
 
 def _finish(progress: Progress, listing: Listing) -> None:
@@ -416,18 +560,27 @@ def _finish(progress: Progress, listing: Listing) -> None:
     progress.files_done = progress.files_total = len(listing.files)
 
 
-def _complete(marker: Path, listing: Listing) -> bool:
+def _complete(marker: Path, snapshot: Path, folder: Path, listing: Listing) -> bool:
+    """The marker matches the listing, and every file is still there with its size, inside the
+    repository's folder (a marker alone proves nothing once blobs were deleted or replaced)."""
     try:
         recorded = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
-    return bool(recorded.get("files") == [dataclasses.asdict(f) for f in listing.files])
+    if recorded.get("files") != [dataclasses.asdict(f) for f in listing.files]:
+        return False
+    root = os.path.realpath(folder)
+    for remote in listing.files:
+        path = os.path.realpath(snapshot / remote.path)
+        if not path.startswith(root + os.sep) or not os.path.isfile(path) or os.path.getsize(path) != remote.size:
+            return False
+    return not _extras(snapshot, listing)
 
 
 def _mismatched(snapshot: Path, listing: Listing) -> list[str]:
     """The files whose size or hash differs, checked in parallel (hashlib releases the GIL)."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        matches = list(pool.map(lambda f: file_matches(snapshot / f.path, f), listing.files))
+        matches = list(pool.map(lambda f: file_matches(snapshot / check_path(f.path), f), listing.files))
     return [f.path for f, ok in zip(listing.files, matches, strict=True) if not ok]
 
 
@@ -450,17 +603,54 @@ def file_matches(path: Path, remote: RemoteFile) -> bool:
     return digest.hexdigest() == (remote.sha256 or remote.sha1)
 
 
-def _remove(path: Path) -> None:
-    """A file of a snapshot, and the blob it links to (Hugging Face's cache)."""
+def _extras(snapshot: Path, listing: Listing) -> list[str]:
+    """Entries of the snapshot (files, links) that the listing does not name."""
+    names = {f.path for f in listing.files}
+    found: list[str] = []
+    for root, dirs, files in os.walk(snapshot):  # never follows a link to a directory
+        relative = os.path.relpath(root, snapshot)
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = name if relative == "." else f"{relative}/{name}"
+            if path not in names:
+                found.append(path)
+    return sorted(found)
+
+
+def _prune(snapshot: Path, listing: Listing) -> None:
+    """Removes what the listing does not name: a snapshot holds the verified files and nothing else."""
+    for path in _extras(snapshot, listing):
+        with contextlib.suppress(OSError):
+            (snapshot / path).unlink()
+
+
+def _remove(snapshot: Path, path: str) -> None:
+    """A file of a snapshot, and the blob it links to (Hugging Face's cache) when that is inside the
+    repository's folder; nothing outside it is ever deleted."""
+    target = snapshot / check_path(path)
+    repository = os.path.realpath(snapshot.parent.parent)
     with contextlib.suppress(OSError):
-        if path.is_symlink():
-            path.resolve().unlink(missing_ok=True)
-        path.unlink(missing_ok=True)
+        if not os.path.realpath(target.parent).startswith(repository + os.sep):
+            return
+        if target.is_symlink() and os.path.realpath(target).startswith(repository + os.sep):
+            os.unlink(os.path.realpath(target))
+        target.unlink(missing_ok=True)
+
+
+def _remove_tree(path: Path, within: Path) -> None:
+    import shutil
+
+    if path.is_dir() and not path.is_symlink() and os.path.realpath(path).startswith(os.path.realpath(within)):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _failure(hub: Hub, exc: BaseException, options: FetchOptions) -> FetchError:
     if isinstance(exc, FetchError):
         return exc
+    for cause in _chain(exc):
+        if isinstance(cause, ListingError):
+            return FetchError(DOWNLOAD_FAILED, f"{_name(options)}: refused the hub's answer: {cause}")
+        if isinstance(cause, _BodyTooLong):
+            return FetchError(HASH_MISMATCH, f"{_name(options)}: {cause}")
     if any(isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT) for cause in _chain(exc)):
         return FetchError(CACHE_FULL, f"{_name(options)}: no space left on the cache volume")
     found = hub.classify(exc)
@@ -581,8 +771,20 @@ def fetch_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow", action="append", default=[], metavar="PATTERN", help="only matching files")
     parser.add_argument("--ignore", action="append", default=[], metavar="PATTERN", help="skip matching files")
     parser.add_argument("--endpoint", help="the hub's URL (a mirror); default: the library's")
+    parser.add_argument(
+        "--send-token-over-http",
+        action="store_true",
+        help="hand the token to a plain http:// endpoint too (by default only https:// endpoints get it)",
+    )
     parser.add_argument("--link", type=Path, help="make this path a symlink to the snapshot directory")
     parser.add_argument("--status-port", type=int, help="serve /status with the progress on this port")
+    parser.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=DEFAULT_LOCK_TIMEOUT,
+        metavar="SECONDS",
+        help="give up waiting for another download of the repository after this long without its progress moving",
+    )
     parser.add_argument("--termination-message-path", default=DEFAULT_TERMINATION_LOG)
     parser.add_argument(
         "--plan",
@@ -604,8 +806,18 @@ def fetch_command(argv: list[str]) -> int:
         endpoint=args.endpoint,
         token=os.environ.get(TOKEN_ENV) or None,
         link=args.link,
+        lock_timeout=args.lock_timeout,
     )
     progress = Progress(source=args.hub, repository=args.repo, revision=args.revision)
+    plain = options.endpoint is not None and not options.endpoint.startswith("https://")
+    if options.token and plain and not args.send_token_over_http:
+        message = f"--endpoint {options.endpoint} is not https://; the token is not sent in clear text"
+        write_termination_message(
+            Failure(failures.INVALID_CONFIGURATION, message),
+            args.termination_message_path,
+            default_path=DEFAULT_TERMINATION_LOG,
+        )
+        return EXIT_INVALID
     server = StatusServer(progress, args.status_port) if args.status_port else None
     started = time.monotonic()
     try:

@@ -30,6 +30,7 @@ MODELSLIM_DESCRIPTION: Final = "quant_model_description.json"
 ASCEND_QUANTIZATION: Final = "ascend"
 # ModelSlim quant types: W8A8, W8A8_DYNAMIC, W8A16, W4A8_DYNAMIC, W4A16, W4A4_... (weight bits first).
 _SCHEME: Final = re.compile(r"^W(\d+)A")
+_LAYER_INDEX: Final = re.compile(r"\.layers\.(\d+)\.")
 INDEX_NAME: Final = "model.safetensors.index.json"
 # A safetensors header larger than this is not a header (the format caps it at 100 MB).
 _MAX_HEADER_BYTES: Final = 100 * 1000 * 1000
@@ -190,6 +191,19 @@ class ModelInfo:
     """The built-in MTP layers' weights, loaded only when MTP speculative decoding is on (estimated)."""
     draft_expert_weight_bytes: int = 0
     """The routed experts' share of draft_weight_bytes."""
+    replicated_weight_bytes: int = 0
+    """Tensors vLLM keeps whole on every tensor-parallel rank (estimated from the shape): MLA's
+    fused_qkv_a_proj (q_a_proj + kv_a_proj_with_mqa, built with disable_tp=True in
+    vllm/model_executor/models/deepseek_v2.py) and the MoE router gate (GateLinear, replicated)."""
+    draft_replicated_weight_bytes: int = 0
+    """The same for the MTP draft layers, plus their eh_proj (an nn.Linear in deepseek_mtp.py)."""
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    """MLA's per-head query/key (without RoPE) and value widths."""
+    quantized_kv_b_proj: str | None = None
+    """A kv_b_proj tensor a ModelSlim description quantizes (vllm-ascend's MLA refuses it)."""
+    dense_layers: int = 0
+    """MoE models: layers with a dense MLP instead of experts (DeepSeek's first_k_dense_replace)."""
     notes: tuple[str, ...] = ()
 
     def kv_bytes_per_token(self, *, tensor_parallel: int, pipeline_parallel: int, dtype_bytes: int) -> int:
@@ -390,7 +404,7 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
         dtype = "bfloat16"
     dtype = canonical_dtype(dtype.removeprefix("torch."))
 
-    quant = _quantization(config, directory)
+    quant = _quantization(config, directory, num_layers)
     sliding_window, sliding_layers = _sliding_window(text, num_layers)
     encoder_decoder = top.flag("is_encoder_decoder", False)
     multimodal = any(k in config for k in ("vision_config", "audio_config", *_NESTED_TEXT_KEYS))
@@ -427,9 +441,16 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
         "quant_scheme": quant.scheme,
         "expert_quant_bits": quant.expert_bits,
         "draft_layers": text.opt_int("num_nextn_predict_layers") or 0,
+        "dense_layers": _dense_layer_count(text, num_layers) if is_moe else 0,
+        "qk_nope_head_dim": (text.opt_int("qk_nope_head_dim") or head_dim) if is_mla else None,
+        "v_head_dim": (text.opt_int("v_head_dim") or text.opt_int("qk_nope_head_dim") or head_dim) if is_mla else None,
     }
     params = _estimate_params(text, top, info_args)
-    estimated = params.weight_bytes(DTYPE_BYTES.get(dtype, 2), quant.linear_bits, quant.expert_bits)
+    dtype_bytes = DTYPE_BYTES.get(dtype, 2)
+    # vllm-ascend's MLA keeps kv_b_proj unquantized (attention/mla_v1.py asserts an
+    # UnquantizedLinearMethod); ModelSlim descriptions mark it FLOAT. Other methods quantize it.
+    kv_b_bits = None if quant.method == ASCEND_QUANTIZATION else quant.linear_bits
+    estimated = params.weight_bytes(dtype_bytes, quant.linear_bits, quant.expert_bits, kv_b_bits)
     weight_bytes, weight_source = _weight_bytes(directory, notes)
     if weight_bytes is None:
         weight_bytes, weight_source = estimated, "estimated-from-shape"
@@ -438,17 +459,25 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
         # Measured totals do not say which tensors are experts: keep the shape's proportion.
         expert_bytes = weight_bytes * expert_bytes // estimated
     draft = _draft_params(text, info_args, params)
-    # ModelSlim leaves DeepSeek's MTP layer unquantized (vllm_ascend/quantization/modelslim_config.py:
-    # "The quantized MTP layer of deepseek on the NPU is not quantized").
-    draft_bits = (None, None) if quant.method == ASCEND_QUANTIZATION else (quant.linear_bits, quant.expert_bits)
+    # ModelSlim: the MTP layers have the precision the description gives their tensors
+    # (vllm_ascend/quantization/modelslim_config.py looks every prefix up; its note on deepseek_mtp:
+    # descriptions lack the MTP layer unless added by hand, as FLOAT). Other methods: the model's.
+    if quant.method == ASCEND_QUANTIZATION:
+        draft_bits = (quant.draft_linear_bits, quant.draft_expert_bits)
+    else:
+        draft_bits = (quant.linear_bits, quant.expert_bits)
+    draft_kv_b_bits = None if quant.method == ASCEND_QUANTIZATION else draft_bits[0]
     return ModelInfo(
         **info_args,
         weight_bytes=weight_bytes,
         weight_source=weight_source,
         param_count=params.total,
         expert_weight_bytes=expert_bytes,
-        draft_weight_bytes=draft.weight_bytes(DTYPE_BYTES.get(dtype, 2), *draft_bits),
-        draft_expert_weight_bytes=draft.expert_bytes(draft_bits[1], DTYPE_BYTES.get(dtype, 2)),
+        draft_weight_bytes=draft.weight_bytes(dtype_bytes, *draft_bits, draft_kv_b_bits),
+        draft_expert_weight_bytes=draft.expert_bytes(draft_bits[1], dtype_bytes),
+        replicated_weight_bytes=params.replicated_bytes(dtype_bytes, quant.linear_bits),
+        draft_replicated_weight_bytes=draft.replicated_bytes(dtype_bytes, draft_bits[0]),
+        quantized_kv_b_proj=quant.quantized_kv_b_proj,
         notes=tuple(notes),
     )
 
@@ -498,15 +527,19 @@ class _Quant:
     scheme: str | None = None
     linear_bits: int | None = None
     expert_bits: int | None = None
+    draft_linear_bits: int | None = None
+    draft_expert_bits: int | None = None
+    """ModelSlim: the MTP layers' own types (None: FLOAT, as the description's note asks)."""
+    quantized_kv_b_proj: str | None = None
 
 
-def _quantization(config: dict[str, Any], directory: Path) -> _Quant:
+def _quantization(config: dict[str, Any], directory: Path, num_layers: int) -> _Quant:
     """The quantization from quant_model_description.json (ModelSlim, vllm-ascend's "ascend" method,
     which vllm_ascend/quantization/utils.py detect_quantization_method looks for first) or from the
     config's quantization_config block; byte counts only, no tensor is read."""
     description = directory / MODELSLIM_DESCRIPTION
     if description.is_file():
-        return _modelslim(description, _read_json(description))
+        return _modelslim(description, _read_json(description), num_layers)
     qc = config.get("quantization_config")
     if isinstance(qc, dict):
         method = str(qc.get("quant_method") or qc.get("format") or "unknown")
@@ -529,15 +562,17 @@ def _scheme_bits(scheme: str, where: str) -> int | None:
     return int(match.group(1))
 
 
-def _modelslim(path: Path, data: Any) -> _Quant:
+def _modelslim(path: Path, data: Any, num_layers: int) -> _Quant:
     """A ModelSlim description: `model_quant_type` plus one quant type per tensor name.
 
     The experts' width is the most common quantized type among `*.experts.*.weight` entries, the
     other linear layers' the most common among the remaining `*proj.weight` entries (a class with
     only FLOAT entries stays in the dtype); each class falls back to model_quant_type when the
-    file lists none. Layers a quantized class leaves in FLOAT (DeepSeek's kv_b_proj) are counted at
-    the quantized width: about 1 GB too little over DeepSeek-V3's 61 layers. A trimmed
-    description (a layer's worth of entries) gives the same answer as the full one.
+    file lists none. kv_b_proj is counted in the dtype (MLA keeps it unquantized); a description
+    that quantizes it is recorded (`quantized_kv_b_proj`) for the plan to refuse. Entries of
+    layers at or above num_hidden_layers are the MTP layers' own and give their precision (FLOAT
+    when none is listed). A trimmed description (a layer's worth of entries) gives the same
+    answer as the full one.
     """
     if not isinstance(data, dict):
         raise ModelError(f"{path}: expected a JSON object of tensor name -> quantization type")
@@ -546,28 +581,48 @@ def _modelslim(path: Path, data: Any) -> _Quant:
         raise ModelError(f"{path}: field 'model_quant_type': expected a string, got {scheme!r}")
     experts: dict[str, int] = {}
     linear: dict[str, int] = {}
+    draft_experts: dict[str, int] = {}
+    draft_linear: dict[str, int] = {}
+    quantized_kv_b: list[str] = []
     for name, kind in data.items():
         if not name.endswith(".weight") or not isinstance(kind, str):
             continue
+        layer = _LAYER_INDEX.search(name)
+        is_draft = layer is not None and int(layer.group(1)) >= num_layers
+        if name.endswith("kv_b_proj.weight"):
+            if kind.upper() != "FLOAT":
+                quantized_kv_b.append(name)
+            continue
         if ".experts." in name:
-            experts[kind] = experts.get(kind, 0) + 1
+            counts = draft_experts if is_draft else experts
         elif name.removesuffix(".weight").endswith("proj"):
-            linear[kind] = linear.get(kind, 0) + 1
+            counts = draft_linear if is_draft else linear
+        else:
+            continue
+        counts[kind] = counts.get(kind, 0) + 1
     default = scheme or "W8A8"
 
-    def width(counts: dict[str, int]) -> str:
+    def width(counts: dict[str, int], fallback: str) -> str:
         quantized = {k: n for k, n in counts.items() if k.upper() != "FLOAT"}
         if quantized:
             return max(quantized, key=lambda k: quantized[k])
-        return "FLOAT" if counts else default
+        return "FLOAT" if counts else fallback
 
-    linear_kind, expert_kind = width(linear), width(experts)
+    linear_kind, expert_kind = width(linear, default), width(experts, default)
     return _Quant(
         method=ASCEND_QUANTIZATION,
         scheme=scheme or linear_kind,
         linear_bits=_scheme_bits(linear_kind, f"{path}: linear layers"),
         expert_bits=_scheme_bits(expert_kind, f"{path}: experts"),
+        draft_linear_bits=_scheme_bits(width(draft_linear, "FLOAT"), f"{path}: MTP layers"),
+        draft_expert_bits=_scheme_bits(width(draft_experts, "FLOAT"), f"{path}: MTP experts"),
+        quantized_kv_b_proj=min(quantized_kv_b, key=_natural_key) if quantized_kv_b else None,
     )
+
+
+def _natural_key(name: str) -> tuple[int, str]:
+    layer = _LAYER_INDEX.search(name)
+    return (int(layer.group(1)) if layer else -1, name)
 
 
 # -- parameters and weight bytes -------------------------------------------------------------------
@@ -581,17 +636,33 @@ class _Params:
     experts: int
     other: int
     """Embeddings, lm_head, norms, router gates, a vision tower: kept in the dtype when quantized."""
+    kv_b: int = 0
+    """MLA's kv_b_proj (part of neither `linear` nor `other`: its precision is the method's)."""
+    replicated_linear: int = 0
+    """The part of `linear` every TP rank holds whole (MLA's q_a_proj + kv_a_proj_with_mqa, eh_proj)."""
+    replicated_other: int = 0
+    """The part of `other` every TP rank holds whole besides norms (the router gates)."""
 
     @property
     def total(self) -> int:
-        return self.linear + self.experts + self.other
+        return self.linear + self.experts + self.other + self.kv_b
 
     def expert_bytes(self, bits: int | None, dtype_bytes: int) -> int:
         return self.experts * bits // 8 if bits else self.experts * dtype_bytes
 
-    def weight_bytes(self, dtype_bytes: int, linear_bits: int | None, expert_bits: int | None) -> int:
-        linear = self.linear * linear_bits // 8 if linear_bits else self.linear * dtype_bytes
-        return linear + self.expert_bytes(expert_bits, dtype_bytes) + self.other * dtype_bytes
+    def weight_bytes(
+        self, dtype_bytes: int, linear_bits: int | None, expert_bits: int | None, kv_b_bits: int | None
+    ) -> int:
+        linear = _bytes(self.linear, linear_bits, dtype_bytes)
+        kv_b = _bytes(self.kv_b, kv_b_bits, dtype_bytes)
+        return linear + kv_b + self.expert_bytes(expert_bits, dtype_bytes) + self.other * dtype_bytes
+
+    def replicated_bytes(self, dtype_bytes: int, linear_bits: int | None) -> int:
+        return _bytes(self.replicated_linear, linear_bits, dtype_bytes) + self.replicated_other * dtype_bytes
+
+
+def _bytes(params: int, bits: int | None, dtype_bytes: int) -> int:
+    return params * bits // 8 if bits else params * dtype_bytes
 
 
 def _estimate_params(text: _Fields, top: _Fields, f: dict[str, Any]) -> _Params:
@@ -601,7 +672,8 @@ def _estimate_params(text: _Fields, top: _Fields, f: dict[str, Any]) -> _Params:
     attn = _attention_params(text, f)
     dense_mlp = _mlp_matrices(text) * hidden * f["intermediate_size"]
     norms = 2 * hidden
-    linear, experts, other = layers * attn, 0, layers * norms
+    linear, experts, other = layers * attn.linear, 0, layers * norms
+    replicated_other = 0
 
     if f["is_moe"]:
         routed, shared, router = _moe_params(text, f)
@@ -609,14 +681,22 @@ def _estimate_params(text: _Fields, top: _Fields, f: dict[str, Any]) -> _Params:
         linear += dense_layers * dense_mlp + (layers - dense_layers) * shared
         experts = (layers - dense_layers) * routed
         other += (layers - dense_layers) * router
+        replicated_other = (layers - dense_layers) * router
     else:
         linear += layers * dense_mlp
     if f["is_encoder_decoder"]:
         encoder_layers = top.opt_int("encoder_layers") or layers
-        linear += encoder_layers * (attn + dense_mlp)
+        linear += encoder_layers * (attn.linear + dense_mlp)
         other += encoder_layers * norms
     embeddings = f["vocab_size"] * hidden * (1 if f["tie_word_embeddings"] else 2)
-    return _Params(linear, experts, other + embeddings + hidden + _vision_params(top.data, hidden))
+    return _Params(
+        linear,
+        experts,
+        other + embeddings + hidden + _vision_params(top.data, hidden),
+        kv_b=layers * attn.kv_b,
+        replicated_linear=layers * attn.replicated,
+        replicated_other=replicated_other,
+    )
 
 
 def _mlp_matrices(text: _Fields) -> int:
@@ -624,22 +704,35 @@ def _mlp_matrices(text: _Fields) -> int:
     return 3 if act in _GATED_ACTS else 2
 
 
-def _attention_params(text: _Fields, f: dict[str, Any]) -> int:
+@dataclass(frozen=True)
+class _Attention:
+    """One attention layer's parameters: linear (incl. `replicated`) and MLA's kv_b_proj apart."""
+
+    linear: int
+    kv_b: int = 0
+    replicated: int = 0
+
+
+def _attention_params(text: _Fields, f: dict[str, Any]) -> _Attention:
     hidden, heads, kv, hd = f["hidden_size"], f["num_attention_heads"], f["num_kv_heads"], f["head_dim"]
     if f["is_mla"]:
         nope = text.opt_int("qk_nope_head_dim") or hd
         rope = f["qk_rope_head_dim"] or 0
         v_dim = text.opt_int("v_head_dim") or nope
         q_lora = text.opt_int("q_lora_rank")
+        kv_a = hidden * (f["kv_lora_rank"] + rope)
+        # q_a_proj and kv_a_proj_with_mqa: one fused_qkv_a_proj with disable_tp=True (or two
+        # ReplicatedLinear), vllm/model_executor/models/deepseek_v2.py DeepseekV2MLAAttention.
+        replicated = kv_a + (hidden * q_lora if q_lora else 0)
         q = hidden * heads * (nope + rope) if not q_lora else hidden * q_lora + q_lora + q_lora * heads * (nope + rope)
-        attn = q + hidden * (f["kv_lora_rank"] + rope) + f["kv_lora_rank"]
-        return int(attn + f["kv_lora_rank"] * heads * (nope + v_dim) + heads * v_dim * hidden)
+        linear = q + kv_a + f["kv_lora_rank"] + heads * v_dim * hidden
+        return _Attention(int(linear), kv_b=int(f["kv_lora_rank"] * heads * (nope + v_dim)), replicated=int(replicated))
     attn = hidden * heads * hd + 2 * hidden * kv * hd + heads * hd * hidden
     if text.flag("attention_bias", f["model_type"] in _QKV_BIAS_TYPES):
         attn += heads * hd + 2 * kv * hd
     if f["model_type"].startswith("qwen3"):
         attn += 2 * hd  # q_norm, k_norm
-    return int(attn)
+    return _Attention(int(attn))
 
 
 def _moe_params(text: _Fields, f: dict[str, Any]) -> tuple[int, int, int]:
@@ -661,14 +754,24 @@ def _draft_params(text: _Fields, f: dict[str, Any], main: _Params) -> _Params:
         return _Params(0, 0, 0)
     hidden = f["hidden_size"]
     attn = _attention_params(text, f)
+    router = 0
     if f["is_moe"]:
         routed, shared, router = _moe_params(text, f)
-        linear, experts, other = attn + shared, routed, router
+        linear, experts, other = attn.linear + shared, routed, router
     else:
-        linear, experts, other = attn + _mlp_matrices(text) * hidden * f["intermediate_size"], 0, 0
-    linear += 2 * hidden * hidden
-    other += 5 * hidden  # input/post-attention norms, enorm, hnorm, shared_head.norm
-    return _Params(count * linear, count * experts, count * other)
+        linear, experts, other = attn.linear + _mlp_matrices(text) * hidden * f["intermediate_size"], 0, 0
+    # eh_proj is a plain nn.Linear in vllm/model_executor/models/deepseek_mtp.py: never quantized,
+    # never split over TP.
+    eh_proj = 2 * hidden * hidden
+    other += eh_proj + 5 * hidden  # input/post-attention norms, enorm, hnorm, shared_head.norm
+    return _Params(
+        count * linear,
+        count * experts,
+        count * other,
+        kv_b=count * attn.kv_b,
+        replicated_linear=count * attn.replicated,
+        replicated_other=count * (router + eh_proj),
+    )
 
 
 def _dense_layer_count(text: _Fields, layers: int) -> int:

@@ -8,12 +8,16 @@ asked; with a kind and a memory size given, nothing is probed.
 
 The torch probes run in a child interpreter: creating an NPU or CUDA context in the runtime's own
 process would keep device memory (and, on NPUs, streams) busy for as long as the runtime supervises
-vLLM, and vLLM refuses to start when free memory is below what it requests.
+vLLM, and vLLM refuses to start when free memory is below what it requests. That child imports
+torch (2-5 s on a CPU machine, more with torch_npu), so it is started only when /dev shows the
+device nodes without which torch could find no device of that kind: an image that has torch but
+runs on a CPU node (or an NPU node, for torch.cuda) answers at once, with the same result.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import importlib.util
 import json
 import os
@@ -48,6 +52,31 @@ else:
 _NPU_ROW = re.compile(r"^\|\s*(\d+)\s+([A-Za-z0-9][\w.-]*[A-Za-z][\w.-]*)\s*\|\s*[A-Za-z]+\s*\|")
 _CHIP_ROW = re.compile(r"^\|\s*\d+\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\s*\|")
 _USED_TOTAL = re.compile(r"(\d+)\s*/\s*(\d+)")
+# The device nodes a container must have for torch to see a device of the kind (names in /dev).
+# CUDA: the driver's control node and one node per GPU, which the NVIDIA container toolkit adds
+# for every GPU it hands over (NVIDIA/nvidia-container-toolkit, CDI spec: /dev/nvidiactl,
+# /dev/nvidia-uvm, /dev/nvidiaN), or WSL2's /dev/dxg. NPU: /dev/davinciN and /dev/davinci_manager,
+# which the Ascend device plugin and Ascend Docker Runtime add (vllm-ascend's quick start,
+# docs.vllm.ai/projects/ascend, passes them with `docker run --device`).
+DEVICE_DIR = "/dev"  # where the device nodes are looked for (a stand-in in tests)
+DEVICE_NODES: Final[dict[str, tuple[str, ...]]] = {
+    "npu": ("davinci[0-9]*", "davinci_manager"),
+    "cuda": ("nvidiactl", "nvidia[0-9]*", "dxg"),
+}
+
+# Usable memory per device as torch_npu reports it (`torch.npu.mem_get_info`), by device family
+# and nominal size: what an offline plan for a named device assumes. The in-pod probe stays the
+# truth; --device-memory overrides both. Figures as the engine logs them (two decimals, GiB):
+# - A3 (Ascend910_93xx, 64 GB per die): 61.27 GiB. vllm-ascend's NPUWorker logs "Free memory on
+#   device (60.89/61.27 GiB) on startup" (vllm_ascend/worker/worker.py determine_available_memory);
+#   every A3 log quoted in public issues shows the same total.
+# - A2 64 GB (Ascend910B1/B2/B3): 60.96 GiB. torch_npu's OOM message "60.96 GiB total capacity" in
+#   vllm-ascend issues #1670 (910B), #1127 (910B2, DeepSeek-R1-W8A8) and #6611.
+# Devices not listed (910B4 32 GB, 310P, 950) need --device-memory or the probe.
+USABLE_MEMORY: Final[tuple[tuple[str, int], ...]] = (
+    ("A3", round(61.27 * (1 << 30))),
+    ("A2-64GB", round(60.96 * (1 << 30))),
+)
 
 
 @dataclass(frozen=True)
@@ -107,6 +136,18 @@ def device_from_options(options: PlanOptions) -> DeviceInfo:
         # Only the given kind's sources: asking torch.cuda (or waiting for torch_npu) for a kind
         # that was not asked for costs seconds to minutes per plan.
         found = probe_kind(options.device_kind)
+        usable = usable_memory(options.device_kind, options.device_name)
+        if found is None and usable is not None and options.device_name is not None:
+            # Off the device: a named device plans with what torch_npu reports for it.
+            return DeviceInfo(
+                kind=options.device_kind,
+                name=options.device_name,
+                count=options.device_count
+                or options.tensor_parallel * options.pipeline_parallel * options.data_parallel,
+                total_bytes=usable,
+                free_bytes=None,
+                source="device-table",
+            )
         if found is None:
             raise DeviceError(
                 "device_memory",
@@ -126,11 +167,31 @@ def device_from_options(options: PlanOptions) -> DeviceInfo:
     return dataclasses.replace(probed, source=f"{probed.source}+override", **changes)  # type: ignore[arg-type]
 
 
+def usable_memory(kind: str, name: str | None) -> int | None:
+    """Bytes torch_npu reports for a named NPU (`USABLE_MEMORY`); None when the name is not known."""
+    if kind != "npu" or not name:
+        return None
+    family = device_family(DeviceInfo(kind, name, 1, 1, None, "name"))
+    lowered = name.lower()
+    key = "A3" if family == "A3" else "A2-64GB" if family == "A2" and re.search(r"910b[123]", lowered) else None
+    return dict(USABLE_MEMORY).get(key) if key else None
+
+
 # -- the attempts ------------------------------------------------------------------------------------
 
 
+def device_nodes_present(kind: str) -> bool:
+    """Whether `DEVICE_DIR` lists a device node of `kind` (`DEVICE_NODES`); True when it cannot be
+    read, so that torch is asked as before wherever the nodes cannot be seen."""
+    try:
+        names = os.listdir(DEVICE_DIR)
+    except OSError:
+        return True
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names for pattern in DEVICE_NODES[kind])
+
+
 def _probe_torch_npu() -> DeviceInfo | None:
-    if importlib.util.find_spec("torch_npu") is None:
+    if importlib.util.find_spec("torch_npu") is None or not device_nodes_present("npu"):
         return None
     return _probe_torch("npu", "import torch_npu  # registers torch.npu", source="torch_npu")
 
@@ -208,7 +269,7 @@ def parse_npu_smi(text: str) -> DeviceInfo | None:
 
 
 def _probe_torch_cuda() -> DeviceInfo | None:
-    if importlib.util.find_spec("torch") is None:
+    if importlib.util.find_spec("torch") is None or not device_nodes_present("cuda"):
         return None
     return _probe_torch("cuda", "", source="torch.cuda")
 

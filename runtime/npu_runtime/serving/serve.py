@@ -104,9 +104,16 @@ def make_serve_plan(options: ServeOptions, environ: Mapping[str, str] | None = N
 
     check_model_path(options.model)
     engine_environ = {**ASCEND_RECOMMENDED_ENV, **(os.environ if environ is None else environ)}
+    plan_options = options.plan
+    if plan_options.redundant_experts is None and options.additional_config:
+        # vllm_ascend/ascend_config.py: additional_config["eplb_config"]["num_redundant_experts"].
+        eplb = json.loads(options.additional_config).get("eplb_config")
+        redundant = eplb.get("num_redundant_experts") if isinstance(eplb, dict) else None
+        if isinstance(redundant, int) and not isinstance(redundant, bool) and redundant > 0:
+            plan_options = dataclasses.replace(plan_options, redundant_experts=redundant)
     try:
         return plan_for(
-            options.plan, options.model, resolve_mode=not options.engine_resolves_mode, environ=engine_environ
+            plan_options, options.model, resolve_mode=not options.engine_resolves_mode, environ=engine_environ
         )
     except ModelError as exc:
         raise ServeError(Failure(failures.MODEL_INVALID, str(exc)), EXIT_INVALID) from exc
@@ -136,8 +143,9 @@ def node_args(options: ServeOptions, plan: Plan) -> tuple[str, ...]:
         ) from exc
 
 
-def plan_view(plan: Plan, kv: Mapping[str, Any] | None = None) -> PlanView:
-    """What /status shows of the plan; `kv`: the engine's prefill/decode role and connector, if any."""
+def plan_view(plan: Plan, node_rank: int = 0, kv: Mapping[str, Any] | None = None) -> PlanView:
+    """What /status shows of the plan; `node_rank` is this pod's node (--node-rank) in the layout,
+    `kv` the engine's prefill/decode role and connector, if any."""
     memory: dict[str, int] = {}
     for kind, field in _MEMORY_KINDS.items():
         value = getattr(plan.memory, field, None)
@@ -152,7 +160,18 @@ def plan_view(plan: Plan, kv: Mapping[str, Any] | None = None) -> PlanView:
         plan=document,
         downgrades=document["downgrades"],
         memory=memory,
+        node=node_view(plan, node_rank),
     )
+
+
+def node_view(plan: Plan, node_rank: int) -> dict[str, Any]:
+    """This pod's node of the replica and the data-parallel ranks it runs, so that whoever reads
+    /status (the operator's per-rank status) need not work them out from the args."""
+    layout = plan.layout
+    if not 0 <= node_rank < len(layout.per_node):
+        return {"rank": node_rank, "nodes": layout.nodes, "data_parallel_ranks": []}
+    share = layout.per_node[node_rank]
+    return {"rank": node_rank, "nodes": layout.nodes, "data_parallel_ranks": list(share.data_parallel_ranks)}
 
 
 def describe_plan(plan: Plan) -> str:
@@ -262,7 +281,7 @@ class Supervisor:
             self.start_server()
             plan = make_serve_plan(self.options)
             kv = self.map_kv_transfer(plan.device.kind)
-            view = plan_view(plan, kv)
+            view = plan_view(plan, self.options.node_rank, kv)
             self.status.set_plan(view)
             log("plan:\n" + describe_plan(plan))
             if "--headless" not in node_args(self.options, plan):  # an invalid layout fails here, early

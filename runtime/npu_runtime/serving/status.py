@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from npu_runtime import metrics, reports
+from npu_runtime.serving import measured
 from npu_runtime.serving.failures import Failure
 
 STATES: Final = ("starting", "loading", "capturing", "ready", "failed", "stopping")
@@ -130,6 +131,9 @@ class PlanView:
     plan: Mapping[str, Any]
     downgrades: Sequence[Mapping[str, str]] = ()  # stage "plan"
     memory: Mapping[str, int] = dataclasses.field(default_factory=dict)  # kind -> bytes, planned
+    # Which part of the replica this pod runs: {"rank": node, "nodes": n, "data_parallel_ranks": [...]}
+    # (the node rank it was started with and its DP ranks in the plan's layout); empty before the plan.
+    node: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class RuntimeStatus:
@@ -210,6 +214,7 @@ class RuntimeStatus:
             "effective_mode": effective,
             "effective_mode_source": view.effective_source or "plan",
             "plan": dict(plan.plan),
+            "node": dict(plan.node) or None,
             "captures": captures,
             "downgrades": downgrades,
             "replay": replay,
@@ -218,6 +223,9 @@ class RuntimeStatus:
             "failure": failure.to_dict() if failure is not None else None,
             "engine": {"pid": pid, "exit_code": exit_code, "vllm_version": view.vllm_version},
             "memory": memory,
+            "calibration": measured.calibration_section(
+                plan.plan, view.captures, view.memory, failure.to_dict() if failure is not None else None
+            ),
             "instrumentation_errors": dict(sorted(view.errors.items())),
             "observer": {"processes": view.processes},
         }

@@ -1,0 +1,130 @@
+"""Graph memory and ACL graph streams per capture size.
+
+Sources: vLLM's profile_cudagraph_memory (vllm/v1/worker/gpu_model_runner.py: the first capture
+allocates the pool, "at least 1 MiB per graph for driver overhead"), vllm-ascend's
+update_aclgraph_sizes (vllm_ascend/utils.py before #9962: the stream budget and its factors),
+vllm/v1/worker/gpu_worker.py determine_available_memory (who reserves the graphs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from npu_runtime.contract import KIB, MIB, PlanOptions
+from npu_runtime.planner import modes
+from npu_runtime.planner.activation import ACTIVATION_WORKSPACE, activation_bytes
+from npu_runtime.planner.layout import Layout
+from npu_runtime.planner.model import ModelInfo
+from npu_runtime.planner.probe import DeviceInfo
+from npu_runtime.planner.weights import MTP_METHODS
+
+__all__ = ["DEFAULT_STREAM_BUDGET", "DEVICE_STREAMS", "StreamPlan", "graph_cost", "graph_reserved_by", "stream_plan"]
+
+# vllm-ascend's historical ACL graph budget: "we can only capture 1800 graphs at most ... bounded by
+# the number of streams, which is 2048, we save 248 streams as a buffer" (vllm_ascend/utils.py
+# update_aclgraph_sizes, removed in #9962 after newer HDK/CANN stacks raised the limit).
+DEFAULT_STREAM_BUDGET: Final = 1800
+DEVICE_STREAMS: Final = 2048
+# Non-AIV HCCL expansion: each communication group costs about 40 streams up front (same source).
+_STREAMS_PER_COMM_GROUP: Final = 40
+_GRAPH_POOL_OVERHEAD: Final = 64 * MIB  # graph pool bookkeeping and attention metadata buffers
+_PER_GRAPH_MIN: Final = 1 * MIB  # vLLM: "Use at least 1 MiB per graph for driver overhead"
+_PER_PIECE: Final = 256 * KIB  # one piecewise sub-graph
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """ACL graph streams per device (NPU only): estimate <= budget."""
+
+    applies: bool
+    budget: int
+    device_streams: int
+    per_size: int
+    fixed: int
+    estimate: int
+    max_sizes: int | None
+    hccl_op_expansion_mode: str
+    communication_groups: int
+    formula: str
+
+
+def graph_cost(
+    model: ModelInfo, mode: str, largest: int, tp: int, dtype_bytes: int, layout: Layout, moe_mode: str | None = None
+) -> tuple[int, int]:
+    """(first capture, each further size), estimated as vLLM's profile_cudagraph_memory measures them.
+
+    The first (largest) capture allocates the graph pool: the activations of one decode step of
+    `largest` tokens (MoE layers dispatched as `moe_mode`, see activation.moe_comm_mode). Each
+    further size adds driver/graph bookkeeping: at least 1 MiB per graph (vLLM's floor), a
+    sub-graph per layer in piecewise mode. FULL_AND_PIECEWISE keeps both families.
+    """
+    step = activation_bytes(model, largest, tp, dtype_bytes, layout, moe_mode)
+    first_one = step - ACTIVATION_WORKSPACE + _GRAPH_POOL_OVERHEAD
+    pieces = model.num_layers + 1
+    piecewise = max(_PER_GRAPH_MIN, pieces * _PER_PIECE)
+    if mode == modes.FULL_AND_PIECEWISE:
+        return 2 * first_one, piecewise + _PER_GRAPH_MIN
+    if mode == modes.PIECEWISE:
+        return first_one, piecewise
+    return first_one, _PER_GRAPH_MIN
+
+
+def stream_plan(
+    options: PlanOptions, device: DeviceInfo, model: ModelInfo, env: dict[str, str], mode: str, layout: Layout
+) -> StreamPlan:
+    """ACL graph streams, after vllm-ascend's update_aclgraph_sizes (vllm_ascend/utils.py before #9962).
+
+    The estimate is left at 0: `_fit` fills it in once the sizes are chosen.
+
+    Per captured size: PIECEWISE about layers + 1 sub-graphs (plus a draft model's layers + 1), a
+    FULL graph about one; times a communication factor: with HCCL_OP_EXPANSION_MODE=AIV
+    1 + groups (+ 1 with expert parallel, + 1 for a MoE model with DP > 1, + a fixed block for
+    dense models' all-reduce), otherwise 1 + 2 x groups plus 40 streams per group up front.
+    FULL_AND_PIECEWISE adds one full graph per size.
+    """
+    budget = options.stream_budget or DEFAULT_STREAM_BUDGET
+    groups = sum(n > 1 for n in (options.tensor_parallel, options.data_parallel))
+    aiv = env.get("HCCL_OP_EXPANSION_MODE", "").upper() == "AIV"
+    expansion = "AIV" if aiv else "default"
+    if device.kind != "npu" or mode == modes.NONE:
+        return StreamPlan(False, budget, DEVICE_STREAMS, 0, 0, 0, None, expansion, groups, "not an NPU graph mode")
+    draft = model.draft_layers if options.speculative_method in MTP_METHODS else 0
+    if modes.has_piecewise_graphs(mode):
+        per_graph = model.num_layers + 1 + (draft + 1 if draft else 0)
+        shape = f"(layers {model.num_layers} + 1{f' + draft {draft} + 1' if draft else ''})"
+    else:
+        per_graph = 1 + (1 if draft else 0)
+        shape = "1 full graph" + (" + 1 draft graph" if draft else "")
+    if aiv:
+        # update_aclgraph_sizes: parallel_factor = 1 + groups + int(enable_expert_parallel), + 1 for a
+        # MoE model with DP > 1.
+        factor = 1 + groups + (1 if options.enable_expert_parallel else 0)
+        moe_dp = model.is_moe and options.data_parallel > 1
+        if moe_dp:
+            factor += 1
+        fixed = 0 if model.is_moe else factor * per_graph
+        ep_words = (" + EP" if options.enable_expert_parallel else "") + (" + MoE with DP" if moe_dp else "")
+        formula = f"{shape} x (1 + {groups} comm groups{ep_words}) per size" + (
+            "" if model.is_moe else " + one dense block"
+        )
+    else:
+        factor = 1 + 2 * groups
+        fixed = groups * _STREAMS_PER_COMM_GROUP
+        formula = f"{shape} x (1 + 2 x {groups} comm groups) per size + 40 x {groups}"
+    per_size = per_graph * factor
+    if mode == modes.FULL_AND_PIECEWISE:
+        per_size += 1
+        formula += " + 1 full graph per size"
+    max_sizes = max((budget - fixed) // per_size, 0)
+    return StreamPlan(True, budget, DEVICE_STREAMS, per_size, fixed, 0, max_sizes, expansion, groups, formula)
+
+
+def graph_reserved_by(device: DeviceInfo, env: dict[str, str], graph_bytes: int) -> str:
+    if graph_bytes == 0 or device.kind == "cpu":
+        return "none"
+    if device.kind == "cuda" and env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") != "0":
+        # vllm/v1/worker/gpu_worker.py determine_available_memory subtracts profile_cudagraph_memory()
+        # from the KV budget (envs.VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, default on).
+        return "engine"
+    return "plan"

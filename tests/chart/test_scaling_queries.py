@@ -1,0 +1,105 @@
+"""The ScaledObject's Prometheus queries evaluated by Prometheus' own engine (`promtool test rules`,
+promql_expr_test): each returns one element, the value KEDA compares with the per-replica target, for
+one resource only (not a neighbour's pods in the same namespace, nor a namesake in another namespace).
+
+The queries and thresholds come from the operator's own rendered ScaledObject, so a change to
+`npu_operator.scaling` is tested here as it ships. Series carry the labels the PodMonitors give them.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from npu_operator import builders, scaling
+from npu_operator.config import OperatorConfig
+from npu_operator.reconcile import adopted_children, read_spec
+
+from tests.chart.test_promtool import WHY_SKIPPED
+from tests.operator.conftest import example
+
+
+def labels(namespace: str, resource: str, pod: str, engine: str) -> str:
+    return (
+        f'namespace="{namespace}", inference_npu_dev_name="{resource}", pod="{pod}", engine="{engine}", '
+        f'model_name="m", container="runtime", endpoint="http", job="{namespace}/{resource}", '
+        f'instance="10.0.0.1:8000"'
+    )
+
+
+def scaled_object() -> dict[str, Any]:
+    manifest = example("qwen2.5-7b-910b.yaml")
+    manifest["metadata"]["uid"] = "u"
+    spec, problems = read_spec(manifest, OperatorConfig())
+    assert spec is not None and not problems
+    objects = adopted_children(manifest, spec, OperatorConfig(), builders.Capabilities.everything())
+    return next(o for o in objects if o["kind"] == "ScaledObject")
+
+
+# qwen25-7b in llm: two pods (one DP rank each) with 30 and 23 running, 4 and 0 waiting; a neighbour in
+# the same namespace and a namesake in another namespace with much more, which must not count.
+SERIES = [
+    ("vllm:num_requests_running", labels("llm", "qwen25-7b", "qwen25-7b-a", "0"), "30x10"),
+    ("vllm:num_requests_running", labels("llm", "qwen25-7b", "qwen25-7b-b", "0"), "23x10"),
+    ("vllm:num_requests_running", labels("llm", "neighbour", "neighbour-a", "0"), "400x10"),
+    ("vllm:num_requests_running", labels("research", "qwen25-7b", "qwen25-7b-c", "0"), "900x10"),
+    ("vllm:num_requests_waiting", labels("llm", "qwen25-7b", "qwen25-7b-a", "0"), "4x10"),
+    ("vllm:num_requests_waiting", labels("llm", "qwen25-7b", "qwen25-7b-b", "0"), "0x10"),
+    ("vllm:num_requests_waiting", labels("llm", "neighbour", "neighbour-a", "0"), "77x10"),
+    (
+        "llm_d_epp_flow_control_queue_size",
+        'namespace="llm", inference_pool="qwen25-7b", fairness_id="d", priority="0", model_name="m", '
+        'target_model_name="m", pod="qwen25-7b-epp-x", job="llm/qwen25-7b-epp"',
+        "6x10",
+    ),
+    (
+        "llm_d_epp_flow_control_queue_size",
+        'namespace="llm", inference_pool="neighbour", fairness_id="d", priority="0", model_name="m", '
+        'target_model_name="m", pod="neighbour-epp-x", job="llm/neighbour-epp"',
+        "50x10",
+    ),
+]
+EXPECTED = {"running-requests": 53, "waiting-requests": 4, "held-requests": 6}
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        pytest.skip(WHY_SKIPPED)
+    return found
+
+
+def test_each_query_returns_one_resources_value_and_the_replicas_keda_asks_for(promtool: str, tmp_path: Path) -> None:
+    triggers = {t["name"]: t["metadata"] for t in scaled_object()["spec"]["triggers"]}
+    # The held-requests trigger only exists with minReplicas 0; its query is the same function's.
+    triggers.setdefault("held-requests", {"query": scaling.picker_queue_query("qwen25-7b", "llm"), "threshold": "38"})
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": f"{name}{{{where}}}", "values": values} for name, where, values in SERIES],
+                "promql_expr_test": [
+                    # One element without labels: what KEDA's Prometheus scaler requires (more is an error).
+                    {"expr": triggers[name]["query"], "eval_time": "5m", "exp_samples": [{"labels": "{}", "value": n}]}
+                    for name, n in EXPECTED.items()
+                ],
+            }
+        ],
+    }
+    (tmp_path / "scaling.test.yaml").write_text(yaml.safe_dump(tests, sort_keys=False), encoding="utf-8")
+    result = subprocess.run(
+        [promtool, "test", "rules", "scaling.test.yaml"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # With metricType AverageValue the HPA asks for ceil(value / threshold) replicas: 53 running
+    # requests against 38 per replica (80% of the 48 the plan captures) ask for 2.
+    assert triggers["running-requests"]["threshold"] == "38"
+    assert math.ceil(EXPECTED["running-requests"] / int(triggers["running-requests"]["threshold"])) == 2

@@ -1,0 +1,99 @@
+"""A two-node replica end to end: `npu-sandbox --example sandbox-cpu-2node.yaml --kill-worker`.
+
+The real operator renders a LeaderWorkerSet; the sandbox's stand-in for LeaderWorkerSet's
+controller makes the StatefulSets and pods; the kubelet runs the leader (vLLM's API server and
+DP rank 0) and the worker (DP rank 1, headless) with real engines on CPU. The run is judged by its
+JSON summary: Ready, a completion through the leader's Service, the worker's engine killed and
+the group recreated (RecreateGroupOnPodRestart) until Ready again, then everything deleted.
+One run (two engines, twice) is shared by the tests of this module.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from npu_operator import aggregate
+
+from tests.e2e.test_sandbox import processes_mentioning
+from tests.runtime.serve_helpers import alive
+
+NAME = "tiny-llama-2node"
+
+
+@pytest.fixture(scope="module")
+def two_node_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
+    folder = tmp_path_factory.mktemp("two-node")
+    workdir, summary = folder / "sandbox", folder / "summary.json"
+    began = time.monotonic()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "npu_sandbox",
+            "--example",
+            "sandbox-cpu-2node.yaml",
+            "--kill-worker",
+            "--no-prometheus",
+            "--workdir",
+            str(workdir),
+            "--summary",
+            str(summary),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    print(f"two-node sandbox run: {time.monotonic() - began:.0f}s")
+    (folder / "stdout.txt").write_text(result.stdout, encoding="utf-8")  # what a user would have seen
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    return result, json.loads(summary.read_text()), workdir
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(1600)
+def test_a_two_node_replica_serves_recovers_its_group_and_is_deleted_whole(
+    two_node_run: tuple[subprocess.CompletedProcess[str], dict[str, Any], Path],
+) -> None:
+    result, summary, workdir = two_node_run
+    assert summary["ready"] is True and summary["phase"] == "Ready"
+    assert (summary["requested_mode"], summary["effective_mode"]) == ("FULL_DECODE_ONLY", "NONE")
+    assert summary["pods"] == [f"{NAME}-0", f"{NAME}-0-1"]
+    assert summary["served_by"] == f"{NAME}-0"  # the Service selects leaders only
+    assert isinstance(summary["completion"], str)
+    for line in ("kubectl get npuinf,leaderworkersets,statefulsets,pods", f"leaderworkerset.x-k8s.io/{NAME}"):
+        assert line in result.stdout, line
+    assert f"statefulset.apps/{NAME}-0 " in result.stdout  # the group's worker StatefulSet
+
+    recovery = summary["recovery"]
+    assert recovery["recreate_events"] == [
+        f"Worker pod {NAME}-0-1 failed, deleted leader pod {NAME}-0 to recreate group 0"
+    ]
+    assert any(state.startswith("Progressing/") for state in recovery["states"]), recovery["states"]
+    assert recovery["states"][-1] == "Ready/RolloutComplete", recovery["states"]
+    print(f"seconds from killing the worker's engine to Ready again: {recovery['seconds_to_ready']}")
+
+    assert summary["deletion"]["left"] == []
+    for pid in summary["pids"].values():
+        assert pid is not None and not alive(pid), f"process {pid} outlived the sandbox"
+    assert processes_mentioning(str(workdir)) == []
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(1600)
+def test_both_ranks_are_in_status_graph(
+    two_node_run: tuple[subprocess.CompletedProcess[str], dict[str, Any], Path],
+) -> None:
+    if not hasattr(aggregate, "MAX_RANKS_LISTED"):
+        pytest.skip("this operator does not report ranks yet (status.graph.ranks comes with the per-rank status)")
+    _, summary, _ = two_node_run
+    for graph in (summary["graph"], summary["recovery"]["graph"]):
+        assert graph["rankCount"] == 2, graph
+        assert len(graph["ranks"]) == 2, graph

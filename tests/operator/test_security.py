@@ -1,0 +1,296 @@
+"""Everything a user writes is data: no kubelet expansion, owned flags in every spelling, the
+pod-template policy's refusals, and tokens only over https.
+
+The expansion check runs the kubelet's own rules (kubernetes third_party/forked/golang/expansion,
+Expand: `$$` is a literal `$`, `$(NAME)` is replaced from the container's env) over every
+argument and env value of every container the builders make, after writing `$(LEAK)` into each
+string field of the spec in turn.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from npu_operator import builders, cli
+from npu_operator.api import owned_flag, parse_spec, validate_spec
+from npu_operator.config import ConfigError, OperatorConfig, load_config
+from npu_operator.policy import policy_problems
+from npu_operator.reconcile import desired_state, read_spec
+
+from tests.operator.conftest import example
+
+CONFIG = OperatorConfig()
+OPERATOR_REFERENCES = {builders.LWS_LEADER_ADDRESS, builders.LWS_WORKER_INDEX}
+
+
+def kubelet_references(value: str) -> tuple[set[str], str]:
+    """The variables the kubelet would expand in `value`, and the string it would pass on (names kept)."""
+    names: set[str] = set()
+    out: list[str] = []
+    i = 0
+    while i < len(value):
+        if value[i] == "$" and i + 1 < len(value):
+            if value[i + 1] == "$":
+                out.append("$")
+                i += 2
+                continue
+            if value[i + 1] == "(" and (end := value.find(")", i + 2)) != -1:
+                names.add(value[i + 2 : end])
+                out.append(value[i : end + 1])
+                i = end + 1
+                continue
+        out.append(value[i])
+        i += 1
+    return names, "".join(out)
+
+
+def container_strings(children: list[dict[str, Any]]) -> Iterator[str]:
+    for child in children:
+        spec = child.get("spec", {})
+        templates = [spec.get("template"), spec.get("leaderWorkerTemplate", {}).get("workerTemplate")]
+        for template in filter(None, templates):
+            for container in [*template["spec"]["containers"], *template["spec"].get("initContainers", [])]:
+                yield from container.get("args", [])
+                yield from (var["value"] for var in container.get("env", []) if "value" in var)
+
+
+def string_leaves(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from string_leaves(value, (*path, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from string_leaves(value, (*path, index))
+    elif isinstance(node, str):
+        yield path
+
+
+def every_field_manifest(name: str) -> dict[str, Any]:
+    """An example with every string field that can reach a container filled in."""
+    manifest = example(name)
+    spec = manifest["spec"]
+    engine = spec.setdefault("engine", {})
+    engine.update(
+        extraArgs=["--enable-prefix-caching", "--seed", "1"],
+        env=[{"name": "MY_VAR", "value": "v"}, *engine.get("env", [])],
+        quantization="w8a8",
+        additionalConfig={"ascend_scheduler_config": {"enabled": "yes"}},
+        speculative={"method": "draft_model", "numTokens": 2, "model": "/models/draft"},
+    )
+    source = spec["model"]["source"]
+    for hub in ("huggingFace", "modelScope"):
+        if hub in source:
+            source[hub].update(
+                revision="main",
+                allowPatterns=["*.json"],
+                ignorePatterns=["*.bin"],
+                endpoint="https://mirror.example",
+                tokenSecretRef={"name": "hub-token", "key": "token"},
+            )
+    return manifest
+
+
+def set_leaf(manifest: dict[str, Any], path: tuple[Any, ...], value: str) -> None:
+    node = manifest
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b-910b.yaml", "qwen2.5-7b-modelscope.yaml", "deepseek-r1-w8a8-2node.yaml"])
+def test_no_field_of_the_spec_is_expanded_by_the_kubelet(name: str) -> None:
+    manifest = every_field_manifest(name)
+    reaching: set[tuple[Any, ...]] = set()
+    for path in string_leaves(manifest["spec"]):
+        changed = copy.deepcopy(manifest)
+        node: Any = changed["spec"]
+        for key in path:
+            node = node[key]
+        set_leaf(changed["spec"], path, node + "$(LEAK)$$(LEAK2)")
+        try:
+            children = builders.build_children("m", "ns", parse_spec(changed["spec"]), CONFIG)
+        except (ValueError, KeyError, TypeError):
+            continue  # a value no builder accepts (an enum, a size): it reaches no container
+        for value in container_strings(children):
+            names, passed = kubelet_references(value)
+            assert names <= OPERATOR_REFERENCES, (path, value)
+            if "$(LEAK)$$(LEAK2)" in passed:  # reached a container, and arrives as written
+                reaching.add(path)
+    fields = {".".join(str(key) for key in path if not isinstance(key, int)) for path in reaching}
+    expected = {"model.name", "engine.extraArgs", "engine.env.value", "engine.quantization", "engine.speculative.model"}
+    expected.add("engine.additionalConfig.ascend_scheduler_config.enabled")
+    if "modelscope" in name:
+        hub = "model.source.modelScope"
+        expected |= {f"{hub}.{field}" for field in ("revision", "allowPatterns", "ignorePatterns", "endpoint")}
+    else:
+        expected.add("model.path")
+    assert expected <= fields, expected - fields
+
+
+def test_the_operators_own_references_still_expand() -> None:
+    spec = parse_spec(example("deepseek-r1-w8a8-2node.yaml")["spec"])
+    children = builders.build_children("m", "ns", spec, CONFIG)
+    names = set().union(*(kubelet_references(value)[0] for value in container_strings(children)))
+    assert names == OPERATOR_REFERENCES
+
+
+@pytest.mark.parametrize("arg", ["-qawq", "-qfp8", "-q=awq", "-q", "--quantization=awq", "--quant", "-O3"])
+def test_owned_flags_in_short_form_are_refused(arg: str) -> None:
+    assert owned_flag(arg) in ("-q", "--quantization", "-O")
+    manifest = example("qwen2.5-7b-910b.yaml")
+    manifest["spec"]["engine"]["extraArgs"] = [arg]
+    problems = validate_spec(parse_spec(manifest["spec"]))
+    assert [p.field for p in problems] == ["spec.engine.extraArgs[0]"]
+
+
+# --- the pod-template policy ----------------------------------------------------------------------
+
+REFUSED: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = [
+    # (id, spec changes, the field named, the operator setting that allows it)
+    (
+        "image",
+        {"engine": {"image": "evil.example/miner:1"}},
+        "spec.engine.image",
+        {"allowed_registries": ("evil.example",)},
+    ),
+    (
+        "image-prefix-lookalike",
+        {"engine": {"image": "ghcr.io/npu-inference-evil/x:1"}},
+        "spec.engine.image",
+        {"allowed_registries": ("ghcr.io/npu-inference-evil",)},
+    ),
+    (
+        "service-account",
+        {"template": {"serviceAccountName": "cluster-admin-sa"}},
+        "spec.template.serviceAccountName",
+        {"allow_service_account_token": True},
+    ),
+    (
+        "priority-class",
+        {"template": {"priorityClassName": "system-cluster-critical"}},
+        "spec.template.priorityClassName",
+        {"allowed_priority_classes": ("system-cluster-critical",)},
+    ),
+    (
+        "host-root",
+        {"model": {"source": {"hostPath": {"path": "/", "type": "Directory"}}, "path": "/models/m"}},
+        "spec.model.source.hostPath.path",
+        {"pod_template_policy": "Permissive"},
+    ),
+    (
+        "host-path-not-listed",
+        {"model": {"source": {"hostPath": {"path": "/data/models/qwen", "type": "Directory"}}, "path": "/models/m"}},
+        "spec.model.source.hostPath.path",
+        {"allowed_host_paths": ("/data/models",)},
+    ),
+    (
+        "every-taint",
+        {"template": {"tolerations": [{"operator": "Exists"}]}},
+        "spec.template.tolerations[0]",
+        {"pod_template_policy": "Permissive"},
+    ),
+    (
+        "control-plane-selector",
+        {"template": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}},
+        "spec.template.nodeSelector[node-role.kubernetes.io/control-plane]",
+        {"pod_template_policy": "Permissive"},
+    ),
+    (
+        "secret-in-env",
+        {"engine": {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}},
+        "spec.engine.env[0].valueFrom.secretKeyRef",
+        {"pod_template_policy": "Permissive"},
+    ),
+]
+
+
+def with_changes(changes: dict[str, Any]) -> dict[str, Any]:
+    manifest = example("qwen2.5-7b-910b.yaml")
+    for section, values in changes.items():
+        manifest["spec"].setdefault(section, {})
+        if section == "model":
+            manifest["spec"]["model"] = {**manifest["spec"]["model"], **values}
+        else:
+            manifest["spec"][section].update(values)
+    return manifest
+
+
+@pytest.mark.parametrize(("changes", "field", "allowing"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
+def test_the_default_policy_refuses_what_widens_a_pod(
+    changes: dict[str, Any],
+    field: str,
+    allowing: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    manifest = with_changes(changes)
+    assert read_spec(example("qwen2.5-7b-910b.yaml"), CONFIG)[1] == []
+    desired = desired_state(manifest, CONFIG, frozenset())
+    assert [problem.field for problem in desired.problems] == [field]
+    assert not desired.manifests  # nothing is applied: Degraded/InvalidSpec names the field
+    # The setting that allows it (or Permissive) lets the same spec through.
+    assert policy_problems(parse_spec(manifest["spec"]), dataclasses.replace(CONFIG, **allowing)) == []
+    assert policy_problems(parse_spec(manifest["spec"]), OperatorConfig(pod_template_policy="Permissive")) == []
+    # And `npu-operator render`, as a user checks a file, says the same.
+    path = tmp_path / "resource.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    monkeypatch.delenv("NPU_OPERATOR_CONFIG", raising=False)
+    assert cli.main(["render", "-f", str(path)]) == 2
+    assert field in capsys.readouterr().err
+
+
+def test_policy_settings_are_checked_at_startup() -> None:
+    config = load_config(
+        {
+            "NPU_OPERATOR_POD_TEMPLATE_POLICY": "Permissive",
+            "NPU_OPERATOR_ALLOWED_REGISTRIES": "quay.io/ascend, registry.local:5000/llm",
+            "NPU_OPERATOR_ALLOWED_HOST_PATHS": "/data/models",
+            "NPU_OPERATOR_ALLOW_SERVICE_ACCOUNT_TOKEN": "true",
+        }
+    )
+    assert (config.pod_template_policy, config.allowed_registries, config.allowed_host_paths) == (
+        "Permissive",
+        ("quay.io/ascend", "registry.local:5000/llm"),
+        ("/data/models",),
+    )
+    for variable, value in (
+        ("NPU_OPERATOR_POD_TEMPLATE_POLICY", "Lax"),
+        ("NPU_OPERATOR_ALLOWED_HOST_PATHS", "/"),
+        ("NPU_OPERATOR_ALLOWED_HOST_PATHS", "relative"),
+        ("NPU_OPERATOR_ALLOWED_REGISTRIES", "https://quay.io"),
+    ):
+        with pytest.raises(ConfigError, match=variable):
+            load_config({variable: value})
+
+
+# --- tokens ---------------------------------------------------------------------------------------
+
+
+def test_a_token_goes_to_a_plain_http_endpoint_only_when_the_resource_says_so() -> None:
+    manifest = example("qwen2.5-7b-modelscope.yaml")
+    hub = manifest["spec"]["model"]["source"]["modelScope"]
+    hub.update(endpoint="http://mirror.internal", tokenSecretRef={"name": "ms-token"})
+    problems = validate_spec(parse_spec(manifest["spec"]))
+    assert [p.field for p in problems] == ["spec.model.source.modelScope.endpoint"]
+    assert "sendTokenOverHTTP" in problems[0].message
+    hub["sendTokenOverHTTP"] = True
+    spec = parse_spec(manifest["spec"])
+    assert validate_spec(spec) == []
+    assert "--send-token-over-http" in builders.fetch_args(spec)
+
+
+def test_an_additional_config_larger_than_one_argument_should_be_is_refused() -> None:
+    manifest = example("qwen2.5-7b-910b.yaml")
+    manifest["spec"]["engine"]["additionalConfig"] = {"blob": "x" * 20000}
+    problems = validate_spec(parse_spec(manifest["spec"]))
+    assert [p.field for p in problems] == ["spec.engine.additionalConfig"]
+    assert "16384" in problems[0].message
+    manifest["spec"]["engine"]["additionalConfig"] = {"ascend_scheduler_config": {"enabled": True}}
+    assert validate_spec(parse_spec(manifest["spec"])) == []

@@ -1,0 +1,302 @@
+"""The checks a ScaledObject, an InferencePool, an HTTPRoute and the endpoint picker's config must pass,
+kept from those projects' own published schemas and sources (never a copy of their files).
+
+- KEDA ScaledObject: kedacore/keda v2.20.2, config/crd/bases/keda.sh_scaledobjects.yaml (required
+  scaleTargetRef.name and triggers[].type/metadata, metadata a map of strings, min/max/polling
+  bounds, the minReplicaCount <= maxReplicaCount CEL rule) and pkg/scalers/prometheus_scaler.go
+  (the Prometheus trigger's metadata: serverAddress, query and threshold required, threshold and
+  activationThreshold parsed as floats, ignoreNullValues as a bool). HPA bounds on the behaviour
+  from k8s.io/api autoscaling/v2 (periodSeconds 1..1800, stabilizationWindowSeconds 0..3600).
+- InferencePool: kubernetes-sigs/gateway-api-inference-extension v1.6.0, config/crd/bases/
+  inference.networking.k8s.io_inferencepools.yaml (v1: selector.matchLabels 1..64 entries, label
+  value pattern, targetPorts 1..8 unique ports, endpointPickerRef name/kind/port, failureMode enum,
+  its CEL rule "port is required when kind is 'Service'").
+- HTTPRoute: Gateway API v1 (parentRefs, backendRefs by group/kind/name), the fields this operator sets.
+- The picker: llm-d/llm-d-router v0.9.0: apix/config/v1alpha1/endpointpickerconfig_types.go
+  (EndpointPickerConfig), the plugin types registered in pkg/epp/framework/plugins, the concurrency
+  detector's parameters (saturationdetector/concurrency/config.go: maxConcurrency > 0, headroom >= 0,
+  concurrencyMode requests|tokens) and the flags of pkg/epp/server/options.go.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jsonschema
+
+KEDA_API_VERSION = "keda.sh/v1alpha1"
+POOL_API_VERSION = "inference.networking.k8s.io/v1"
+
+_INT32 = {"type": "integer", "format": "int32"}
+_HPA_POLICY = {
+    "type": "object",
+    "required": ["periodSeconds", "type", "value"],
+    "properties": {
+        "periodSeconds": {**_INT32, "minimum": 1, "maximum": 1800},
+        "type": {"enum": ["Pods", "Percent"]},
+        "value": {**_INT32, "minimum": 1},
+    },
+}
+_HPA_RULES = {
+    "type": "object",
+    "properties": {
+        "policies": {"type": "array", "items": _HPA_POLICY},
+        "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
+        "stabilizationWindowSeconds": {**_INT32, "minimum": 0, "maximum": 3600},
+    },
+}
+SCALED_OBJECT: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": KEDA_API_VERSION},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "advanced": {
+                    "type": "object",
+                    "properties": {
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "properties": {
+                                "behavior": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {"scaleDown": _HPA_RULES, "scaleUp": _HPA_RULES},
+                                },
+                                "name": {"type": "string"},
+                            },
+                        },
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                    },
+                },
+                "cooldownPeriod": {**_INT32, "minimum": 0},
+                "idleReplicaCount": {**_INT32, "minimum": 0},
+                "initialCooldownPeriod": {**_INT32, "minimum": 0},
+                "maxReplicaCount": {**_INT32, "minimum": 1},
+                "minReplicaCount": {**_INT32, "minimum": 0},
+                "pollingInterval": {**_INT32, "minimum": 1},
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string", "minLength": 1},
+                    },
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["metadata", "type"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "authenticationRef": {"type": "object", "required": ["name"]},
+                            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "name": {"type": "string"},
+                            "type": {"type": "string", "minLength": 1},
+                            "useCachedMetrics": {"type": "boolean"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+_LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+_GROUP = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_KIND = "^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$"
+_PORT = {"type": "object", "required": ["number"], "properties": {"number": {**_INT32, "minimum": 1, "maximum": 65535}}}
+INFERENCE_POOL: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": POOL_API_VERSION},
+        "kind": {"const": "InferencePool"},
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {
+            "type": "object",
+            "required": ["selector", "targetPorts"],
+            "additionalProperties": False,
+            "properties": {
+                "appProtocol": {"enum": ["http", "kubernetes.io/h2c"]},
+                "endpointPickerRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "failureMode": {"enum": ["FailOpen", "FailClose"]},
+                        "group": {"type": "string", "maxLength": 253, "pattern": _GROUP},
+                        "kind": {"type": "string", "minLength": 1, "maxLength": 63, "pattern": _KIND},
+                        "name": {"type": "string", "minLength": 1, "maxLength": 253},
+                        "port": _PORT,
+                    },
+                },
+                "selector": {
+                    "type": "object",
+                    "required": ["matchLabels"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "matchLabels": {
+                            "type": "object",
+                            "minProperties": 1,
+                            "maxProperties": 64,
+                            "additionalProperties": {"type": "string", "maxLength": 63, "pattern": _LABEL_VALUE},
+                        }
+                    },
+                },
+                "targetPorts": {"type": "array", "minItems": 1, "maxItems": 8, "items": _PORT},
+            },
+        },
+    },
+}
+
+_PARENT_REF = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "group": {"type": "string"},
+        "kind": {"type": "string"},
+        "name": {"type": "string", "minLength": 1, "maxLength": 253},
+        "namespace": {"type": "string", "minLength": 1, "maxLength": 63},
+        "sectionName": {"type": "string", "minLength": 1, "maxLength": 253},
+        "port": _INT32,
+    },
+}
+HTTP_ROUTE: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "gateway.networking.k8s.io/v1"},
+        "kind": {"const": "HTTPRoute"},
+        "spec": {
+            "type": "object",
+            "properties": {
+                "parentRefs": {"type": "array", "maxItems": 32, "items": _PARENT_REF},
+                "rules": {
+                    "type": "array",
+                    "maxItems": 16,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "matches": {"type": "array", "maxItems": 64},
+                            "backendRefs": {
+                                "type": "array",
+                                "maxItems": 16,
+                                "items": {
+                                    "type": "object",
+                                    "required": ["name"],
+                                    "properties": {
+                                        "group": {"type": "string"},
+                                        "kind": {"type": "string"},
+                                        "name": {"type": "string", "minLength": 1},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+# Plugin types registered by llm-d-router v0.9.0 that the rendered config may use.
+PICKER_PLUGIN_TYPES = frozenset(
+    {
+        "inflight-load-producer",  # pkg/epp/framework/plugins/requestcontrol/dataproducer/inflightload
+        "concurrency-detector",  # pkg/epp/framework/plugins/flowcontrol/saturationdetector/concurrency
+        "queue-scorer",  # .../scheduling/scorer/queuedepth
+        "kv-cache-utilization-scorer",  # .../scheduling/scorer/kvcacheutilization
+        "prefix-cache-scorer",  # .../scheduling/scorer/prefix
+        "metrics-data-source",  # .../datalayer/source/metrics
+        "core-metrics-extractor",  # .../datalayer/extractor/metrics
+    }
+)
+# pkg/epp/server/options.go (and controller-runtime's zap options for --zap-encoder).
+PICKER_FLAGS = frozenset(
+    {
+        "--pool-name",
+        "--pool-namespace",
+        "--pool-group",
+        "--config-file",
+        "--grpc-health-port",
+        "--zap-encoder",
+        "--tracing",
+        "--metrics-endpoint-auth",
+    }
+)
+FEATURE_GATES = frozenset({"flowControl", "dataLayer"})
+_FLOAT = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+def validate_scaled_object(obj: dict[str, Any]) -> None:
+    """Raise when `obj` is not a ScaledObject KEDA would accept with Prometheus triggers."""
+    jsonschema.validate(obj, SCALED_OBJECT)
+    spec = obj["spec"]
+    # The CRD's CEL rule (maxReplicaCount defaults to 100).
+    assert spec.get("minReplicaCount", 0) <= spec.get("maxReplicaCount", 100), "minReplicaCount > maxReplicaCount"
+    for trigger in spec["triggers"]:
+        if trigger["type"] != "prometheus":
+            continue
+        metadata = trigger["metadata"]
+        for key in ("serverAddress", "query", "threshold"):
+            assert metadata.get(key), f"prometheus trigger without {key}"
+        for key in ("threshold", "activationThreshold"):
+            if key in metadata:
+                assert _FLOAT.match(metadata[key]), f"{key} {metadata[key]!r} is not a float"
+        if "ignoreNullValues" in metadata:
+            assert metadata["ignoreNullValues"] in ("true", "false")
+
+
+def validate_inference_pool(obj: dict[str, Any]) -> None:
+    jsonschema.validate(obj, INFERENCE_POOL)
+    ref = obj["spec"].get("endpointPickerRef")
+    if ref is not None:  # the CRD's CEL rule
+        assert ref.get("kind", "Service") != "Service" or "port" in ref, "port is required when kind is 'Service'"
+    numbers = [port["number"] for port in obj["spec"]["targetPorts"]]
+    assert len(numbers) == len(set(numbers)), "port number must be unique"
+
+
+def validate_http_route(obj: dict[str, Any]) -> None:
+    jsonschema.validate(obj, HTTP_ROUTE)
+
+
+def validate_picker_config(config: dict[str, Any]) -> None:
+    """Raise when `config` is not an EndpointPickerConfig llm-d's picker v0.9.0 loads."""
+    assert config["apiVersion"] == "llm-d.ai/v1alpha1" and config["kind"] == "EndpointPickerConfig"
+    assert set(config.get("featureGates", [])) <= FEATURE_GATES
+    names: dict[str, str] = {}
+    for plugin in config["plugins"]:
+        assert plugin["type"] in PICKER_PLUGIN_TYPES, plugin["type"]
+        names[plugin.get("name", plugin["type"])] = plugin["type"]
+        if plugin["type"] == "concurrency-detector":
+            params = plugin.get("parameters", {})
+            assert isinstance(params.get("maxConcurrency", 100), int) and params.get("maxConcurrency", 100) > 0
+            assert params.get("headroom", 0.0) >= 0
+            assert params.get("concurrencyMode", "requests") in ("requests", "tokens")
+    for profile in config["schedulingProfiles"]:
+        for ref in profile["plugins"]:
+            assert ref["pluginRef"] in names, ref
+    detector = config.get("saturationDetector", {}).get("pluginRef")
+    if detector is not None:
+        assert names.get(detector) in ("concurrency-detector", "utilization-detector"), detector
+    # The concurrency detector consumes the in-flight counts (detector.go Consumes): a producer must exist.
+    if "concurrency-detector" in names.values():
+        assert "inflight-load-producer" in names.values()
+
+
+def picker_flags(args: list[str]) -> set[str]:
+    return {arg.split("=", 1)[0] for arg in args if arg.startswith("--")}

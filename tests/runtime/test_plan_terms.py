@@ -1,0 +1,245 @@
+"""Each memory term of the planner against the engine's rule, for the recipes it is checked on.
+
+Every expected figure is derived here from the model's config.json and the rule the term's module
+cites (vLLM 0.23.0, vllm-ascend v0.23.0), not read back from the planner: DeepSeek-R1 W8A8 on A3
+and A2 (HCCL_BUFFSIZE 200 and 1024), Qwen3-235B-A22B, and a dense model with more TP ranks than
+KV heads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from npu_runtime.contract import MIB, PlanError, PlanOptions
+from npu_runtime.planner.model import inspect_model
+from npu_runtime.planner.plan import Plan, make_plan
+from npu_runtime.planner.probe import DeviceError, DeviceInfo, device_from_options
+
+from .conftest import FIXTURES, load_model
+
+GIB = 1 << 30
+A3 = DeviceInfo("npu", "Ascend910_9392", 16, round(61.27 * GIB), None, "device-table")
+A2 = DeviceInfo("npu", "Ascend910B3", 8, round(60.96 * GIB), None, "device-table")
+AIV = {"HCCL_OP_EXPANSION_MODE": "AIV"}
+# vllm-ascend's DeepSeek-R1 W8A8 recipe: DP 4 x TP 4, EP 16, MTP 3.
+R1_RECIPE: dict[str, Any] = {
+    "tensor_parallel": 4,
+    "data_parallel": 4,
+    "enable_expert_parallel": True,
+    "quantization": "ascend",
+    "speculative_method": "mtp",
+    "speculative_tokens": 3,
+    "max_num_seqs": 16,
+    "max_model_len": 16384,
+    "max_num_batched_tokens": 4096,
+    "gpu_memory_utilization": 0.92,
+}
+BF16 = 2
+INT8 = 1
+
+
+def config(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / name / "config.json").read_text())
+    return data
+
+
+def r1_plan(device: DeviceInfo, env: dict[str, str], **changes: Any) -> Plan:
+    nodes = {"nodes": 2} if device is A2 else {}
+    return make_plan(
+        PlanOptions(**{**R1_RECIPE, **nodes, **changes}), device, load_model("deepseek-r1-w8a8"), environ=env
+    )
+
+
+# -- device memory ---------------------------------------------------------------------------------
+
+
+def test_a_named_device_plans_with_what_torch_npu_reports_for_it() -> None:
+    # vllm-ascend logs "Free memory on device (60.89/61.27 GiB)" on A3; torch_npu's OOM message says
+    # "60.96 GiB total capacity" on 64 GB A2 parts (vllm-ascend #1670, #1127, #6611).
+    a3 = device_from_options(PlanOptions(device_kind="npu", device_name="Ascend910_9392", device_count=16))
+    a2 = device_from_options(PlanOptions(device_kind="npu", device_name="Ascend910B3", device_count=8))
+    assert (a3.total_bytes, a3.source, a3.count) == (round(61.27 * GIB), "device-table", 16)
+    assert (a2.total_bytes, a2.source) == (round(60.96 * GIB), "device-table")
+    given = device_from_options(PlanOptions(device_kind="npu", device_name="Ascend910_9392", device_memory=64 * GIB))
+    assert (given.total_bytes, given.source) == (64 * GIB, "override")
+    with pytest.raises(DeviceError) as unknown:  # 910B4: no figure to quote, so no guess
+        device_from_options(PlanOptions(device_kind="npu", device_name="Ascend910B4"))
+    assert unknown.value.field == "device_memory"
+
+
+# -- weights ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", [A3, A2], ids=["A3", "A2"])
+def test_r1_w8a8_replicated_tensors_and_absorbed_mla_copies(device: DeviceInfo) -> None:
+    c = config("deepseek-r1-w8a8")
+    h, layers, tp = c["hidden_size"], c["num_hidden_layers"], 4
+    moe_layers = layers - c["first_k_dense_replace"]
+    qkv_a = h * c["q_lora_rank"] + h * (c["kv_lora_rank"] + c["qk_rope_head_dim"])
+    router = h * c["n_routed_experts"]
+    # fused_qkv_a_proj (disable_tp) at W8A8 in the main layers, bf16 router gates; the MTP layer is
+    # FLOAT in the description: its fused_qkv_a_proj, router and eh_proj (2h x h) in bf16.
+    main = layers * qkv_a * INT8 + moe_layers * router * BF16
+    mtp = c["num_nextn_predict_layers"] * (qkv_a + router + 2 * h * h) * BF16
+    # W_UK_T and W_UV: kv_lora_rank x heads/tp x (qk_nope + v) in bf16, main and MTP layers.
+    absorbed = (
+        c["kv_lora_rank"] * (c["num_attention_heads"] // tp) * (c["qk_nope_head_dim"] + c["v_head_dim"]) * BF16
+    ) * (layers + c["num_nextn_predict_layers"])
+    terms = r1_plan(device, AIV).memory.weight_terms
+    assert terms.replicated == main + mtp
+    assert terms.mla_absorbed == absorbed
+    assert terms.kv_head_replicas == 0  # MLA: one latent KV, no heads to replicate
+
+
+def test_r1_w8a8_experts_with_eplb_redundant_experts() -> None:
+    c = config("deepseek-r1-w8a8")
+    model = load_model("deepseek-r1-w8a8")
+    experts = model.expert_weight_bytes + model.draft_expert_weight_bytes  # MTP on: its experts load too
+    plain = r1_plan(A3, AIV).memory.weight_terms.experts
+    redundant = r1_plan(A3, AIV, redundant_experts=16)
+    # fused_moe.py: local_num_experts = (num_experts + redundant) // ep_size.
+    assert redundant.layout.experts_per_rank == (c["n_routed_experts"] + 16) // 16 == 17
+    assert plain == math.ceil(experts * 16 / c["n_routed_experts"])
+    assert redundant.memory.weight_terms.experts == math.ceil(experts * 17 / c["n_routed_experts"])
+
+
+def test_mtp_precision_follows_the_description(tmp_path: Path) -> None:
+    c = config("deepseek-r1-w8a8")
+    expert_params = c["n_routed_experts"] * 3 * c["hidden_size"] * c["moe_intermediate_size"]
+    as_shipped = inspect_model(FIXTURES / "deepseek-r1-w8a8")  # layer 61 entries are FLOAT
+    assert as_shipped.draft_expert_weight_bytes == expert_params * BF16
+    directory = copy_model(tmp_path, "deepseek-r1-w8a8")
+    description = json.loads((directory / "quant_model_description.json").read_text())
+    for name in description:
+        if ".layers.61." in name and ("proj" in name or ".experts." in name) and "kv_b_proj" not in name:
+            description[name] = "W8A8_DYNAMIC"
+    (directory / "quant_model_description.json").write_text(json.dumps(description))
+    quantized = inspect_model(directory)
+    assert quantized.draft_expert_weight_bytes == expert_params * INT8
+    assert quantized.draft_weight_bytes < as_shipped.draft_weight_bytes
+
+
+def test_a_quantized_kv_b_proj_is_refused_naming_the_layer(tmp_path: Path) -> None:
+    directory = copy_model(tmp_path, "deepseek-r1-w8a8")
+    description = json.loads((directory / "quant_model_description.json").read_text())
+    description["model.layers.3.self_attn.kv_b_proj.weight"] = "W8A8"
+    (directory / "quant_model_description.json").write_text(json.dumps(description))
+    with pytest.raises(PlanError) as refused:
+        make_plan(PlanOptions(**R1_RECIPE), A3, inspect_model(directory), environ=AIV)
+    assert refused.value.field == "quantization"
+    assert "model.layers.3.self_attn.kv_b_proj.weight" in refused.value.message
+
+
+def test_dense_model_with_more_tp_ranks_than_kv_heads_holds_one_kv_head_per_rank() -> None:
+    c = config("qwen2.5-72b-instruct")  # 8 KV heads over TP 16
+    h, kv, tp = c["hidden_size"], c["num_key_value_heads"], 16
+    head_dim = h // c["num_attention_heads"]
+    plan = make_plan(
+        PlanOptions(tensor_parallel=tp, max_model_len=8192), A3, load_model("qwen2.5-72b-instruct"), environ=AIV
+    )
+    # QKVParallelLinear: each rank holds max(1, kv / tp) = 1 whole head of k and v, not kv / tp of one.
+    extra = c["num_hidden_layers"] * 2 * h * head_dim * (1 - kv / tp) * BF16
+    assert plan.memory.weight_terms.kv_head_replicas == math.ceil(extra)
+    assert plan.memory.weight_terms.replicated == 0
+
+
+def test_qwen3_235b_router_kv_heads_and_dispatch_under_dp2_tp8_ep16() -> None:
+    c = config("qwen3-235b-a22b")
+    h, tp, layers = c["hidden_size"], 8, c["num_hidden_layers"]
+    options = PlanOptions(
+        tensor_parallel=tp, data_parallel=2, enable_expert_parallel=True, max_model_len=8192, max_num_seqs=64
+    )
+    plan = make_plan(options, A3, load_model("qwen3-235b-a22b"), environ=AIV)
+    terms = plan.memory.weight_terms
+    assert terms.replicated == layers * h * c["num_experts"] * BF16  # every layer is MoE (decoder_sparse_step 1)
+    extra = layers * 2 * h * c["head_dim"] * (1 - c["num_key_value_heads"] / tp) * BF16  # 4 KV heads, TP 8
+    assert terms.kv_head_replicas == math.ceil(extra)
+    assert plan.layout.experts_per_rank == c["num_experts"] // 16
+    # 2048 profile tokens exceed the MC2 capacity min(ceil(64 / 8), 512) x 8 = 64: ALLTOALL on A3.
+    assert plan.memory.moe_dispatch == {"profile": "ALLTOALL", "decode": "MC2"}
+    assert [(c.group, c.ranks, c.buffer_mb) for c in plan.memory.communicators] == [
+        ("tp", 8, 200),
+        ("dp", 2, 50),
+        ("ep", 16, 200),
+        ("mc2", 16, 200),
+    ]
+
+
+# -- communication ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", [A3, A2], ids=["A3", "A2"])
+@pytest.mark.parametrize("buffsize", [200, 1024])
+def test_r1_communicators_from_hccl_buffsize(device: DeviceInfo, buffsize: int) -> None:
+    # tp and ep at 200 MB, dp at max(ceil(5 x 4 B / 1 MiB), 50) = 50 MB, mc2 at HCCL_BUFFSIZE; two
+    # buffers each (vllm_ascend/utils.py get_hccl_config_for_pg_options).
+    expected = 2 * (200 + 50 + 200 + buffsize) * MIB
+    from_env = r1_plan(device, {**AIV, "HCCL_BUFFSIZE": str(buffsize)}).memory
+    from_flag = r1_plan(device, AIV, hccl_buffsize=buffsize).memory
+    assert from_env.communication_bytes == from_flag.communication_bytes == expected
+    assert [(c.group, c.ranks, c.buffer_mb) for c in from_env.communicators] == [
+        ("tp", 4, 200),
+        ("dp", 4, 50),
+        ("ep", 16, 200),
+        ("mc2", 16, buffsize),
+    ]
+    # margin = runtime context 512 MiB + the buffers + vllm-ascend's 150 MiB.
+    assert from_env.margin_bytes == 512 * MIB + expected + 150 * MIB
+
+
+def test_ep_on_one_dp_rank_shares_the_tp_communicator() -> None:
+    # DP 1: the ep group has the tp group's ranks and options: one communicator (reuse domain "shared").
+    plan = make_plan(
+        PlanOptions(tensor_parallel=16, enable_expert_parallel=True, max_model_len=8192),
+        A3,
+        load_model("qwen3-235b-a22b"),
+        environ=AIV,
+    )
+    assert [c.group for c in plan.memory.communicators] == ["tp", "mc2"]
+
+
+def test_hccl_buffsize_that_is_not_a_number_is_refused() -> None:
+    with pytest.raises(PlanError) as refused:
+        r1_plan(A3, {**AIV, "HCCL_BUFFSIZE": "1G"})
+    assert refused.value.field == "HCCL_BUFFSIZE"
+
+
+# -- activation ------------------------------------------------------------------------------------
+
+
+def r1_activation(mode: str) -> int:
+    """The profile run of 4096 tokens on one rank of DP 4 x TP 4 (EP 16), by the MoE dispatch."""
+    c = config("deepseek-r1-w8a8")
+    h, tokens, tp, dp, top_k = c["hidden_size"], 4096, 4, 4, c["num_experts_per_tok"]
+    heads = c["num_attention_heads"] // tp
+    qkv = heads * (2 * (c["qk_nope_head_dim"] + c["qk_rope_head_dim"]) + c["v_head_dim"])  # 192 + 192 + 128
+    per_row = 2 * h + 3 * c["moe_intermediate_size"]
+    if mode == "ALLTOALL":  # tokens split over TP first, then top_k rows each
+        moe = math.ceil(tokens / tp) * top_k * per_row
+    else:  # ALLGATHER: every DP rank's tokens gathered, this rank's share of the rows
+        moe = 2 * tokens * dp * h + math.ceil(tokens * dp * top_k / (dp * tp)) * per_row
+    dense = tokens * 3 * c["intermediate_size"] // tp  # the first three layers' MLP
+    sampler = 16 * (1 + 3) * c["vocab_size"] * 16
+    return int(BF16 * (tokens * (4 * h + qkv) + max(moe, dense)) + 256 * MIB + sampler)
+
+
+def test_r1_activation_a3_all_to_all_a2_all_gather() -> None:
+    a3, a2 = r1_plan(A3, AIV).memory, r1_plan(A2, AIV).memory
+    # 4096 tokens exceed the MC2 capacity min(ceil(64 / 4), 512) x 4 = 64: A3 ALLTOALL, A2 ALLGATHER;
+    # a decode graph of 64 tokens fits it: MC2 on both (A2: 16 experts per device, EP 16).
+    assert a3.moe_dispatch == {"profile": "ALLTOALL", "decode": "MC2"}
+    assert a2.moe_dispatch == {"profile": "ALLGATHER", "decode": "MC2"}
+    assert a3.activation_bytes == r1_activation("ALLTOALL")
+    assert a2.activation_bytes == r1_activation("ALLGATHER")
+    assert a2.activation_bytes > a3.activation_bytes
+
+
+def copy_model(tmp_path: Path, name: str) -> Path:
+    directory = tmp_path / name
+    shutil.copytree(FIXTURES / name, directory)
+    return directory
