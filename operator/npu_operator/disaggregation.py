@@ -28,13 +28,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from npu_runtime.kv_transfer import KVTransfer, RoleSizes, problems, reserved_port_floor
 from npu_runtime.routing.router import RouterOptions, route_argv
 
-from npu_operator import builders, children, crd
+from npu_operator import aggregate, builders, children, crd, ownership
 from npu_operator.api import NPUInferenceSpec
 from npu_operator.config import OperatorConfig
 
@@ -45,6 +45,9 @@ DS_KIND: Final = "DisaggregatedSet"
 ROLES: Final = ("prefill", "decode")
 ROUTER: Final = "router"
 ROLE_LABEL: Final = f"{crd.GROUP}/role"
+# The DisaggregatedSet controller's role label on each role's LeaderWorkerSet (api/disaggregatedset/v1,
+# RoleLabelKey).
+DS_ROLE_LABEL: Final = "disaggregatedset.x-k8s.io/role"
 ROUTER_CONTAINER: Final = "router"
 HCCN_CONF: Final = "/etc/hccn.conf"
 HCCN_VOLUME: Final = "hccn-conf"
@@ -166,7 +169,14 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     if rspec.npu.count > 0:  # the NPUs' network configuration, which Mooncake's Ascend transport reads
         pod["volumes"].append({"name": HCCN_VOLUME, "hostPath": {"path": HCCN_CONF, "type": "File"}})
         container["volumeMounts"].append({"name": HCCN_VOLUME, "mountPath": HCCN_CONF, "readOnly": True})
-    return {"name": role, "spec": lws_spec}
+    # The controller puts the role template's metadata on the role's LeaderWorkerSet (lws_manager.go,
+    # Create: mergeLabels(config.ObjectMeta.Labels, ...)), and LeaderWorkerSet copies its labels onto
+    # its StatefulSets: with ours they are watched, and the status loop follows the chain.
+    return {
+        "name": role,
+        "metadata": {"labels": _sorted({**builders.labels(name), ROLE_LABEL: role})},
+        "spec": lws_spec,
+    }
 
 
 def _literal_json(value: Any) -> Any:
@@ -267,24 +277,118 @@ def _probe(path: str, *, failures: int) -> JSON:
     }
 
 
-def workload_view(ds: Mapping[str, Any]) -> JSON:
-    """A DisaggregatedSet seen as the resource's workload: the decode role's replica counts.
+def role_workloads(leader_worker_sets: Iterable[Mapping[str, Any]], ds_uid: str) -> dict[str, list[Mapping[str, Any]]]:
+    """The LeaderWorkerSets the DisaggregatedSet `ds_uid` controls, by role (several while a rollout
+    runs two revisions). The controller names each `<set>-<slice>-<revision>-<role>` and labels it
+    with its role (pkg/utils/disaggregatedset/utils.go, GenerateName, GenerateLabels: RoleLabelKey),
+    owned by the DisaggregatedSet with `controller: true` (lws_manager.go, Create); only the owner
+    reference makes one ours, a label can be copied."""
+    found: dict[str, list[Mapping[str, Any]]] = {role: [] for role in ROLES}
+    for lws in leader_worker_sets:
+        if ownership.controller_uid(lws) != ds_uid:
+            continue
+        role = ((lws.get("metadata") or {}).get("labels") or {}).get(DS_ROLE_LABEL)
+        if role in found:
+            found[role].append(lws)
+    return found
 
-    Its status (disaggregatedset_types.go, `RoleStatus`) counts replicas per role and has no
-    observedGeneration; the decode role's counts are the resource's (its `spec.replicas`), and
-    none is ready while the prefill role has no ready replica (no request could be served).
+
+def workload_view(ds: Mapping[str, Any], roles: Mapping[str, Sequence[Mapping[str, Any]]]) -> JSON:
+    """A DisaggregatedSet seen as the resource's workload, from its roles' LeaderWorkerSets.
+
+    LeaderWorkerSet v0.10.0's DisaggregatedSet controller writes no status of its own (its
+    `RoleStatus` type is declared, nothing sets it), so the counts are the role LeaderWorkerSets'
+    (replicas, readyReplicas, updatedReplicas), summed over revisions. The resource's replicas are the
+    decode role's; none is ready while the prefill role has no ready replica (no request could be
+    served). The newest LeaderWorkerSet of a role is its current revision (the controller makes the
+    new revision's before it scales the old one down, executor.go).
     """
-    roles = {role.get("name"): role for role in (ds.get("status") or {}).get("roleStatuses") or []}
-    decode, prefill = roles.get("decode", {}), roles.get("prefill", {})
-    ready = int(decode.get("readyReplicas", 0)) if int(prefill.get("readyReplicas", 0)) > 0 else 0
+    counts = {role: _role_counts(roles.get(role, ())) for role in ROLES}
+    decode, prefill = counts["decode"], counts["prefill"]
+    created = all(roles.get(role) for role in ROLES)
     status = {
-        "replicas": int(decode.get("replicas", 0)),
-        "updatedReplicas": int(decode.get("updatedReplicas", 0)),
-        "readyReplicas": ready,
-        "observedGeneration": int((ds.get("metadata") or {}).get("generation", 0)) if roles else 0,
-        "conditions": list((ds.get("status") or {}).get("conditions") or []),
+        "replicas": decode["replicas"],
+        "updatedReplicas": decode["updatedReplicas"],
+        "readyReplicas": decode["readyReplicas"] if prefill["readyReplicas"] > 0 else 0,
+        "observedGeneration": int((ds.get("metadata") or {}).get("generation", 0)) if created else 0,
     }
     return {"metadata": dict(ds.get("metadata") or {}), "status": status}
+
+
+def _role_counts(leader_worker_sets: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    def count(lws: Mapping[str, Any], key: str) -> int:
+        value = (lws.get("status") or {}).get(key, 0)
+        return value if isinstance(value, int) else 0
+
+    newest = max(leader_worker_sets, key=_created, default=None)
+    return {
+        "replicas": sum(count(lws, "replicas") for lws in leader_worker_sets),
+        "readyReplicas": sum(count(lws, "readyReplicas") for lws in leader_worker_sets),
+        "updatedReplicas": count(newest, "updatedReplicas") if newest is not None else 0,
+    }
+
+
+def _created(lws: Mapping[str, Any]) -> tuple[str, str]:
+    meta = lws.get("metadata") or {}
+    return str(meta.get("creationTimestamp", "")), str(meta.get("name", ""))
+
+
+def role_pods(
+    pods: Sequence[Mapping[str, Any]],
+    links: Sequence[Mapping[str, Any]],
+    roles: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> dict[str, list[Mapping[str, Any]]]:
+    """Each role's pods: those whose owner chain (`ownership`, a LeaderWorkerSet's, through `links`)
+    leads to one of the role's LeaderWorkerSets."""
+    found: dict[str, list[Mapping[str, Any]]] = {}
+    for role in ROLES:
+        found[role] = [
+            pod
+            for lws in roles.get(role, ())
+            if (uid := (lws.get("metadata") or {}).get("uid"))
+            for pod in ownership.owned_pods(pods, [*links, *pods], str(uid))
+        ]
+    return found
+
+
+def graph_status(
+    spec: NPUInferenceSpec,
+    reports: Mapping[str, Sequence[aggregate.PodReport]],
+    previous: Mapping[str, Any],
+    *,
+    now: str,
+    same_generation: bool,
+) -> JSON:
+    """`status.graph` of a disaggregated resource: `roles.<role>` is what `aggregate.graph_status`
+    makes of that role's pods (its ranks, modes, capture sizes and memory, downgrades; each bounded
+    as for one workload, so the whole is at most twice that); the top level is the decode role's
+    mode, the one the resource's graph settings ask for."""
+    before = dict(role_graphs(previous))
+    roles: JSON = {}
+    for role in ROLES:
+        rspec = role_spec(spec, role)
+        old = before.get(role, {})
+        roles[role] = aggregate.graph_status(
+            rspec.graph.mode,
+            reports.get(role, ()),
+            old,
+            now=now,
+            same_generation=same_generation,
+            nodes=rspec.npu.nodes,
+        )
+    graph: JSON = {"requestedMode": spec.graph.mode}
+    if "effectiveMode" in roles["decode"]:
+        graph["effectiveMode"] = roles["decode"]["effectiveMode"]
+    graph["roles"] = roles
+    return graph
+
+
+def role_graphs(graph: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(role, its graph) of a disaggregated resource's `status.graph`; empty for any other."""
+    roles = graph.get("roles")
+    if not isinstance(roles, Mapping):
+        return []
+    return [(role, roles[role]) for role in ROLES if isinstance(roles.get(role), Mapping)]
 
 
 def _sorted(mapping: dict[str, Any]) -> dict[str, Any]:

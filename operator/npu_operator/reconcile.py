@@ -47,6 +47,10 @@ class LiveView(Protocol):
     def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         """The ReplicaSets and StatefulSets with the resource's labels: the links of a pod's owner chain."""
 
+    def children_of(self, kind: ChildKind, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        """Every object of `kind` with the resource's labels, whatever its name (a DisaggregatedSet's
+        role LeaderWorkerSets, which its controller names)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Result:
@@ -241,19 +245,36 @@ async def reconcile(
                 f"{_api_message(exc)}"
             )
 
-    if spec.disaggregation is not None and live_workload is not None:
-        live_workload = disaggregation.workload_view(live_workload)  # the roles' counts; its pods are not read yet
-    pods = own_pods(view, namespace, name, live_workload) if spec.disaggregation is None else []
-    reports = await collector.collect(uid, pods) if collector is not None else []
-    graph = aggregate.graph_status(
-        spec.graph.mode,
-        reports,
-        previous.get("graph", {}),
-        now=now,
-        same_generation=previous.get("observedGeneration") == generation,
-        nodes=spec.npu.nodes,
+    by_role: dict[str, list[Mapping[str, Any]]] = {}
+    if spec.disaggregation is not None:  # its pods: DisaggregatedSet -> role LeaderWorkerSets -> ...
+        live_workload, by_role = role_view(view, namespace, name, live_workload)
+    pods = (
+        own_pods(view, namespace, name, live_workload)
+        if spec.disaggregation is None
+        else [pod for found in by_role.values() for pod in found]
     )
-    groups = aggregate.group_findings(pods, reports, spec.npu.nodes, previous.get("graph", {}), spec.replicas)
+    reports = await collector.collect(uid, pods) if collector is not None else []
+    same_generation = previous.get("observedGeneration") == generation
+    if spec.disaggregation is not None:
+        names = {role: {pod_name(pod) for pod in found} for role, found in by_role.items()}
+        role_reports = {role: [r for r in reports if r.pod in names[role]] for role in names}
+        graph = disaggregation.graph_status(
+            spec, role_reports, previous.get("graph", {}), now=now, same_generation=same_generation
+        )
+    else:
+        graph = aggregate.graph_status(
+            spec.graph.mode,
+            reports,
+            previous.get("graph", {}),
+            now=now,
+            same_generation=same_generation,
+            nodes=spec.npu.nodes,
+        )
+    groups = (
+        aggregate.group_findings(pods, reports, spec.npu.nodes, previous.get("graph", {}), spec.replicas)
+        if spec.disaggregation is None
+        else aggregate.GroupFindings()
+    )
     if restarting := aggregate.restarting_groups(groups):
         graph["restartingGroups"] = restarting
         # A group being recreated is not failing: why it restarts is in the GroupRestarting message.
@@ -275,6 +296,24 @@ async def reconcile(
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
     return _result(previous, new, tuple(applied_steps))
+
+
+def role_view(
+    view: LiveView, namespace: str, name: str, ds: Mapping[str, Any] | None
+) -> tuple[Mapping[str, Any] | None, dict[str, list[Mapping[str, Any]]]]:
+    """A DisaggregatedSet's counts and each role's pods, through its role LeaderWorkerSets (`disaggregation`)."""
+    uid = ((ds or {}).get("metadata") or {}).get("uid")
+    if ds is None or not uid:
+        return ds, {}
+    roles = disaggregation.role_workloads(view.children_of(children.LEADER_WORKER_SET, namespace, name), str(uid))
+    pods = view.pods(namespace, name)
+    return disaggregation.workload_view(ds, roles), disaggregation.role_pods(
+        pods, view.owner_links(namespace, name), roles
+    )
+
+
+def pod_name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name", ""))
 
 
 def own_pods(view: LiveView, namespace: str, name: str, workload: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
@@ -323,10 +362,22 @@ def _result(
 ) -> Result:
     events = status.transition_events(previous.get("conditions", ()), new.get("conditions", ()))
     old_graph, new_graph = previous.get("graph", {}), new.get("graph", {})
+    old_roles = dict(disaggregation.role_graphs(old_graph))
+    for role, graph in disaggregation.role_graphs(new_graph):  # a disaggregated resource: each role's own
+        events += graph_events(old_roles.get(role, {}), graph, f"role {role}, ")
+    if "roles" not in new_graph:
+        events += graph_events(old_graph, new_graph)
+    return Result(status.status_patch(previous, new), tuple(events), changes, problems)
+
+
+def graph_events(old_graph: Mapping[str, Any], new_graph: Mapping[str, Any], role: str = "") -> list[status.Event]:
+    """A Warning Event per downgrade or rank failure that `new_graph` shows and `old_graph` did not;
+    `role` ("role decode, ") starts the message of a disaggregated resource's role."""
+    events: list[status.Event] = []
     ranked = "ranks" in new_graph  # a multi-node replica: the Events name the rank instead
     announced: set[str] = set()
     for rank in aggregate.new_rank_problems(old_graph, new_graph):
-        where = f"group {rank['group']} node {rank['node']} (pod {rank['pod']})"
+        where = f"{role}group {rank['group']} node {rank['node']} (pod {rank['pod']})"
         if "failure" in rank:
             events.append(status.Event("Warning", status.RANK_FAILED, f"{where}: {rank['failure']}"))
         if "downgrade" in rank:
@@ -346,9 +397,9 @@ def _result(
         modes = f"{downgrade['fromMode']} -> {downgrade['toMode']}"
         why = downgrade["message"].removeprefix(f"{modes}: ")
         pods = f"{downgrade['pods']} pod" + ("s" if downgrade["pods"] != 1 else "")
-        message = f"{modes} ({downgrade['reason']}, {downgrade['stage']} stage, {pods}): {why}"
+        message = f"{role}{modes} ({downgrade['reason']}, {downgrade['stage']} stage, {pods}): {why}"
         events.append(status.Event("Warning", status.GRAPH_MODE_DOWNGRADED, message))
-    return Result(status.status_patch(previous, new), tuple(events), changes, problems)
+    return events
 
 
 def _api_message(exc: ApiError) -> str:

@@ -52,7 +52,7 @@ from npu_operator.builders import CONTAINER_NAME
 from npu_operator.worker import utc_now
 from npu_runtime.contract import parse_serve_args, serve_argv
 
-from npu_sandbox import controllers, lws
+from npu_sandbox import controllers, disaggregated, lws
 from npu_sandbox.cluster import ApiRejected, LocalCluster
 from npu_sandbox.controllers import JSON, Snapshot
 
@@ -575,7 +575,8 @@ class LocalKubelet:
 
     async def sync(self) -> None:
         """One round: read, let the controllers act, then match the processes to the Pod objects."""
-        snapshot = await controllers.read_snapshot(self.cluster, self.namespace, {lws.PLURAL: lws.API_VERSION})
+        extra = {lws.PLURAL: lws.API_VERSION, disaggregated.PLURAL: disaggregated.API_VERSION}
+        snapshot = await controllers.read_snapshot(self.cluster, self.namespace, extra)
         self.snapshot = snapshot
         now = utc_now()
         admission = (lws.admit_pod,)
@@ -585,6 +586,8 @@ class LocalKubelet:
             await controllers.reconcile_replica_set(self.cluster, snapshot, replica_set, admission)
         for statefulset in snapshot.of("statefulsets"):
             await controllers.reconcile_stateful_set(self.cluster, snapshot, statefulset, admission)
+        for disaggregated_set in snapshot.of(disaggregated.PLURAL):
+            await disaggregated.reconcile(self.cluster, snapshot, disaggregated_set)
         for leader_worker_set in snapshot.of(lws.PLURAL):
             await lws.reconcile(self.cluster, snapshot, leader_worker_set, now)
         await self._sync_pods(snapshot.of("pods"))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_operator import builders, children, crd, disaggregation, reconcile, status
+from npu_operator import aggregate, builders, children, crd, disaggregation, reconcile, report_schema, status
 from npu_operator.api import parse_spec, validate_spec
 from npu_operator.config import OperatorConfig
 from npu_runtime import kv_transfer
@@ -35,6 +35,7 @@ GOLDEN = Path(__file__).parent / "golden" / "pd-plans.json"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 CONFIG = OperatorConfig()
 EXAMPLE = "deepseek-r1-w8a8-pd.yaml"
+JSON = dict[str, Any]
 
 
 def qwen3_235b_pd() -> dict[str, Any]:
@@ -254,18 +255,111 @@ def test_roles_do_not_share_mutable_parts() -> None:
     assert "X" not in {var["name"] for var in container(first["decode"])["env"]}
 
 
-def test_the_roles_counts_are_the_resources_and_none_is_ready_without_a_ready_prefill() -> None:
-    ds: dict[str, Any] = {"metadata": {"name": "x", "generation": 3}, "status": {"roleStatuses": []}}
-    assert disaggregation.workload_view(ds)["status"]["observedGeneration"] == 0, "no role seen yet"
-    ds["status"]["roleStatuses"] = [
-        {"name": "prefill", "replicas": 2, "readyReplicas": 0, "updatedReplicas": 2},
-        {"name": "decode", "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1},
-    ]
-    view = disaggregation.workload_view(ds)["status"]
+def role_lws(role: str, uid: str, owner: str = "ds-uid", created: str = "2026-01-01T00:00:00Z", **status: int) -> JSON:
+    """A role LeaderWorkerSet as LeaderWorkerSet v0.10's DisaggregatedSet controller makes it."""
+    return {
+        "metadata": {
+            "name": f"x-0-{uid}-{role}",
+            "uid": uid,
+            "creationTimestamp": created,
+            "labels": {disaggregation.DS_ROLE_LABEL: role},
+            "ownerReferences": [{"kind": "DisaggregatedSet", "uid": owner, "controller": True}],
+        },
+        "status": status,
+    }
+
+
+def test_the_roles_counts_come_from_the_role_leader_worker_sets_and_none_is_ready_without_a_ready_prefill() -> None:
+    ds: JSON = {"metadata": {"name": "x", "uid": "ds-uid", "generation": 3}}
+    foreign = role_lws("decode", "f1", owner="someone", replicas=9, readyReplicas=9)
+    roles = disaggregation.role_workloads([foreign], "ds-uid")
+    assert roles == {"prefill": [], "decode": []}  # a copied label makes nothing ours
+    assert disaggregation.workload_view(ds, roles)["status"]["observedGeneration"] == 0, "no role made yet"
+    prefill = role_lws("prefill", "p1", replicas=2, readyReplicas=0, updatedReplicas=2)
+    decode = role_lws("decode", "d1", replicas=1, readyReplicas=1, updatedReplicas=1)
+    roles = disaggregation.role_workloads([foreign, prefill, decode], "ds-uid")
+    view = disaggregation.workload_view(ds, roles)["status"]
     assert (view["replicas"], view["updatedReplicas"], view["readyReplicas"]) == (1, 1, 0)
-    ds["status"]["roleStatuses"][0]["readyReplicas"] = 1
-    view = disaggregation.workload_view(ds)["status"]
+    prefill["status"]["readyReplicas"] = 1
+    view = disaggregation.workload_view(ds, roles)["status"]
     assert (view["readyReplicas"], view["observedGeneration"]) == (1, 3)
+    # A rollout: the newer revision's LeaderWorkerSet counts as updated, both count as replicas.
+    newer = role_lws("decode", "d2", created="2026-01-02T00:00:00Z", replicas=1, readyReplicas=0, updatedReplicas=0)
+    roles = disaggregation.role_workloads([prefill, decode, newer], "ds-uid")
+    view = disaggregation.workload_view(ds, roles)["status"]
+    assert (view["replicas"], view["updatedReplicas"], view["readyReplicas"]) == (2, 0, 1)
+
+
+def pod(name: str, owner_uid: str, group: int = 0, node: int = 0) -> JSON:
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {builders.LWS_GROUP_INDEX_LABEL: str(group), builders.LWS_WORKER_INDEX_LABEL: str(node)},
+            "ownerReferences": [{"uid": owner_uid, "controller": True}],
+        }
+    }
+
+
+def link(name: str, owner_uid: str) -> JSON:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", "ownerReferences": [{"uid": owner_uid, "controller": True}]}
+    }
+
+
+def test_each_roles_pods_are_those_whose_chain_leads_to_its_leader_worker_set() -> None:
+    roles = {"prefill": [role_lws("prefill", "p1")], "decode": [role_lws("decode", "d1")]}
+    # LeaderWorkerSet v0.10's chain: leader pod -> leader StatefulSet -> LWS; worker -> its StatefulSet -> leader.
+    links = [link("p-sts", "p1"), link("d-sts", "d1"), link("d-0-workers", "uid-d-0"), link("o-sts", "other-lws")]
+    pods = [
+        pod("p-0", "uid-p-sts"),
+        pod("d-0", "uid-d-sts"),
+        pod("d-0-1", "uid-d-0-workers", node=1),
+        pod("o-0", "uid-o-sts"),  # someone else's, with our labels
+    ]
+    found = disaggregation.role_pods(pods, links, roles)
+    assert {role: [p["metadata"]["name"] for p in found[role]] for role in found} == {
+        "prefill": ["p-0"],
+        "decode": ["d-0", "d-0-1"],
+    }
+
+
+def test_status_graph_has_each_roles_own_graph_and_the_decode_mode_on_top() -> None:
+    spec = parse_spec(example(EXAMPLE)["spec"])
+
+    def reports(pod: str, mode: str, rank: tuple[int, int], **extra: Any) -> aggregate.PodReport:
+        document = {"schema": 1, "state": "ready", "requested_mode": "FULL_DECODE_ONLY", "effective_mode": mode}
+        document["node"] = {"rank": rank[1], "nodes": 2, "data_parallel_ranks": [rank[1]]}
+        return aggregate.PodReport(pod, report_schema.parse_report({**document, **extra}), rank=rank)
+
+    downgrade = {
+        "from_mode": "FULL_DECODE_ONLY",
+        "to_mode": "NONE",
+        "reason": "CaptureFailed",
+        "message": "m",
+        "stage": "engine",
+    }
+    by_role = {
+        "prefill": [reports("p-0", "NONE", (0, 0))],
+        "decode": [
+            reports("d-0", "FULL_DECODE_ONLY", (0, 0)),
+            reports("d-0-1", "NONE", (0, 1), downgrades=[downgrade]),
+        ],
+    }
+    graph = disaggregation.graph_status(spec, by_role, {}, now="2026-01-01T00:00:00Z", same_generation=True)
+    assert graph["requestedMode"] == "FULL_DECODE_ONLY" and graph["effectiveMode"] == "NONE"  # the worst decode rank
+    prefill, decode = graph["roles"]["prefill"], graph["roles"]["decode"]
+    assert (prefill["requestedMode"], prefill["effectiveMode"]) == ("NONE", "NONE")
+    assert decode["rankModes"] == {"FULL_DECODE_ONLY": "0:0", "NONE": "0:1"}
+    assert [d["reason"] for d in decode["downgrades"]] == ["CaptureFailed"] and "downgrades" not in prefill
+    # One Event for the role that downgraded, naming the role, group and node.
+    events = reconcile.graph_events({}, decode, "role decode, ")
+    assert [e.message.split(":")[0] for e in events] == ["role decode, group 0 node 1 (pod d-0-1)"]
+    result_events = [
+        e for e in reconcile._result({}, {"graph": graph}, ()).events if e.reason == status.GRAPH_MODE_DOWNGRADED
+    ]
+    assert [e.message.split(":")[0] for e in result_events] == ["role decode, group 0 node 1 (pod d-0-1)"]
+    assert reconcile._result({"graph": graph}, {"graph": graph}, ()).events == ()  # announced once
 
 
 # --- what a user writes stays data; the pod-template policy covers the prefill role -----------------
