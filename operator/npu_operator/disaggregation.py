@@ -293,15 +293,18 @@ def role_workloads(leader_worker_sets: Iterable[Mapping[str, Any]], ds_uid: str)
     return found
 
 
-def workload_view(ds: Mapping[str, Any], roles: Mapping[str, Sequence[Mapping[str, Any]]]) -> JSON:
+def workload_view(
+    ds: Mapping[str, Any], roles: Mapping[str, Sequence[Mapping[str, Any]]], router: Mapping[str, Any] | None
+) -> JSON:
     """A DisaggregatedSet seen as the resource's workload, from its roles' LeaderWorkerSets.
 
     LeaderWorkerSet v0.10.0's DisaggregatedSet controller writes no status of its own (its
     `RoleStatus` type is declared, nothing sets it), so the counts are the role LeaderWorkerSets'
     (replicas, readyReplicas, updatedReplicas), summed over revisions. The resource's replicas are the
-    decode role's; none is ready while the prefill role has no ready replica (no request could be
-    served). The newest LeaderWorkerSet of a role is its current revision (the controller makes the
-    new revision's before it scales the old one down, executor.go).
+    decode role's; none is ready while the prefill role or the router (the Deployment `router`, the
+    resource's endpoint) has no ready replica: no request could be served. The newest LeaderWorkerSet
+    of a role is its current revision (the controller makes the new revision's before it scales the
+    old one down, executor.go).
     """
     counts = {role: _role_counts(roles.get(role, ())) for role in ROLES}
     decode, prefill = counts["decode"], counts["prefill"]
@@ -309,10 +312,15 @@ def workload_view(ds: Mapping[str, Any], roles: Mapping[str, Sequence[Mapping[st
     status = {
         "replicas": decode["replicas"],
         "updatedReplicas": decode["updatedReplicas"],
-        "readyReplicas": decode["readyReplicas"] if prefill["readyReplicas"] > 0 else 0,
+        "readyReplicas": decode["readyReplicas"] if prefill["readyReplicas"] > 0 and _ready(router) > 0 else 0,
         "observedGeneration": int((ds.get("metadata") or {}).get("generation", 0)) if created else 0,
     }
     return {"metadata": dict(ds.get("metadata") or {}), "status": status}
+
+
+def _ready(workload: Mapping[str, Any] | None) -> int:
+    value = ((workload or {}).get("status") or {}).get("readyReplicas", 0)
+    return value if isinstance(value, int) else 0
 
 
 def _role_counts(leader_worker_sets: Sequence[Mapping[str, Any]]) -> dict[str, int]:

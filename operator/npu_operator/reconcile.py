@@ -307,9 +307,9 @@ def role_view(
         return ds, {}
     roles = disaggregation.role_workloads(view.children_of(children.LEADER_WORKER_SET, namespace, name), str(uid))
     pods = view.pods(namespace, name)
-    return disaggregation.workload_view(ds, roles), disaggregation.role_pods(
-        pods, view.owner_links(namespace, name), roles
-    )
+    router = view.child(children.DEPLOYMENT, namespace, name)
+    counts = disaggregation.workload_view(ds, roles, router)
+    return counts, disaggregation.role_pods(pods, view.owner_links(namespace, name), roles)
 
 
 def pod_name(pod: Mapping[str, Any]) -> str:

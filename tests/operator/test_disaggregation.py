@@ -269,24 +269,30 @@ def role_lws(role: str, uid: str, owner: str = "ds-uid", created: str = "2026-01
     }
 
 
+ROUTER_READY: JSON = {"status": {"readyReplicas": 1}}
+
+
 def test_the_roles_counts_come_from_the_role_leader_worker_sets_and_none_is_ready_without_a_ready_prefill() -> None:
     ds: JSON = {"metadata": {"name": "x", "uid": "ds-uid", "generation": 3}}
     foreign = role_lws("decode", "f1", owner="someone", replicas=9, readyReplicas=9)
     roles = disaggregation.role_workloads([foreign], "ds-uid")
     assert roles == {"prefill": [], "decode": []}  # a copied label makes nothing ours
-    assert disaggregation.workload_view(ds, roles)["status"]["observedGeneration"] == 0, "no role made yet"
+    assert disaggregation.workload_view(ds, roles, ROUTER_READY)["status"]["observedGeneration"] == 0, (
+        "no role made yet"
+    )
     prefill = role_lws("prefill", "p1", replicas=2, readyReplicas=0, updatedReplicas=2)
     decode = role_lws("decode", "d1", replicas=1, readyReplicas=1, updatedReplicas=1)
     roles = disaggregation.role_workloads([foreign, prefill, decode], "ds-uid")
-    view = disaggregation.workload_view(ds, roles)["status"]
+    view = disaggregation.workload_view(ds, roles, ROUTER_READY)["status"]
     assert (view["replicas"], view["updatedReplicas"], view["readyReplicas"]) == (1, 1, 0)
     prefill["status"]["readyReplicas"] = 1
-    view = disaggregation.workload_view(ds, roles)["status"]
+    view = disaggregation.workload_view(ds, roles, ROUTER_READY)["status"]
     assert (view["readyReplicas"], view["observedGeneration"]) == (1, 3)
+    assert disaggregation.workload_view(ds, roles, {"status": {}})["status"]["readyReplicas"] == 0, "no router"
     # A rollout: the newer revision's LeaderWorkerSet counts as updated, both count as replicas.
     newer = role_lws("decode", "d2", created="2026-01-02T00:00:00Z", replicas=1, readyReplicas=0, updatedReplicas=0)
     roles = disaggregation.role_workloads([prefill, decode, newer], "ds-uid")
-    view = disaggregation.workload_view(ds, roles)["status"]
+    view = disaggregation.workload_view(ds, roles, ROUTER_READY)["status"]
     assert (view["replicas"], view["updatedReplicas"], view["readyReplicas"]) == (2, 0, 1)
 
 

@@ -9,6 +9,7 @@ runtime a `FakeRuntimes` answer.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -111,6 +112,11 @@ async def test_each_role_is_read_through_its_chain_and_shown_with_an_event_namin
     obj = await status_when(cluster, lambda o: role_graph(o, "decode").get("effectiveMode") == "NONE", "decode's graph")
     assert condition(obj, "Ready")["status"] == "False", "no prefill replica is ready yet"
     await controller.report(ready=1, name=roles["prefill"]["metadata"]["name"])
+    await asyncio.sleep(3)  # a few ticks: the router is not ready yet, so neither is the resource
+    obj = await status_when(cluster, lambda o: bool(o.get("status")), "a status")
+    assert condition(obj, "Ready")["status"] == "False", "the router (the endpoint) is not ready"
+    router = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}  # as its controller
+    await cluster.patch("apps/v1", "deployments", NS, NAME, {"status": router}, subresource="status")
     obj = await status_when(cluster, lambda o: condition(o, "Ready").get("status") == "True", "Ready")
     graph = obj["status"]["graph"]
     assert graph["requestedMode"] == "FULL_DECODE_ONLY" and graph["effectiveMode"] == "NONE"
