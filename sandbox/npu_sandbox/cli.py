@@ -678,18 +678,21 @@ async def report(
         completion = answer.get("choices", [{}])[0].get("text", "") if response.status == 200 else None
         say(f"-> {response.status}: {completion!r}" if completion is not None else f"-> {response.status}: {answer}")
 
-        heading(f"GET {pod.metrics_url}/metrics | grep ^npu_graph_")
-        async with session.get(f"{pod.metrics_url}/metrics") as response:
+        # A P/D resource's Service reaches its router: the graph metrics are the decode engine's.
+        engine = next((p for p in kubelet.pods if p.labels.get(ROLE_LABEL) == "decode"), pod)
+        heading(f"GET {engine.metrics_url}/metrics | grep ^npu_graph_")
+        async with session.get(f"{engine.metrics_url}/metrics") as response:
             metrics_text = await response.text()
         metric_lines = [line for line in metrics_text.splitlines() if line.startswith("npu_graph_")]
         say("\n".join(metric_lines))
         pids: dict[str, int | None] = {}
         for each in kubelet.pods:
+            pids[f"{each.name} runtime"] = each.process.pid if each.process else None
+            if each.labels.get(ROLE_LABEL) == "router":  # `npu-runtime route` runs no engine
+                continue
             async with session.get(f"{each.metrics_url}/status") as response:
                 runtime_status = await response.json(content_type=None)
-            pids[f"{each.name} runtime"] = each.process.pid if each.process else None
-            if "engine" in runtime_status:  # a P/D router runs no engine
-                pids[f"{each.name} engine"] = runtime_status["engine"]["pid"]
+            pids[f"{each.name} engine"] = runtime_status["engine"]["pid"]
 
     status = obj["status"]
     pd = await disaggregated_run(kubelet, obj, pod) if "disaggregation" in obj["spec"] else None
@@ -732,6 +735,7 @@ async def disaggregated_run(kubelet: LocalKubelet, obj: dict[str, Any], router: 
     by_role = {role: [p for p in kubelet.pods if p.labels.get(ROLE_LABEL) == role] for role in ("prefill", "decode")}
     storage = Path(obj["spec"]["disaggregation"]["connector"]["extraConfig"]["shared_storage_path"])
     request = {"model": obj["spec"]["model"]["name"], "prompt": PD_PROMPT, "max_tokens": 12, "temperature": 0}
+    request["return_token_ids"] = True  # vLLM's extension: the tiny model's tokens may print as nothing
     heading(f"P/D: a {len(PD_PROMPT)}-character prompt through the router, then straight to the prefill engine")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
         async with session.post(f"{router.api_url}/v1/completions", json=request) as response:
@@ -743,13 +747,18 @@ async def disaggregated_run(kubelet: LocalKubelet, obj: dict[str, Any], router: 
         for role, pods in by_role.items():
             async with session.get(f"{pods[0].metrics_url}/status") as response:
                 roles[role] = (await response.json(content_type=None)).get("plan", {}).get("kv_transfer")
-    text = {key: answer.get("choices", [{}])[0].get("text") for key, answer in (("routed", routed), ("direct", direct))}
+    answers = {"routed": routed, "direct": direct}
+    text = {key: answer.get("choices", [{}])[0].get("text") for key, answer in answers.items()}
+    token_ids = {key: answer.get("choices", [{}])[0].get("token_ids") for key, answer in answers.items()}
     say(f"routed   -> {text['routed']!r} ({routed.get('usage', {}).get('prompt_tokens')} prompt tokens)")
     say(f"prefill  -> {text['direct']!r}")
     say(f"KV files in {storage}: {len(files)}; decode engine's log has 'External Cache Hit!': {hit}")
+    say(f"token ids: routed {token_ids['routed']}, prefill {token_ids['direct']}")
     return {
         "routed": text["routed"],
         "direct": text["direct"],
+        "routed_token_ids": token_ids["routed"],
+        "direct_token_ids": token_ids["direct"],
         "prompt_tokens": routed.get("usage", {}).get("prompt_tokens"),
         "kv_files": files,
         "decode_cache_hit": hit,
@@ -839,6 +848,7 @@ async def delete_resource(
         ("apps/v1", "replicasets"),
         ("apps/v1", "statefulsets"),
         (LWS_API_VERSION, "leaderworkersets"),
+        (DS_API_VERSION, "disaggregatedsets"),
         ("v1", "services"),
         ("v1", "pods"),
     )
