@@ -158,6 +158,46 @@ class PodMonitorSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class PrefillSpec:
+    """The prefill role of a disaggregated resource (model, image, dtype, quantization: the decode role's)."""
+
+    replicas: int
+    npu_count: int  # per node
+    nodes: int
+    parallelism: ParallelismSpec
+    graph_mode: str
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    gpu_memory_utilization: float
+    additional_config: JSON | None
+    extra_args: tuple[str, ...]
+    env: tuple[JSON, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectorSpec:
+    name: str
+    port: int | None  # None: above AscendDirectTransport's range for the roles' NPUs per node
+    extra_config: JSON
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterSpec:
+    replicas: int
+    timeout_seconds: int
+    retries: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DisaggregationSpec:
+    """Prefill/decode disaggregation: the spec's workload is the decode role, this adds the rest."""
+
+    prefill: PrefillSpec
+    connector: ConnectorSpec
+    router: RouterSpec
+
+
+@dataclasses.dataclass(frozen=True)
 class AutoscalingSpec:
     """spec.autoscaling: a KEDA ScaledObject on the resource's scale subresource (see `scaling`)."""
 
@@ -200,6 +240,7 @@ class NPUInferenceSpec:
     pod_monitor: PodMonitorSpec
     autoscaling: AutoscalingSpec | None = None
     routing: RoutingSpec | None = None
+    disaggregation: DisaggregationSpec | None = None
 
 
 class SpecError(ValueError):
@@ -285,6 +326,33 @@ def _parse(s: JSON) -> NPUInferenceSpec:
         pod_monitor=PodMonitorSpec(monitor["enabled"], monitor["interval"], monitor.get("labels", {})),
         autoscaling=_autoscaling(s.get("autoscaling")),
         routing=_routing(s.get("routing")),
+        disaggregation=_disaggregation(s.get("disaggregation")),
+    )
+
+
+def _disaggregation(d: JSON | None) -> DisaggregationSpec | None:
+    if d is None:
+        return None
+    prefill, connector, router = d["prefill"], d["connector"], d["router"]
+    parallelism = prefill["parallelism"]
+    return DisaggregationSpec(
+        prefill=PrefillSpec(
+            replicas=prefill["replicas"],
+            npu_count=prefill["npu"]["count"],
+            nodes=prefill["npu"]["nodes"],
+            parallelism=ParallelismSpec(
+                **{k: parallelism[k] for k in ("tensor", "pipeline", "data")}, expert=parallelism["expert"]
+            ),
+            graph_mode=prefill["graphMode"],
+            max_num_seqs=prefill["maxNumSeqs"],
+            max_num_batched_tokens=prefill.get("maxNumBatchedTokens"),
+            gpu_memory_utilization=float(prefill["gpuMemoryUtilization"]),
+            additional_config=prefill.get("additionalConfig"),
+            extra_args=tuple(prefill.get("extraArgs", ())),
+            env=tuple(prefill.get("env", ())),
+        ),
+        connector=ConnectorSpec(connector["name"], connector.get("port"), dict(connector.get("extraConfig", {}))),
+        router=RouterSpec(router["replicas"], router["timeoutSeconds"], router["retries"]),
     )
 
 
@@ -395,6 +463,9 @@ FLAGS_OWNED_BY_FIELDS: Final = {
     "--data-parallel-rpc-port": "spec.npu.nodes",
     "-dpp": "spec.npu.nodes",
     "--headless": "spec.npu.nodes",
+    # A disaggregated resource's roles: the connector's settings, rendered per role.
+    "--kv-transfer-config": "spec.disaggregation.connector",
+    "--kv-connector-extra-config": "spec.disaggregation.connector.extraConfig",
 }
 
 
@@ -470,6 +541,8 @@ def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
                     f"{spelled}{flag} is set from {FLAGS_OWNED_BY_FIELDS[flag]}; set it there instead",
                 )
             )
+    if spec.disaggregation is not None:
+        problems += _disaggregation_problems(spec)
     for index, var in enumerate(spec.engine.env):
         if var["name"] in ENV_OWNED_BY_DEVICE_PLUGIN:
             problems.append(
@@ -517,6 +590,39 @@ def _hub_problems(hub: HubSource | None) -> list[SpecError]:
             " use https, or set sendTokenOverHTTP: true to accept that"
         )
         problems.append(SpecError(f"{field}.endpoint", why))
+    return problems
+
+
+def _disaggregation_problems(spec: NPUInferenceSpec) -> list[SpecError]:
+    """The prefill role's extra arguments and env, and the connector's port (vllm-ascend's rules)."""
+    from npu_operator import disaggregation  # the one place that renders the connector's settings
+
+    assert spec.disaggregation is not None
+    prefill = spec.disaggregation.prefill
+    problems: list[SpecError] = []
+    for index, arg in enumerate(prefill.extra_args):
+        if (flag := owned_flag(arg)) is not None:
+            field = f"spec.disaggregation.prefill.extraArgs[{index}]"
+            problems.append(SpecError(field, f"{flag} is set from {FLAGS_OWNED_BY_FIELDS[flag]}; set it there instead"))
+    for index, var in enumerate(prefill.env):
+        if var["name"] in ENV_OWNED_BY_DEVICE_PLUGIN:
+            field = f"spec.disaggregation.prefill.env[{index}]"
+            problems.append(
+                SpecError(field, f"{var['name']} is set by the NPU device plugin for the NPUs it allocates")
+            )
+    for setting, why in disaggregation.connector_problems(spec):
+        problems.append(SpecError(f"spec.disaggregation.connector.{setting}", why))
+    if prefill.additional_config is not None:
+        size = len(json.dumps(prefill.additional_config, separators=(",", ":")))
+        if size > ADDITIONAL_CONFIG_MAX_BYTES:
+            why = f"is {size} bytes as JSON, more than {ADDITIONAL_CONFIG_MAX_BYTES} (it is one command-line argument)"
+            problems.append(SpecError("spec.disaggregation.prefill.additionalConfig", why))
+    # The ScaledObject and the InferencePool select the engines' pods of one workload; with two roles
+    # behind a router neither is built yet.
+    for field, value in (("spec.autoscaling", spec.autoscaling), ("spec.routing", spec.routing)):
+        if value is not None:
+            why = "is not supported with spec.disaggregation yet (the router is the resource's endpoint)"
+            problems.append(SpecError(field, why))
     return problems
 
 

@@ -136,7 +136,13 @@ def build_children(
     One node per replica: a Deployment. More: a LeaderWorkerSet, whether or not its API is
     installed (the caller reports a missing API; see `Capabilities`). `startup_seconds` is the
     startup seen so far (status.autoscaling.startupSeconds); None: the spec's startup timeout.
+    With spec.disaggregation: the router, a DisaggregatedSet of the prefill and decode roles and
+    their Services (`disaggregation`).
     """
+    if spec.disaggregation is not None:
+        from npu_operator import disaggregation  # it builds on this module
+
+        return disaggregation.build_children(name, namespace, spec, config, capabilities.pod_monitor)
     workload = (
         build_leader_worker_set(name, namespace, spec, config)
         if spec.npu.nodes > 1

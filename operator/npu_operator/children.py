@@ -82,6 +82,14 @@ INFERENCE_POOL: Final = ChildKind(
     Resource("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool"), optional=True
 )
 PICKER_SUFFIX: Final = "-epp"
+# Prefill/decode disaggregation (spec.disaggregation): the roles, each a LeaderWorkerSet; a CRD of
+# kubernetes-sigs/lws v0.10. The Deployment is then the router, the Service its endpoint, and one
+# Service per role (<resource>-prefill, <resource>-decode) selects that role's leaders for the router.
+DISAGGREGATED_SET: Final = ChildKind(
+    Resource("disaggregatedset.x-k8s.io", "v1", "disaggregatedsets", "DisaggregatedSet"), optional=True
+)
+PREFILL_SERVICE: Final = ChildKind(SERVICE.resource, suffix="-prefill", needs=DISAGGREGATED_SET.kind)
+DECODE_SERVICE: Final = ChildKind(SERVICE.resource, suffix="-decode", needs=DISAGGREGATED_SET.kind)
 
 
 def _picker(resource: Resource) -> ChildKind:
@@ -105,7 +113,10 @@ CALIBRATION_RECORD: Final = ChildKind(
 KINDS: Final = (
     DEPLOYMENT,
     LEADER_WORKER_SET,
+    DISAGGREGATED_SET,
     SERVICE,
+    PREFILL_SERVICE,
+    DECODE_SERVICE,
     POD_DISRUPTION_BUDGET,
     POD_MONITOR,
     SCALED_OBJECT,
@@ -119,8 +130,9 @@ KINDS: Final = (
     HTTP_ROUTE,
     CALIBRATION_RECORD,
 )
-# The kinds that run the pods: one of them per resource, chosen by spec.npu.nodes.
-WORKLOADS: Final = (DEPLOYMENT, LEADER_WORKER_SET)
+# The kinds that run the engines: one of them per resource, chosen by spec.npu.nodes and spec.disaggregation
+# (the last one with a manifest is the workload: with a DisaggregatedSet, the Deployment is the router).
+WORKLOADS: Final = (DEPLOYMENT, LEADER_WORKER_SET, DISAGGREGATED_SET)
 BY_KEY: Final = {child.key: child for child in KINDS}
 # The distinct APIs of KINDS (two kinds of child may share one, e.g. the two Deployments).
 RESOURCES: Final = tuple(dict.fromkeys(child.resource for child in KINDS))

@@ -77,11 +77,15 @@ def policy_problems(spec: NPUInferenceSpec, config: OperatorConfig) -> list[Spec
             problems.append(SpecError(f"spec.template.nodeSelector[{key}]", f"selects control-plane nodes ({setting})"))
     if template.affinity and any(label in repr(template.affinity) for label in CONTROL_PLANE_LABELS):
         problems.append(SpecError("spec.template.affinity", f"selects control-plane nodes ({setting})"))
-    for index, var in enumerate(spec.engine.env):
-        if "secretKeyRef" in (var.get("valueFrom") or {}):
-            why = (
-                "reads a Secret of the namespace into the engine's environment; a hub token goes in"
-                f" model.source.*.tokenSecretRef ({setting})"
-            )
-            problems.append(SpecError(f"spec.engine.env[{index}].valueFrom.secretKeyRef", why))
+    envs = {"spec.engine.env": spec.engine.env}
+    if spec.disaggregation is not None:
+        envs["spec.disaggregation.prefill.env"] = spec.disaggregation.prefill.env
+    for field, env in envs.items():
+        for index, var in enumerate(env):
+            if "secretKeyRef" in (var.get("valueFrom") or {}):
+                why = (
+                    "reads a Secret of the namespace into the engine's environment; a hub token goes in"
+                    f" model.source.*.tokenSecretRef ({setting})"
+                )
+                problems.append(SpecError(f"{field}[{index}].valueFrom.secretKeyRef", why))
     return problems

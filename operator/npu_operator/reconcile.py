@@ -28,7 +28,17 @@ from typing import Any, Protocol
 
 import kopf
 
-from npu_operator import aggregate, builders, calibration, children, ownership, revisions, scaling, status
+from npu_operator import (
+    aggregate,
+    builders,
+    calibration,
+    children,
+    disaggregation,
+    ownership,
+    revisions,
+    scaling,
+    status,
+)
 from npu_operator.api import NPUInferenceSpec, SpecError, parse_spec, validate_spec
 from npu_operator.children import ChildKind, Step
 from npu_operator.client import PERSISTENT_VOLUME_CLAIMS, ApiError, KubeClient
@@ -52,6 +62,10 @@ class LiveView(Protocol):
 
     def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         """The ReplicaSets and StatefulSets with the resource's labels: the links of a pod's owner chain."""
+
+    def children_of(self, kind: ChildKind, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        """Every object of `kind` with the resource's labels, whatever its name (a DisaggregatedSet's
+        role LeaderWorkerSets, which its controller names)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +136,18 @@ def desired_state(
                     f"spec.npu.nodes is {spec.npu.nodes}: a multi-node replica is a LeaderWorkerSet, but {why}; "
                     "install LeaderWorkerSet (kubernetes-sigs/lws)",
                 )
+            elif kind is children.DISAGGREGATED_SET:
+                blocked = (
+                    status.DS_NOT_INSTALLED,
+                    f"spec.disaggregation asks for prefill and decode roles, which are a DisaggregatedSet, but "
+                    f"{why}; install LeaderWorkerSet v0.10 or later (kubernetes-sigs/lws)",
+                )
             else:
                 notes.append(f"{kind.kind} not managed: {why}")
             continue
         manifests[kind.key] = children.stamped(child)
+    if blocked is not None and spec.disaggregation is not None:
+        manifests = {}  # nothing else changes: no router without its engines
     claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
     return Desired(spec, (), manifests, tuple(notes), blocked, claim, rollout)
 
@@ -196,9 +218,13 @@ async def reconcile(
     rejected: list[str] = []
     notes = list(desired.notes)
     live_workload: Mapping[str, Any] | None = None
+    # The engines' workload; a disaggregated resource's Deployment is its router.
+    workloads = (children.DISAGGREGATED_SET,) if spec.disaggregation is not None else children.WORKLOADS
     for kind in children.KINDS:
         if (kind.optional and kind.kind not in served) or kind.from_reports:
             continue
+        if desired.blocked is not None and spec.disaggregation is not None:
+            break  # without the DisaggregatedSet API nothing changes
         child_name = kind.child_name(name)
         manifest = desired.manifests.get(kind.key)
         live = view.child(kind, namespace, name)
@@ -208,7 +234,7 @@ async def reconcile(
         step = children.plan(kind, child_name, manifest, live, uid)
         if step is not None:
             steps.append(step)
-        if kind in children.WORKLOADS and manifest is not None:
+        if kind in workloads and manifest is not None:
             live_workload = live
     applied_steps: list[Step] = []
     for step in steps:
@@ -229,7 +255,7 @@ async def reconcile(
                 rejected.append(where)
             continue
         applied_steps.append(step)
-        if step.child in children.WORKLOADS and step.action != "delete":
+        if step.child in workloads and step.action != "delete":
             live_workload = applied
     if desired.cache_claim is not None and not cache.cache_claim_checked:
         try:
@@ -243,24 +269,46 @@ async def reconcile(
                 f"{_api_message(exc)}"
             )
 
-    pods = own_pods(view, namespace, name, live_workload)
+    by_role: dict[str, list[Mapping[str, Any]]] = {}
+    if spec.disaggregation is not None:  # its pods: DisaggregatedSet -> role LeaderWorkerSets -> ...
+        live_workload, by_role = role_view(view, namespace, name, live_workload)
+    pods = (
+        own_pods(view, namespace, name, live_workload)
+        if spec.disaggregation is None
+        else [pod for found in by_role.values() for pod in found]
+    )
     reports = await collector.collect(uid, pods) if collector is not None else []
-    calibrated, stored, why_not = await store_calibration(body, client, view, spec, reports)
+    # The record is the decode role's (the spec's layout): a prefill pod's section never matches it.
+    decode_pods = {pod_name(pod) for pod in by_role.get("decode", ())}
+    calibrating = reports if spec.disaggregation is None else [r for r in reports if r.pod in decode_pods]
+    calibrated, stored, why_not = await store_calibration(body, client, view, spec, calibrating)
     if stored is not None:
         applied_steps.append(stored)
     if why_not is not None:
         notes.append(why_not)
-    graph = aggregate.graph_status(
-        spec.graph.mode,
-        reports,
-        previous.get("graph", {}),
-        now=now,
-        same_generation=previous.get("observedGeneration") == generation,
-        nodes=spec.npu.nodes,
-    )
+    same_generation = previous.get("observedGeneration") == generation
+    if spec.disaggregation is not None:
+        names = {role: {pod_name(pod) for pod in found} for role, found in by_role.items()}
+        role_reports = {role: [r for r in reports if r.pod in names[role]] for role in names}
+        graph = disaggregation.graph_status(
+            spec, role_reports, previous.get("graph", {}), now=now, same_generation=same_generation
+        )
+    else:
+        graph = aggregate.graph_status(
+            spec.graph.mode,
+            reports,
+            previous.get("graph", {}),
+            now=now,
+            same_generation=same_generation,
+            nodes=spec.npu.nodes,
+        )
     if calibrated is not None:
         graph["calibration"] = calibrated
-    groups = aggregate.group_findings(pods, reports, spec.npu.nodes, previous.get("graph", {}), spec.replicas)
+    groups = (
+        aggregate.group_findings(pods, reports, spec.npu.nodes, previous.get("graph", {}), spec.replicas)
+        if spec.disaggregation is None
+        else aggregate.GroupFindings()
+    )
     if restarting := aggregate.restarting_groups(groups):
         graph["restartingGroups"] = restarting
         # A group being recreated is not failing: why it restarts is in the GroupRestarting message.
@@ -288,6 +336,24 @@ async def reconcile(
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
     return _result(previous, new, tuple(applied_steps))
+
+
+def role_view(
+    view: LiveView, namespace: str, name: str, ds: Mapping[str, Any] | None
+) -> tuple[Mapping[str, Any] | None, dict[str, list[Mapping[str, Any]]]]:
+    """A DisaggregatedSet's counts and each role's pods, through its role LeaderWorkerSets (`disaggregation`)."""
+    uid = ((ds or {}).get("metadata") or {}).get("uid")
+    if ds is None or not uid:
+        return ds, {}
+    roles = disaggregation.role_workloads(view.children_of(children.LEADER_WORKER_SET, namespace, name), str(uid))
+    pods = view.pods(namespace, name)
+    router = view.child(children.DEPLOYMENT, namespace, name)
+    counts = disaggregation.workload_view(ds, roles, router)
+    return counts, disaggregation.role_pods(pods, view.owner_links(namespace, name), roles)
+
+
+def pod_name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name", ""))
 
 
 def own_pods(view: LiveView, namespace: str, name: str, workload: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
@@ -391,10 +457,22 @@ def _result(
     resolved = (previous.get("model") or {}).get("resolved"), (new.get("model") or {}).get("resolved")
     events += [status.Event("Normal", *event) for event in revisions.resolution_events(*resolved)]
     old_graph, new_graph = previous.get("graph", {}), new.get("graph", {})
+    old_roles = dict(disaggregation.role_graphs(old_graph))
+    for role, graph in disaggregation.role_graphs(new_graph):  # a disaggregated resource: each role's own
+        events += graph_events(old_roles.get(role, {}), graph, f"role {role}, ")
+    if "roles" not in new_graph:
+        events += graph_events(old_graph, new_graph)
+    return Result(status.status_patch(previous, new), tuple(events), changes, problems)
+
+
+def graph_events(old_graph: Mapping[str, Any], new_graph: Mapping[str, Any], role: str = "") -> list[status.Event]:
+    """A Warning Event per downgrade or rank failure that `new_graph` shows and `old_graph` did not;
+    `role` ("role decode, ") starts the message of a disaggregated resource's role."""
+    events: list[status.Event] = []
     ranked = "ranks" in new_graph  # a multi-node replica: the Events name the rank instead
     announced: set[str] = set()
     for rank in aggregate.new_rank_problems(old_graph, new_graph):
-        where = f"group {rank['group']} node {rank['node']} (pod {rank['pod']})"
+        where = f"{role}group {rank['group']} node {rank['node']} (pod {rank['pod']})"
         if "failure" in rank:
             events.append(status.Event("Warning", status.RANK_FAILED, f"{where}: {rank['failure']}"))
         if "downgrade" in rank:
@@ -414,9 +492,9 @@ def _result(
         modes = f"{downgrade['fromMode']} -> {downgrade['toMode']}"
         why = downgrade["message"].removeprefix(f"{modes}: ")
         pods = f"{downgrade['pods']} pod" + ("s" if downgrade["pods"] != 1 else "")
-        message = f"{modes} ({downgrade['reason']}, {downgrade['stage']} stage, {pods}): {why}"
+        message = f"{role}{modes} ({downgrade['reason']}, {downgrade['stage']} stage, {pods}): {why}"
         events.append(status.Event("Warning", status.GRAPH_MODE_DOWNGRADED, message))
-    return Result(status.status_patch(previous, new), tuple(events), changes, problems)
+    return events
 
 
 def _api_message(exc: ApiError) -> str:

@@ -27,6 +27,7 @@ GRAPH_MODE_DOWNGRADED: Final = "GraphModeDowngraded"
 CHILD_REJECTED: Final = "ChildRejected"
 CHILD_CONFLICT: Final = "ChildConflict"
 LWS_NOT_INSTALLED: Final = "LeaderWorkerSetNotInstalled"
+DS_NOT_INSTALLED: Final = "DisaggregatedSetNotInstalled"
 # Multi-node replicas (LeaderWorkerSet groups).
 GROUP_RESTARTING: Final = "GroupRestarting"  # LeaderWorkerSet is recreating a group
 RANKS_NOT_SERVING: Final = "RanksNotServing"  # the groups count as ready, but a rank does not serve

@@ -123,6 +123,11 @@ class WatchedView:
     def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         return [dict(obj) for index in self._links for obj in index.get((namespace, name), ())]
 
+    def children_of(self, kind: ChildKind, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        index = self._children.get(kind)
+        found = index.get((namespace, name), ()) if index is not None else self._seen.get(kind, (namespace, name))
+        return [dict(obj) for obj in found]
+
 
 # What the reconcile reads of a child and of a pod; the rest (a child's spec, most of all the pod
 # template) is not kept, so 1,000 resources fit in little memory. Of a ConfigMap's data only a

@@ -169,6 +169,9 @@ class ServeOptions:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     # vllm-ascend's --additional-config, as JSON text; passed to the engine unchanged.
     additional_config: str | None = None
+    # vLLM's --kv-transfer-config (a JSON object; see npu_runtime.kv_transfer): this engine is one
+    # role of a prefill/decode pair. Passed to the engine, mapped to the device.
+    kv_transfer_config: str | None = None
     # Multi-node replicas (plan.nodes > 1): this pod's node (0: the leader, which runs the API
     # server), the leader's address and the data-parallel RPC port, for vLLM's launcher.
     node_rank: int = 0
@@ -324,6 +327,13 @@ def serve_parser() -> argparse.ArgumentParser:
         default=None,
         help="vllm-ascend's --additional-config (a JSON object), passed to the engine",
     )
+    parser.add_argument(
+        "--kv-transfer-config",
+        type=_argtype(_json_object_text),
+        default=None,
+        help="vLLM's --kv-transfer-config (a JSON object) of a prefill or decode engine; on a CPU a "
+        "Mooncake connector becomes vLLM's file-based ExampleConnector",
+    )
     nodes = parser.add_argument_group("multi-node replicas (--nodes > 1)")
     nodes.add_argument("--node-rank", type=_non_negative_int, default=0, help="this pod's node: 0 runs the API server")
     nodes.add_argument("--data-parallel-address", default=None, help="the leader's address (LWS_LEADER_ADDRESS)")
@@ -363,6 +373,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeOptions:
         extra_engine_args=tuple(extra),
         shutdown_timeout=args.shutdown_timeout,
         additional_config=args.additional_config,
+        kv_transfer_config=args.kv_transfer_config,
         node_rank=args.node_rank,
         data_parallel_address=args.data_parallel_address,
         data_parallel_rpc_port=args.data_parallel_rpc_port,
@@ -402,6 +413,8 @@ def serve_argv(options: ServeOptions) -> list[str]:
         argv += ["--shutdown-timeout", f"{options.shutdown_timeout:g}"]
     if options.additional_config is not None:
         argv += ["--additional-config", options.additional_config]
+    if options.kv_transfer_config is not None:
+        argv += ["--kv-transfer-config", options.kv_transfer_config]
     if options.plan.nodes > 1:
         argv += ["--node-rank", str(options.node_rank)]
         if options.data_parallel_address is not None:

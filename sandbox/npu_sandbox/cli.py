@@ -38,6 +38,7 @@ import yaml
 from npu_operator import crd
 from npu_operator.api import is_true
 from npu_operator.builders import LWS_API_VERSION, LWS_WORKER_INDEX_LABEL
+from npu_operator.disaggregation import DS_API_VERSION, ROLE_LABEL
 
 from npu_sandbox import printer
 from npu_sandbox import prometheus as prom
@@ -170,7 +171,10 @@ async def run(
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
     multi_node = int(manifest["spec"].get("npu", {}).get("nodes", 1)) > 1
-    async with LocalCluster(workdir=workdir / "cluster", leader_worker_sets=True, crds=False) as cluster:
+    pd = "disaggregation" in manifest["spec"]
+    async with LocalCluster(
+        workdir=workdir / "cluster", leader_worker_sets=True, disaggregated_sets=True, crds=False
+    ) as cluster:
         heading("Kubernetes API (in memory, over HTTP)")
         say(f"API server  {cluster.url}")
         say(f"kubeconfig  {cluster.kubeconfig}  (API log {log_file})")
@@ -189,10 +193,17 @@ async def run(
             if prometheus is not None:
                 await start_prometheus(prometheus, operator_pod.ports["metrics"])
             workload = ("leaderworkersets", "LeaderWorkerSet") if multi_node else ("deployments", "Deployment")
-            await cluster.wait_for(lambda: workload_of(cluster, namespace, name, multi_node), within=60)
+            if pd:
+                workload = ("disaggregatedsets", "DisaggregatedSet")
+            await cluster.wait_for(lambda: workload_of(cluster, namespace, name, multi_node, pd), within=60)
             heading(
                 f"kubelet: the {workload[1]}'s pods on this machine"
                 + (" (the LeaderWorkerSet controller's stand-in makes its StatefulSets)" if multi_node else "")
+                + (
+                    " (the DisaggregatedSet stand-in makes a LeaderWorkerSet per role; the router waits for both)"
+                    if pd
+                    else ""
+                )
             )
             pods = await kubelet.start_pods()
             for pod in pods:
@@ -535,10 +546,17 @@ def sandbox_manifest(path: Path, model: Path) -> dict[str, Any]:
     spec_model.update(path=str(model), mountPath=str(model.parent), source={"hostPath": {"path": str(model.parent)}})
     if model.name != "tiny-llama":
         spec_model["name"] = model.name
+    connector = manifest["spec"].get("disaggregation", {}).get("connector", {})
+    if "shared_storage_path" in connector.get("extraConfig", {}):  # the KV files, under the workdir
+        connector["extraConfig"]["shared_storage_path"] = str(model.parent.parent / "kv")
     return manifest
 
 
-async def workload_of(cluster: LocalCluster, namespace: str, name: str, multi_node: bool) -> dict[str, Any] | None:
+async def workload_of(
+    cluster: LocalCluster, namespace: str, name: str, multi_node: bool, pd: bool = False
+) -> dict[str, Any] | None:
+    if pd:
+        return await cluster.get(DS_API_VERSION, "disaggregatedsets", namespace, name)
     if multi_node:
         return await cluster.get(LWS_API_VERSION, "leaderworkersets", namespace, name)
     return await cluster.get("apps/v1", "deployments", namespace, name)
@@ -628,6 +646,8 @@ async def report(
     multi_node = int(obj["spec"].get("npu", {}).get("nodes", 1)) > 1
     heading(f"Ready after {elapsed:.0f}s")
     kinds = "npuinf,leaderworkersets,statefulsets,pods" if multi_node else "npuinf,deployments,pods"
+    if "disaggregation" in obj["spec"]:
+        kinds = "npuinf,leaderworkersets,deployments,pods"
     heading(f"kubectl get {kinds}")
     say(await kubectl_get(cluster, namespace, kinds))
 
@@ -658,20 +678,26 @@ async def report(
         completion = answer.get("choices", [{}])[0].get("text", "") if response.status == 200 else None
         say(f"-> {response.status}: {completion!r}" if completion is not None else f"-> {response.status}: {answer}")
 
-        heading(f"GET {pod.metrics_url}/metrics | grep ^npu_graph_")
-        async with session.get(f"{pod.metrics_url}/metrics") as response:
+        # A P/D resource's Service reaches its router: the graph metrics are the decode engine's.
+        engine = next((p for p in kubelet.pods if p.labels.get(ROLE_LABEL) == "decode"), pod)
+        heading(f"GET {engine.metrics_url}/metrics | grep ^npu_graph_")
+        async with session.get(f"{engine.metrics_url}/metrics") as response:
             metrics_text = await response.text()
         metric_lines = [line for line in metrics_text.splitlines() if line.startswith("npu_graph_")]
         say("\n".join(metric_lines))
         pids: dict[str, int | None] = {}
         for each in kubelet.pods:
+            pids[f"{each.name} runtime"] = each.process.pid if each.process else None
+            if each.labels.get(ROLE_LABEL) == "router":  # `npu-runtime route` runs no engine
+                continue
             async with session.get(f"{each.metrics_url}/status") as response:
                 runtime_status = await response.json(content_type=None)
-            pids[f"{each.name} runtime"] = each.process.pid if each.process else None
             pids[f"{each.name} engine"] = runtime_status["engine"]["pid"]
 
     status = obj["status"]
+    pd = await disaggregated_run(kubelet, obj, pod) if "disaggregation" in obj["spec"] else None
     return {
+        **({"pd": pd} if pd is not None else {}),
         "ready": is_true(obj, "Ready"),
         "phase": status.get("phase"),
         "seconds_to_ready": round(elapsed, 1),
@@ -687,6 +713,58 @@ async def report(
         "pids": pids,
         "pods": [each.name for each in kubelet.pods],
         "logs": [str(each.log_path) for each in kubelet.pods],
+    }
+
+
+# Longer than one KV block (128 tokens on CPU), so that the prefill role's KV goes over as files.
+PD_PROMPT: Final = " ".join(f"the quick brown fox number {i} jumps over the lazy dog" for i in range(15))
+
+
+def kv_handover(storage: Path, decode_logs: list[Path]) -> tuple[list[str], bool]:
+    """The KV files the prefill engine saved, and whether a decode engine logged loading them."""
+    files = (
+        sorted(str(path.relative_to(storage)) for path in storage.rglob("*.safetensors")) if storage.is_dir() else []
+    )
+    return files, any("External Cache Hit!" in log.read_text(errors="replace") for log in decode_logs)
+
+
+async def disaggregated_run(kubelet: LocalKubelet, obj: dict[str, Any], router: LocalPod) -> dict[str, Any]:
+    """Prefill/decode: a long prompt through the router (the resource's Service), then the KV handed
+    over (files in the connector's folder, the decode engine's cache hit), then the same prompt
+    straight to the prefill engine, which prefills and decodes it alone: greedy, the texts must agree."""
+    by_role = {role: [p for p in kubelet.pods if p.labels.get(ROLE_LABEL) == role] for role in ("prefill", "decode")}
+    storage = Path(obj["spec"]["disaggregation"]["connector"]["extraConfig"]["shared_storage_path"])
+    request = {"model": obj["spec"]["model"]["name"], "prompt": PD_PROMPT, "max_tokens": 12, "temperature": 0}
+    request["return_token_ids"] = True  # vLLM's extension: the tiny model's tokens may print as nothing
+    heading(f"P/D: a {len(PD_PROMPT)}-character prompt through the router, then straight to the prefill engine")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        async with session.post(f"{router.api_url}/v1/completions", json=request) as response:
+            routed = await response.json(content_type=None)
+        files, hit = kv_handover(storage, [p.log_path for p in by_role["decode"]])
+        async with session.post(f"{by_role['prefill'][0].api_url}/v1/completions", json=request) as response:
+            direct = await response.json(content_type=None)
+        roles = {}
+        for role, pods in by_role.items():
+            async with session.get(f"{pods[0].metrics_url}/status") as response:
+                roles[role] = (await response.json(content_type=None)).get("plan", {}).get("kv_transfer")
+    answers = {"routed": routed, "direct": direct}
+    text = {key: answer.get("choices", [{}])[0].get("text") for key, answer in answers.items()}
+    token_ids = {key: answer.get("choices", [{}])[0].get("token_ids") for key, answer in answers.items()}
+    say(f"routed   -> {text['routed']!r} ({routed.get('usage', {}).get('prompt_tokens')} prompt tokens)")
+    say(f"prefill  -> {text['direct']!r}")
+    say(f"KV files in {storage}: {len(files)}; decode engine's log has 'External Cache Hit!': {hit}")
+    say(f"token ids: routed {token_ids['routed']}, prefill {token_ids['direct']}")
+    return {
+        "routed": text["routed"],
+        "direct": text["direct"],
+        "routed_token_ids": token_ids["routed"],
+        "direct_token_ids": token_ids["direct"],
+        "prompt_tokens": routed.get("usage", {}).get("prompt_tokens"),
+        "kv_files": files,
+        "decode_cache_hit": hit,
+        "kv_transfer": roles,
+        "pods": {role: [p.name for p in pods] for role, pods in by_role.items()},
+        "decode_log": [str(p.log_path) for p in by_role["decode"]],
     }
 
 
@@ -770,6 +848,7 @@ async def delete_resource(
         ("apps/v1", "replicasets"),
         ("apps/v1", "statefulsets"),
         (LWS_API_VERSION, "leaderworkersets"),
+        (DS_API_VERSION, "disaggregatedsets"),
         ("v1", "services"),
         ("v1", "pods"),
     )

@@ -88,6 +88,7 @@ class LocalCluster:
         *,
         pod_monitors: bool = False,
         leader_worker_sets: bool = False,
+        disaggregated_sets: bool = False,
         workdir: Path | None = None,
         emulator: KubeEmulator | None = None,
         crds: bool = True,
@@ -99,6 +100,8 @@ class LocalCluster:
             self.emulator.serve_pod_monitors()
         if leader_worker_sets:
             self.emulator.serve_leader_worker_sets()
+        if disaggregated_sets:
+            self.emulator.serve_disaggregated_sets()
         self._server = kmock.Server(self.emulator)
         self._stack = contextlib.AsyncExitStack()
         self._tmp = tempfile.TemporaryDirectory(prefix="npu-cluster-") if workdir is None else None

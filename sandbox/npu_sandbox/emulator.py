@@ -226,6 +226,19 @@ LEADER_WORKER_SETS: tuple[str, Any] = (
         "subresources": {"status", "scale"},
     },
 )
+# LeaderWorkerSet v0.10's DisaggregatedSet (config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml:
+# no short names, a status subresource); the sandbox's stand-in for its controller is `npu_sandbox.lws`.
+DISAGGREGATED_SETS: tuple[str, Any] = (
+    "disaggregatedset.x-k8s.io/v1/disaggregatedsets",
+    {
+        "kind": "DisaggregatedSet",
+        "singular": "disaggregatedset",
+        "shortnames": set(),
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+        "subresources": {"status"},
+    },
+)
 
 _SELECTOR_TERM = re.compile(
     r"^\s*(?P<neg>!)?(?P<key>[A-Za-z0-9./_-]+)\s*(?:(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9._-]*)"
@@ -326,6 +339,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """Serve the LeaderWorkerSet API (kubernetes-sigs/lws), as its CRD does; the sandbox's
         stand-in for its controller is `npu_sandbox.lws` (nothing runs it unless a kubelet does)."""
         key, info = LEADER_WORKER_SETS
+        self.resources[key] = info
+
+    def serve_disaggregated_sets(self) -> None:
+        """Serve LeaderWorkerSet v0.10's DisaggregatedSet API, as its CRD does."""
+        key, info = DISAGGREGATED_SETS
         self.resources[key] = info
 
     def _get_resources(self) -> list[Any]:

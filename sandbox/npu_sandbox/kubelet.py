@@ -51,8 +51,9 @@ import aiohttp
 from npu_operator.builders import CONTAINER_NAME
 from npu_operator.worker import utc_now
 from npu_runtime.contract import parse_serve_args, serve_argv
+from npu_runtime.routing.router import parse_route_args, route_argv
 
-from npu_sandbox import controllers, lws
+from npu_sandbox import controllers, disaggregated, lws
 from npu_sandbox.cluster import ApiRejected, LocalCluster
 from npu_sandbox.controllers import JSON, Snapshot
 
@@ -192,6 +193,53 @@ class FetchRunner:
         return [*args[:2], "--termination-message-path", str(pod.init_termination_log), *args[2:]]
 
 
+class RouteRunner:
+    """`npu-runtime route` (a disaggregated resource's router): its ports mapped, and each Service URL
+    (`http://<service>.<namespace>.svc:<port>`) replaced by the mapped URLs of the running pods the
+    Service selects, as kube-proxy would reach them; until each role has one, it waits. The URLs are
+    fixed when the router starts: a role pod started later is not added (a cluster's Service is)."""
+
+    def accepts(self, container: Mapping[str, Any]) -> bool:
+        return _args(container)[:2] == ["npu-runtime", "route"]
+
+    def command(self, pod: LocalPod, container: Mapping[str, Any], args: list[str]) -> list[str]:
+        options = parse_route_args(args[2:])
+        roles = {
+            role: tuple(url for service in urls for url in self.endpoints(pod, service))
+            for role, urls in (("prefill", options.prefill), ("decode", options.decode))
+        }
+        for role, urls in roles.items():
+            if not urls:
+                raise NotYet(f"no {role} pod of {getattr(options, role)} is running yet")
+        changed = dataclasses.replace(
+            options,
+            prefill=roles["prefill"],
+            decode=roles["decode"],
+            port=pod.ports["http"],
+            metrics_port=pod.ports["metrics"],
+        )
+        return [*args[:2], *route_argv(changed)]
+
+    def endpoints(self, pod: LocalPod, url: str) -> list[str]:
+        match = re.fullmatch(rf"http://([a-z0-9-]+)\.{re.escape(pod.namespace)}\.svc(?:\.cluster\.local)?:(\d+)", url)
+        if match is None:
+            return [url]
+        service = pod.kubelet.snapshot.named("services", match[1])
+        if service is None:
+            return []
+        port = next((p for p in service["spec"].get("ports", []) if str(p.get("port")) == match[2]), None)
+        target = str((port or {}).get("targetPort", "http"))
+        selector = service["spec"].get("selector") or {}
+        return [
+            f"http://{LOCAL_IP}:{found.ports[target]}"
+            for found in pod.kubelet.pods
+            if found.namespace == pod.namespace
+            and found.ready.is_set()
+            and target in found.ports
+            and all(found.labels.get(key) == value for key, value in selector.items())
+        ]
+
+
 class ProcessRunner:
     """Anything else: the command and args as they are (an executable found next to this Python or on PATH)."""
 
@@ -202,7 +250,7 @@ class ProcessRunner:
         return [resolve(arg, pod.namespace) for arg in args]
 
 
-DEFAULT_RUNNERS: Final[tuple[Runner, ...]] = (ServeRunner(), FetchRunner(), ProcessRunner())
+DEFAULT_RUNNERS: Final[tuple[Runner, ...]] = (ServeRunner(), FetchRunner(), RouteRunner(), ProcessRunner())
 
 
 # --- one pod ------------------------------------------------------------------------------------
@@ -592,7 +640,8 @@ class LocalKubelet:
 
     async def sync(self) -> None:
         """One round: read, let the controllers act, then match the processes to the Pod objects."""
-        snapshot = await controllers.read_snapshot(self.cluster, self.namespace, {lws.PLURAL: lws.API_VERSION})
+        extra = {lws.PLURAL: lws.API_VERSION, disaggregated.PLURAL: disaggregated.API_VERSION}
+        snapshot = await controllers.read_snapshot(self.cluster, self.namespace, extra)
         self.snapshot = snapshot
         now = utc_now()
         admission = (lws.admit_pod,)
@@ -602,6 +651,8 @@ class LocalKubelet:
             await controllers.reconcile_replica_set(self.cluster, snapshot, replica_set, admission)
         for statefulset in snapshot.of("statefulsets"):
             await controllers.reconcile_stateful_set(self.cluster, snapshot, statefulset, admission)
+        for disaggregated_set in snapshot.of(disaggregated.PLURAL):
+            await disaggregated.reconcile(self.cluster, snapshot, disaggregated_set)
         for leader_worker_set in snapshot.of(lws.PLURAL):
             await lws.reconcile(self.cluster, snapshot, leader_worker_set, now)
         await self._sync_pods(snapshot.of("pods"))
@@ -666,7 +717,14 @@ class LocalKubelet:
         async def started() -> list[LocalPod] | None:
             deployment = self.snapshot.named("deployments", workload)
             group = self.snapshot.named(lws.PLURAL, workload)
-            if deployment is not None:
+            roles = self.snapshot.named(disaggregated.PLURAL, workload)
+            if roles is not None:  # the roles' engines; the Deployment is its router, which waits for them
+                wanted = sum(
+                    int(role["spec"].get("replicas", 1)) * int(role["spec"]["leaderWorkerTemplate"].get("size", 1))
+                    for role in roles["spec"]["roles"]
+                )
+                found = [p for p in self.pods if p.labels.get(disaggregated.SET_NAME_LABEL) == workload]
+            elif deployment is not None:
                 wanted = int(deployment["spec"].get("replicas", 1))
                 found = [p for p in self.pods if self.owner_chain(p).get("deployments") == workload]
             elif group is not None:

@@ -201,6 +201,7 @@ NAMESPACED_RULES = {
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("monitoring.coreos.com", "podmonitors"): {"get", "list", "watch", "create", "patch", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("disaggregatedset.x-k8s.io", "disaggregatedsets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "persistentvolumeclaims"): {"get", "create", "patch"},
     ("apps", "replicasets"): {"get", "list", "watch"},

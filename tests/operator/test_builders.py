@@ -16,7 +16,7 @@ from npu_operator.config import OperatorConfig
 from npu_operator.reconcile import adopted_children
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, parse_serve_args
 
-from tests.operator import lws_schema
+from tests.operator import ds_schema, lws_schema
 from tests.operator.conftest import EXAMPLES, example
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -67,6 +67,8 @@ def test_children_pass_kubernetes_own_schemas(name: str) -> None:
     for child in render(example(name), pod_monitor=False):
         if child["kind"] == builders.LWS_KIND:  # not a Kubernetes built-in: its own project's checks
             lws_schema.validate(child)
+        elif child["kind"] == "DisaggregatedSet":
+            ds_schema.validate(child)
         else:
             assert kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
 

@@ -90,7 +90,10 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
     assert [kind.key for kind in children.KINDS] == [
         "Deployment",
         "LeaderWorkerSet",
+        "DisaggregatedSet",
         "Service",
+        "Service-prefill",
+        "Service-decode",
         "PodDisruptionBudget",
         "PodMonitor",
         "ScaledObject",
@@ -108,6 +111,7 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
     assert [kind.key for kind in children.KINDS if kind.from_reports] == ["ConfigMap-calibration"]
     assert [kind.kind for kind in children.KINDS if kind.optional] == [
         "LeaderWorkerSet",
+        "DisaggregatedSet",
         "PodMonitor",
         "ScaledObject",
         "InferencePool",
@@ -123,7 +127,12 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
         "Service-epp",
         "HTTPRoute",
     }
-    assert children.WORKLOADS == (children.DEPLOYMENT, children.LEADER_WORKER_SET)
+    # A disaggregated resource's role Services are only made where DisaggregatedSets are served.
+    assert {kind.key for kind in children.KINDS if kind.needs == "DisaggregatedSet"} == {
+        "Service-prefill",
+        "Service-decode",
+    }
+    assert children.WORKLOADS == (children.DEPLOYMENT, children.LEADER_WORKER_SET, children.DISAGGREGATED_SET)
     assert children.owned_by(DESIRED, "owner") and not children.owned_by(DESIRED, "someone")
 
 

@@ -39,6 +39,27 @@ def test_render_prints_valid_children_that_request_npus() -> None:
     assert limits["huawei.com/Ascend910"] == 4
 
 
+def test_render_prints_the_disaggregated_set_with_both_roles_arguments() -> None:
+    result = render("-f", str(EXAMPLES / "deepseek-r1-w8a8-pd.yaml"))
+    assert result.returncode == 0, result.stderr
+    children = list(yaml.safe_load_all(result.stdout))
+    assert [(c["kind"], c["metadata"]["name"]) for c in children] == [
+        ("Deployment", "deepseek-r1-pd"),
+        ("DisaggregatedSet", "deepseek-r1-pd"),
+        ("Service", "deepseek-r1-pd"),
+        ("Service", "deepseek-r1-pd-prefill"),
+        ("Service", "deepseek-r1-pd-decode"),
+    ]
+    for role in children[1]["spec"]["roles"]:
+        args = role["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"]
+        kv_role = json.loads(args[args.index("--kv-transfer-config") + 1])["kv_role"]
+        assert (args[:2], kv_role) == (
+            ["npu-runtime", "serve"],
+            {"prefill": "kv_producer", "decode": "kv_consumer"}[role["name"]],
+        )
+    assert children[0]["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["npu-runtime", "route"]
+
+
 def test_render_json() -> None:
     result = render("-f", str(EXAMPLES / "qwen2.5-7b-910b.yaml"), "-o", "json", "--pod-monitor-api")
     assert result.returncode == 0, result.stderr

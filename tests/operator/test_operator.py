@@ -349,6 +349,18 @@ async def test_a_multi_node_replica_without_the_lws_api_is_degraded_and_nothing_
     await wait_condition(operator, "one-node", "Progressing", "True")
 
 
+async def test_a_disaggregated_resource_without_the_disaggregated_set_api_is_degraded_and_nothing_is_built(
+    operator: LocalCluster,
+) -> None:
+    document = manifest()
+    document["spec"]["disaggregation"] = {"prefill": {"npu": {"count": 0}}}
+    await operator.apply_npu_inference(document)
+    obj = await wait_condition(operator, "tiny-llama", "Degraded", "True", "DisaggregatedSetNotInstalled")
+    assert "disaggregatedset.x-k8s.io/v1 API is not installed" in condition(obj, "Degraded")["message"]
+    assert await child(operator, "apps/v1", "deployments", "tiny-llama") is None, "no router without its engines"
+    assert await child(operator, "v1", "services", "tiny-llama") is None
+
+
 async def test_a_multi_node_replica_is_an_owned_leader_worker_set_collected_with_it() -> None:
     async with LocalCluster(leader_worker_sets=True) as cluster:
         await cluster.start_operator(TEST_CONFIG)

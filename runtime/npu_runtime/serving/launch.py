@@ -122,6 +122,8 @@ def engine_argv(options: ServeOptions, vllm_args: Sequence[str], *, python: str 
     argv += list(vllm_args)
     if options.additional_config is not None:
         argv += ["--additional-config", options.additional_config]  # vllm-ascend's engine argument
+    if options.kv_transfer_config is not None:
+        argv += ["--kv-transfer-config", options.kv_transfer_config]  # already mapped to the device
     argv += list(options.extra_engine_args)
     return argv
 

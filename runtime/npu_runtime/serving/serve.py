@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
+from npu_runtime import kv_transfer
 from npu_runtime.cli import EXIT_DOES_NOT_FIT, EXIT_INVALID
 from npu_runtime.contract import (
     ASCEND_RECOMMENDED_ENV,
@@ -149,14 +150,17 @@ def node_args(options: ServeOptions, plan: Plan) -> tuple[str, ...]:
         ) from exc
 
 
-def plan_view(plan: Plan, node_rank: int = 0) -> PlanView:
-    """What /status shows of the plan; `node_rank` is this pod's node (--node-rank) in the layout."""
+def plan_view(plan: Plan, node_rank: int = 0, kv: Mapping[str, Any] | None = None) -> PlanView:
+    """What /status shows of the plan; `node_rank` is this pod's node (--node-rank) in the layout,
+    `kv` the engine's prefill/decode role and connector, if any."""
     memory: dict[str, int] = {}
     for kind, field in _MEMORY_KINDS.items():
         value = getattr(plan.memory, field, None)
         if isinstance(value, int):
             memory[kind] = value
     document = plan.to_dict()
+    if kv is not None:
+        document["kv_transfer"] = dict(kv)
     return PlanView(
         requested_mode=plan.requested_mode,
         effective_mode=plan.effective_mode,
@@ -283,7 +287,8 @@ class Supervisor:
             launch.become_subreaper()
             self.start_server()
             plan = make_serve_plan(self.options)
-            view = plan_view(plan, self.options.node_rank)
+            kv = self.map_kv_transfer(plan.device.kind)
+            view = plan_view(plan, self.options.node_rank, kv)
             self.status.set_plan(view)
             log("plan:\n" + describe_plan(plan))
             if "--headless" not in node_args(self.options, plan):  # an invalid layout fails here, early
@@ -299,6 +304,22 @@ class Supervisor:
             raise
         finally:
             self.close()
+
+    def map_kv_transfer(self, device_kind: str) -> dict[str, Any] | None:
+        """This engine's role of a prefill/decode pair, with its connector mapped to the device (None: no role)."""
+        requested = self.options.kv_transfer_config
+        if requested is None:
+            return None
+        mapped, note = kv_transfer.for_device(requested, device_kind)
+        if note:
+            log(note)
+        self.options = dataclasses.replace(self.options, kv_transfer_config=mapped)
+        return {
+            "role": kv_transfer.role_of(mapped),
+            "requested_connector": json.loads(requested).get("kv_connector"),
+            "connector": json.loads(mapped).get("kv_connector"),
+            "note": note,
+        }
 
     def fail(self, failure: Failure) -> None:
         self.status.fail(failure)

@@ -1,0 +1,1 @@
+"""The router of a prefill/decode pair (`npu-runtime route`)."""

@@ -1,0 +1,137 @@
+"""A disaggregated resource's status per role: the real operator over HTTP, through the chain
+DisaggregatedSet -> role LeaderWorkerSets -> StatefulSets -> pods.
+
+The sandbox's DisaggregatedSet stand-in (`npu_sandbox.disaggregated`, after LeaderWorkerSet
+v0.10's controller) makes the role LeaderWorkerSets; the LeaderWorkerSet side is played as in
+`test_lws_ranks` (its StatefulSets and pods, LeaderWorkerSet v0.10's labels and owners), each pod's
+runtime a `FakeRuntimes` answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from npu_operator import crd
+from npu_operator.api import condition
+from npu_sandbox import controllers, disaggregated
+from npu_sandbox.cluster import LocalCluster
+
+from tests.operator.conftest import example
+from tests.operator.test_faults import HOSTILE, FakeRuntimes, report
+from tests.operator.test_lws_ranks import CONFIG, NS, LeaderWorkerSetController
+
+NAME = "tiny-llama-pd"
+CAPTURE_FAILED = {
+    "from_mode": "FULL_DECODE_ONLY",
+    "to_mode": "NONE",
+    "reason": "CaptureFailed",
+    "message": "capture of size 4 failed",
+    "stage": "engine",
+}
+
+
+@pytest.fixture
+async def pd_cluster() -> AsyncIterator[tuple[LocalCluster, LeaderWorkerSetController, FakeRuntimes]]:
+    runtimes = FakeRuntimes()
+    async with LocalCluster(leader_worker_sets=True, disaggregated_sets=True) as cluster:
+        await cluster.start_operator(CONFIG)
+        try:
+            yield cluster, LeaderWorkerSetController(cluster, runtimes), runtimes
+        finally:
+            await cluster.stop_operator()
+            await runtimes.close()
+
+
+async def role_sets(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
+    """One round of the DisaggregatedSet stand-in; its role LeaderWorkerSets by role."""
+    ds = await cluster.get(disaggregated.API_VERSION, disaggregated.PLURAL, NS, NAME)
+    assert ds is not None
+    await disaggregated.reconcile(
+        cluster, await controllers.read_snapshot(cluster, NS, {"leaderworkersets": "leaderworkerset.x-k8s.io/v1"}), ds
+    )
+    found = await cluster.list_objects("leaderworkerset.x-k8s.io/v1", "leaderworkersets", NS)
+    return {
+        o["metadata"]["labels"][disaggregated.ROLE_LABEL]: o
+        for o in found
+        if disaggregated.ROLE_LABEL in o["metadata"]["labels"]
+    }
+
+
+async def status_when(cluster: LocalCluster, check: Any, what: str, within: float = 30) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        obj = await cluster.get(crd.API_VERSION, crd.PLURAL, NS, NAME)
+        return obj if obj is not None and check(obj) else None
+
+    found: dict[str, Any] = await cluster.wait_for(probe, within=within, what=what)
+    return found
+
+
+def role_graph(obj: dict[str, Any], role: str) -> dict[str, Any]:
+    graph: dict[str, Any] = obj["status"].get("graph", {}).get("roles", {}).get(role, {})
+    return graph
+
+
+def one_node(mode: str, **extra: Any) -> Any:
+    return report(mode, node={"rank": 0, "nodes": 1, "data_parallel_ranks": [0]}, **extra)
+
+
+async def test_each_role_is_read_through_its_chain_and_shown_with_an_event_naming_it(
+    pd_cluster: tuple[LocalCluster, LeaderWorkerSetController, FakeRuntimes],
+) -> None:
+    cluster, controller, runtimes = pd_cluster
+    manifest = example("sandbox-cpu-pd.yaml")
+    await cluster.apply_npu_inference(manifest)
+    await cluster.wait_for(
+        lambda: cluster.get(disaggregated.API_VERSION, disaggregated.PLURAL, NS, NAME), what="the DisaggregatedSet"
+    )
+    roles = await role_sets(cluster)
+    assert sorted(roles) == ["decode", "prefill"]
+    for role, lws in roles.items():  # what the controller made: name, our labels, its owner
+        meta = lws["metadata"]
+        assert meta["name"].startswith(f"{NAME}-0-") and meta["name"].endswith(f"-{role}")
+        assert (
+            meta["labels"]["inference.npu.dev/name"] == NAME
+            and meta["ownerReferences"][0]["kind"] == "DisaggregatedSet"
+        )
+    # Someone else's LeaderWorkerSet with our labels and a role label: never read.
+    foreign = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "other", "namespace": NS, "labels": roles["decode"]["metadata"]["labels"]},
+        "spec": roles["decode"]["spec"],
+    }
+    foreign = await cluster.create(foreign, "leaderworkersets")
+    foreign_ports = await controller.make_group(foreign, 0, [HOSTILE])
+
+    await controller.make_group(roles["prefill"], 0, [one_node("NONE")])
+    await controller.make_group(roles["decode"], 0, [one_node("NONE", downgrades=[CAPTURE_FAILED])])
+    await controller.report(ready=1, name=roles["decode"]["metadata"]["name"])
+    obj = await status_when(cluster, lambda o: role_graph(o, "decode").get("effectiveMode") == "NONE", "decode's graph")
+    assert condition(obj, "Ready")["status"] == "False", "no prefill replica is ready yet"
+    await controller.report(ready=1, name=roles["prefill"]["metadata"]["name"])
+    await asyncio.sleep(3)  # a few ticks: the router is not ready yet, so neither is the resource
+    obj = await status_when(cluster, lambda o: bool(o.get("status")), "a status")
+    assert condition(obj, "Ready")["status"] == "False", "the router (the endpoint) is not ready"
+    router = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}  # as its controller
+    await cluster.patch("apps/v1", "deployments", NS, NAME, {"status": router}, subresource="status")
+    obj = await status_when(cluster, lambda o: condition(o, "Ready").get("status") == "True", "Ready")
+    graph = obj["status"]["graph"]
+    assert graph["requestedMode"] == "FULL_DECODE_ONLY" and graph["effectiveMode"] == "NONE"
+    prefill, decode = role_graph(obj, "prefill"), role_graph(obj, "decode")
+    assert (prefill["requestedMode"], prefill["effectiveMode"]) == ("NONE", "NONE") and "downgrades" not in prefill
+    assert decode["requestedMode"] == "FULL_DECODE_ONLY" and decode["downgrades"][0]["reason"] == "CaptureFailed"
+    assert decode["ranks"][0]["pod"] == f"{roles['decode']['metadata']['name']}-0"
+    assert all(runtimes.hits.get(port, 0) == 0 for port in foreign_ports)
+    messages = [
+        e["message"]
+        for e in await cluster.list_objects("v1", "events", NS)
+        if e.get("involvedObject", {}).get("name") == NAME and e.get("reason") == "GraphModeDowngraded"
+    ]
+    decode_pod = f"{roles['decode']['metadata']['name']}-0"
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(
+        f"role decode, group 0 node 0 (pod {decode_pod}): FULL_DECODE_ONLY -> NONE (CaptureFailed"
+    )
