@@ -39,6 +39,7 @@ for _part in ("operator", "runtime", "sandbox"):
         sys.path.insert(0, str(ROOT / _part))
 
 NS = "default"
+SANDBOX_MODELS = "/tmp/npu-sandbox/models"  # examples/sandbox-cpu.yaml's spec.model.source.hostPath
 CLIENT_AGENT = "npu-sandbox"  # this script's own requests (LocalCluster's User-Agent): not the operator's
 
 
@@ -129,6 +130,8 @@ async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, 
             "NPU_OPERATOR_LOG_LEVEL": "WARNING",
             "NPU_OPERATOR_RESYNC_SECONDS": str(args.resync),
             "NPU_OPERATOR_STATUS_POLL_SECONDS": str(args.resync),
+            # The example's hostPath model source, allowed as the sandbox allows it for itself.
+            "NPU_OPERATOR_ALLOWED_HOST_PATHS": SANDBOX_MODELS,
         }
         command = (
             [sys.executable, "-m", "npu_operator.cli", "run"]
