@@ -64,7 +64,7 @@ class Desired:
 
     spec: NPUInferenceSpec | None
     problems: tuple[SpecError, ...]
-    manifests: Mapping[str, JSON]  # kind -> the stamped manifest to apply
+    manifests: Mapping[str, JSON]  # kind -> the stamped manifest to apply (`children.CompactManifests`)
     notes: tuple[str, ...]  # optional children asked for whose API is not installed or usable
     # (reason, message): the workload itself cannot be made here (no LeaderWorkerSet API).
     blocked: tuple[str, str] | None = None
@@ -114,7 +114,7 @@ def desired_state(
             continue
         manifests[kind.key] = children.stamped(child)
     claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
-    return Desired(spec, (), manifests, tuple(notes), blocked, claim)
+    return Desired(spec, (), children.CompactManifests(manifests), tuple(notes), blocked, claim)
 
 
 @dataclasses.dataclass
