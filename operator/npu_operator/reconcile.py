@@ -17,6 +17,7 @@ when their owner chain leads to our workload (`ownership`): labels can be copied
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -143,16 +144,16 @@ async def served_kinds(client: KubeClient) -> tuple[frozenset[str], dict[str, st
     and why for those it would not even say (a 403 on discovery): never a reason to block the rest."""
     served: list[str] = []
     refused: dict[str, str] = {}
-    for kind in children.KINDS:
-        if not kind.optional:
-            continue
-        try:
-            if await client.serves(kind.resource):
-                served.append(kind.kind)
-        except ApiError as exc:
-            if exc.transient:
-                raise
-            refused[kind.kind] = f"the {kind.resource.api_version} API cannot be used: {_api_message(exc)}"
+    optional = [kind for kind in children.KINDS if kind.optional]
+    # Asked together: a resource's first reconcile waits for one round trip, not one per API.
+    answers = await asyncio.gather(*(client.serves(kind.resource) for kind in optional), return_exceptions=True)
+    for kind, answer in zip(optional, answers, strict=True):
+        if isinstance(answer, ApiError) and not answer.transient:
+            refused[kind.kind] = f"the {kind.resource.api_version} API cannot be used: {_api_message(answer)}"
+        elif isinstance(answer, BaseException):
+            raise answer
+        elif answer:
+            served.append(kind.kind)
     return frozenset(served), refused
 
 
