@@ -5,8 +5,9 @@ For each N, in the same run, on a fresh emulator each time:
   so the same script measures an older checkout too), talking to the emulator over HTTP;
 - `floor`: the smallest kopf operator that creates the same Deployment and Service per resource
   (this script with --serve-floor): the cost of kopf itself on this machine.
-Printed per run: settle time (all N created until all N have `status.observedGeneration` 1, which
-the floor writes once its handler has applied both children), the operator's requests per resource to settle, its
+Printed per run: settle time (from the first of N creates, once the operator watches NPUInferences,
+until all N have `status.observedGeneration` 1, which the floor writes once its handler has applied
+both children), the operator's requests per resource to settle, its
 requests per settled resource per resync interval while nothing happens, its CPU seconds and peak
 RSS, and (ours only) the latency from a child's change to the resource's status showing it, p50 and
 p95 over samples: a Deployment turning Ready, a pod going into CrashLoopBackOff.
@@ -39,6 +40,7 @@ for _part in ("operator", "runtime", "sandbox"):
         sys.path.insert(0, str(ROOT / _part))
 
 NS = "default"
+SANDBOX_MODELS = "/tmp/npu-sandbox/models"  # examples/sandbox-cpu.yaml's spec.model.source.hostPath
 CLIENT_AGENT = "npu-sandbox"  # this script's own requests (LocalCluster's User-Agent): not the operator's
 
 
@@ -66,6 +68,15 @@ def _manifest(index: int) -> dict[str, Any]:
 def _operator_requests(emulator: Any, start: int = 0) -> int:
     return sum(
         1 for request in emulator.history[start:] if not request.headers.get("User-Agent", "").startswith(CLIENT_AGENT)
+    )
+
+
+def _watching(emulator: Any, plural: str) -> bool:
+    """Whether the operator has opened its watch of `plural`."""
+    return any(
+        request.params.get("watch") == "true" and request.url.path.endswith(f"/{plural}")
+        for request in emulator.history
+        if not request.headers.get("User-Agent", "").startswith(CLIENT_AGENT)
     )
 
 
@@ -129,6 +140,8 @@ async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, 
             "NPU_OPERATOR_LOG_LEVEL": "WARNING",
             "NPU_OPERATOR_RESYNC_SECONDS": str(args.resync),
             "NPU_OPERATOR_STATUS_POLL_SECONDS": str(args.resync),
+            # The example's hostPath model source, allowed as the sandbox allows it for itself.
+            "NPU_OPERATOR_ALLOWED_HOST_PATHS": SANDBOX_MODELS,
         }
         command = (
             [sys.executable, "-m", "npu_operator.cli", "run"]
@@ -140,9 +153,12 @@ async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, 
             process = await asyncio.create_subprocess_exec(*command, env=env, stdout=log, stderr=log)
         emulator_cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         try:
-            await asyncio.sleep(args.warmup)  # the operator logs in and starts its watches
-            if process.returncode is not None:
-                raise RuntimeError(f"{which} exited at start:\n" + log_path.read_text(errors="replace")[-3000:])
+            # The operator imports, logs in and starts its watches: settle time counts from its
+            # first watch of NPUInferences (an apply to a running operator), as for the floor.
+            await asyncio.sleep(args.warmup)
+            watching = await _until(lambda: _watching(emulator, crd.PLURAL), args.timeout, interval=0.1)
+            if process.returncode is not None or watching is None:
+                raise RuntimeError(f"{which} did not start:\n" + log_path.read_text(errors="replace")[-3000:])
             names = [f"bench-{i:04d}" for i in range(size)]
             requests0 = len(emulator.history)
             started = time.perf_counter()

@@ -14,8 +14,12 @@ checks, the device probe, the model inspection and the plan).
     .venv/bin/python scripts/bench_serve_startup.py --before-engine-only --rounds 5   # no engine waits
 
 --before-engine-only starts serve, takes that time and stops it (and the engine it began): a quick
-figure for serve's own overhead that needs no engine start. PYTHONPATH=<checkout>/runtime measures
+figure for serve's own overhead that needs no engine start. Next to it, in the same rounds, an
+empty interpreter's start (`python -c pass`, until it exits): the part of that time no code of
+ours can remove, and a gauge of how loaded the machine is. PYTHONPATH=<checkout>/runtime measures
 another checkout's runtime (serve runs in a child interpreter with the caller's environment).
+The measured runtime's bytecode is compiled first, as `pip install` does in the images (a
+checkout run with PYTHONDONTWRITEBYTECODE=1 would otherwise compile its modules at every start).
 
 Without --model the tiny generated model is used (npu_sandbox.tiny_model).
 """
@@ -97,6 +101,19 @@ def serve(model: str, env: dict[str, str], scratch: Path, *, engine: bool = True
         time.sleep(SETTLE_SECONDS if engine else 0.5)
 
 
+def empty_interpreter(env: dict[str, str]) -> float:
+    """Seconds for `python -c pass` to start and exit."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
+    return time.monotonic() - start
+
+
+def compile_runtime(env: dict[str, str]) -> None:
+    """The bytecode of the npu_runtime that serve will import (the one on the caller's PYTHONPATH)."""
+    code = "import compileall, os, npu_runtime; compileall.compile_dir(os.path.dirname(npu_runtime.__file__), quiet=1)"
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
@@ -105,6 +122,7 @@ def main() -> None:
     args = parser.parse_args()
 
     env = serve_environment(dict(os.environ))  # the caller's engine settings too; a small KV cache unless set
+    compile_runtime(env)
     with tempfile.TemporaryDirectory() as directory:
         scratch = Path(directory)
         model = args.model
@@ -123,14 +141,21 @@ def main() -> None:
         )
         engine_flags: list[str] = plan["vllm_args"]  # SMALL's limits are among them
 
-        times: dict[str, list[float]] = {"direct": [], "serve": [], "before engine": []}
+        times: dict[str, list[float]] = {"direct": [], "serve": [], "before engine": [], "empty": []}
         if args.before_engine_only:
             for round_ in range(args.rounds):
+                times["empty"].append(empty_interpreter(env))
                 times["before engine"].append(serve(model, env, scratch, engine=False)[0])
-                print(f"round {round_ + 1}: serve started the engine after {times['before engine'][-1]:.2f} s")
-            starts = times["before engine"]
+                print(
+                    f"round {round_ + 1}: serve started the engine after {times['before engine'][-1]:.2f} s "
+                    f"(an empty interpreter: {times['empty'][-1]:.2f} s)"
+                )
+            starts, empty = times["before engine"], times["empty"]
             print(f"serve's own time before the engine starts: median {statistics.median(starts):.2f} s "
-                  f"(min {min(starts):.2f}, max {max(starts):.2f}, {len(starts)} runs)")  # fmt: skip
+                  f"(min {min(starts):.2f}, max {max(starts):.2f}, {len(starts)} runs); "
+                  f"an empty interpreter's start: median {statistics.median(empty):.2f} s, "
+                  f"{statistics.median(starts) / statistics.median(empty):.1f}x; "
+                  f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
             return
         print(f"warm-up (discarded): direct {direct(model, engine_flags, env, scratch):.1f} s", flush=True)
         for round_ in range(args.rounds):

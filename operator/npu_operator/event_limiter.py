@@ -52,6 +52,10 @@ class EventLimiter:
                 self._held[key] = group
         return out
 
+    def holds(self, uid: str) -> bool:
+        """Whether Events of resource `uid` wait for their window to open (a later `submit` posts them)."""
+        return any(key[0] == uid for key in self._held)
+
     def forget(self, uid: str) -> None:
         for key in [key for key in (*self._posted, *self._held) if key[0] == uid]:
             self._posted.pop(key, None)

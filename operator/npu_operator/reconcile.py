@@ -22,6 +22,7 @@ reason to stop serving.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -84,7 +85,7 @@ class Desired:
 
     spec: NPUInferenceSpec | None
     problems: tuple[SpecError, ...]
-    manifests: Mapping[str, JSON]  # kind -> the stamped manifest to apply
+    manifests: Mapping[str, JSON]  # kind -> the stamped manifest to apply (`children.CompactManifests`)
     notes: tuple[str, ...]  # optional children asked for whose API is not installed or usable
     # (reason, message): the workload itself cannot be made here (no LeaderWorkerSet API).
     blocked: tuple[str, str] | None = None
@@ -149,7 +150,7 @@ def desired_state(
     if blocked is not None and spec.disaggregation is not None:
         manifests = {}  # nothing else changes: no router without its engines
     claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
-    return Desired(spec, (), manifests, tuple(notes), blocked, claim, rollout)
+    return Desired(spec, (), children.CompactManifests(manifests), tuple(notes), blocked, claim, rollout)
 
 
 @dataclasses.dataclass
@@ -179,16 +180,16 @@ async def served_kinds(client: KubeClient) -> tuple[frozenset[str], dict[str, st
     and why for those it would not even say (a 403 on discovery): never a reason to block the rest."""
     served: list[str] = []
     refused: dict[str, str] = {}
-    for kind in children.KINDS:
-        if not kind.optional:
-            continue
-        try:
-            if await client.serves(kind.resource):
-                served.append(kind.kind)
-        except ApiError as exc:
-            if exc.transient:
-                raise
-            refused[kind.kind] = f"the {kind.resource.api_version} API cannot be used: {_api_message(exc)}"
+    optional = [kind for kind in children.KINDS if kind.optional]
+    # Asked together: a resource's first reconcile waits for one round trip, not one per API.
+    answers = await asyncio.gather(*(client.serves(kind.resource) for kind in optional), return_exceptions=True)
+    for kind, answer in zip(optional, answers, strict=True):
+        if isinstance(answer, ApiError) and not answer.transient:
+            refused[kind.kind] = f"the {kind.resource.api_version} API cannot be used: {_api_message(answer)}"
+        elif isinstance(answer, BaseException):
+            raise answer
+        elif answer:
+            served.append(kind.kind)
     return frozenset(served), refused
 
 

@@ -156,15 +156,24 @@ def essentials(body: Mapping[str, Any], *, pod: bool = False) -> dict[str, Any]:
     return result
 
 
-def _index_child(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
+# The indexers are async although they never wait: kopf runs a sync handler in a thread of its
+# executor (kopf/_core/actions/invocation.py, invoke), a thread hop and a copied context for every
+# child and pod event (three to five per resource as it settles).
+async def _index_child(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[OwnerKey, Any]:
     return {owner_key(namespace, labels): essentials(body)}
 
 
-def _index_pod(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
+async def _index_pod(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[OwnerKey, Any]:
     return {owner_key(namespace, labels): essentials(body, pod=True)}
 
 
-def _index_link(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[OwnerKey, Any]:
+async def _index_link(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[OwnerKey, Any]:
     """A link of a pod's owner chain (a ReplicaSet, a StatefulSet): only who it is and who owns it."""
     meta = body.get("metadata", {})
     return {owner_key(namespace, labels): {"metadata": {key: meta[key] for key in _LINK_METADATA if key in meta}}}

@@ -4,7 +4,8 @@ The worker is the only writer of the resource's status and Events, so nothing ra
 reconciles, patches the status fields that changed, posts the Events that the condition
 transitions imply, then sleeps until the next tick or until a handler wakes it (a spec change,
 a change of one of its children or pods: see `watches`). A tick of a settled resource reads
-only kopf's caches: it costs no request to the API server.
+only kopf's caches: it costs no request to the API server. A tick whose inputs cannot have
+changed since a tick that changed nothing (`quiet_inputs`) is skipped: no reconcile, no CPU.
 It never dies on an error: transient API errors and bugs are logged, counted and retried with
 backoff; a spec that cannot be served is reported once and then left alone until it changes.
 """
@@ -12,11 +13,12 @@ backoff; a spec that cannot be served is reported once and then left alone until
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import kopf
 
@@ -35,6 +37,44 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
 
 
+# A full reconcile comes at least every this many ticks even while nothing seems to change.
+MAX_SKIPPED_TICKS: Final = 11
+# Workers whose first tick (the spec parsed, the children built and created) runs at once. When
+# 1,000 resources arrive together, or the operator starts among them, every first tick otherwise
+# holds its manifests and its requests in memory at the same time, waiting on the API server:
+# the peak memory of a start, for no gain in speed once the API server is the bottleneck.
+FIRST_TICKS_AT_ONCE: Final = 32
+
+
+async def quiet_inputs(
+    body: Mapping[str, Any],
+    known_status: Mapping[str, Any],
+    client: KubeClient,
+    view: LiveView,
+    events: EventLimiter,
+) -> tuple[Any, ...] | None:
+    """What a tick of this resource reads that can change without waking its worker, or None when
+    a tick reads more than that. Two ticks with the same key and no wake-up between them decide
+    the same, so the second is skipped.
+
+    A tick reads: the resource (its resourceVersion changes with every write, ours included), our
+    status as last written (`known_status`), its children and pods (a change wakes the worker),
+    the optional APIs served (part of the key), the clock and the runtimes' reports. The clock
+    matters only for a condition that changes (then its inputs changed) and for graph downgrades
+    that age out; the reports only when there are pods to poll; held Events wait for their window.
+    """
+    meta = body["metadata"]
+    if known_status.get("graph", {}).get("downgrades") or events.holds(meta["uid"]):
+        return None
+    if view.pods(meta["namespace"], meta["name"]):
+        return None
+    try:
+        served, refused = await reconcile.served_kinds(client)
+    except ApiError:
+        return None
+    return (meta.get("resourceVersion"), served, tuple(sorted(refused.items())))
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -48,7 +88,9 @@ async def run(
     collector: ReportCollector,
     stopped: kopf.DaemonStopped,
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    first_ticks: asyncio.Semaphore | None = None,
 ) -> None:
+    """Tick until stopped; `first_ticks` (shared by the workers) bounds how many first ticks run at once."""
     uid = body["metadata"]["uid"]
     owner = (body["metadata"]["namespace"], body["metadata"]["name"])
     # A tick reads kopf's caches (no request) and the runtimes' reports that are due, so it comes
@@ -60,17 +102,31 @@ async def run(
     known_status: dict[str, Any] = dict(body.get("status") or {})
     failures = 0
     events = EventLimiter()  # a burst of Events becomes one, per reason
+    quiet: tuple[Any, ...] | None = None  # the inputs of the last tick, when it changed nothing
+    skipped = 0
+    first: contextlib.AbstractAsyncContextManager[Any] = first_ticks or contextlib.nullcontext()
     try:
         while not stopped:
+            skip = quiet is not None and not wake.is_set() and skipped < MAX_SKIPPED_TICKS
+            if skip and quiet == await quiet_inputs(body, known_status, client, view, events):
+                skipped += 1
+                await _sleep(stopped, wake, interval)
+                continue
             wake.clear()
+            skipped = 0
+            inputs = await quiet_inputs(body, known_status, client, view, events)
+            quiet = None
             started = time.perf_counter()
             outcome = "error"
             try:
-                snapshot = {**dict(body), "status": known_status}
-                result = await reconcile.reconcile(snapshot, client, view, config, utc_now(), collector, cache)
+                async with first:
+                    snapshot = {**dict(body), "status": known_status}
+                    result = await reconcile.reconcile(snapshot, client, view, config, utc_now(), collector, cache)
+                first = contextlib.nullcontext()
                 if result.status_patch:
                     known_status = await _patch_status(client, body, result.status_patch)
-                for event in events.submit(uid, result.events, time.monotonic()):
+                posted = events.submit(uid, result.events, time.monotonic())
+                for event in posted:
                     kopf.event(body, type=event.type, reason=event.reason, message=event.message)
                 outcome = (
                     "invalid"
@@ -80,6 +136,8 @@ async def run(
                     else "unchanged"
                 )
                 failures = 0
+                if outcome == "unchanged" and not posted:
+                    quiet = inputs
             except Exception as exc:  # the worker must outlive any one failure
                 failures += 1
                 transient = exc.transient if isinstance(exc, ApiError) else isinstance(exc, OSError | TimeoutError)

@@ -163,3 +163,13 @@ def test_the_watch_cache_keeps_managed_fields_only_when_another_manager_wrote_th
     for live in (ours_only, edited):
         assert taken_fields(essentials(live), manifest) == taken_fields(live, manifest)
     assert taken_fields(essentials(edited), manifest)
+
+
+def test_compact_manifests_read_back_as_built_and_each_read_is_a_fresh_copy() -> None:
+    built = {"Service": stamped(DESIRED), "Deployment": stamped({**DESIRED, "kind": "Deployment"})}
+    compact = children.CompactManifests(built)
+    assert dict(compact) == built and list(compact) == list(built) and compact.get("PodMonitor") is None
+    first = compact["Service"]
+    first["metadata"]["labels"]["a"] = "changed"
+    assert compact["Service"] == built["Service"]
+    assert plan(children.SERVICE, "x", compact["Service"], live_from(built["Service"]), "owner") is None
