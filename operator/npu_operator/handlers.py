@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import socket
@@ -66,7 +65,6 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # The CRD's schema (its defaults) is read here, not by the first resource's spec check.
     crd.load_crd()
     memo.wakeups = watches.Wakeups()
-    memo.first_ticks = asyncio.Semaphore(worker.FIRST_TICKS_AT_ONCE)
     memo.seen_children = watches.SeenChildren()
     memo.client = client.KubeClient(lambda: client.connection_info(settings, logger))
     memo.collector = ReportCollector(
@@ -112,6 +110,4 @@ async def keep_reconciled(
     body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Logger, **indexes: Any
 ) -> None:
     view = watches.WatchedView(indexes, memo.seen_children)
-    await worker.run(
-        body, memo.client, view, memo.config, memo.wakeups, memo.collector, stopped, logger, memo.first_ticks
-    )
+    await worker.run(body, memo.client, view, memo.config, memo.wakeups, memo.collector, stopped, logger)

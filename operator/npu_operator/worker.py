@@ -13,7 +13,6 @@ backoff; a spec that cannot be served is reported once and then left alone until
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 import time
@@ -39,11 +38,6 @@ def describe(exc: BaseException) -> str:
 
 # A full reconcile comes at least every this many ticks even while nothing seems to change.
 MAX_SKIPPED_TICKS: Final = 11
-# Workers whose first tick (the spec parsed, the children built and created) runs at once. When
-# 1,000 resources arrive together, or the operator starts among them, every first tick otherwise
-# holds its manifests and its requests in memory at the same time, waiting on the API server:
-# the peak memory of a start, for no gain in speed once the API server is the bottleneck.
-FIRST_TICKS_AT_ONCE: Final = 32
 
 
 async def quiet_inputs(
@@ -88,9 +82,7 @@ async def run(
     collector: ReportCollector,
     stopped: kopf.DaemonStopped,
     logger: logging.Logger | logging.LoggerAdapter[Any],
-    first_ticks: asyncio.Semaphore | None = None,
 ) -> None:
-    """Tick until stopped; `first_ticks` (shared by the workers) bounds how many first ticks run at once."""
     uid = body["metadata"]["uid"]
     owner = (body["metadata"]["namespace"], body["metadata"]["name"])
     # A tick reads kopf's caches (no request) and the runtimes' reports that are due, so it comes
@@ -104,7 +96,6 @@ async def run(
     events = EventLimiter()  # a burst of Events becomes one, per reason
     quiet: tuple[Any, ...] | None = None  # the inputs of the last tick, when it changed nothing
     skipped = 0
-    first: contextlib.AbstractAsyncContextManager[Any] = first_ticks or contextlib.nullcontext()
     try:
         while not stopped:
             skip = quiet is not None and not wake.is_set() and skipped < MAX_SKIPPED_TICKS
@@ -119,10 +110,8 @@ async def run(
             started = time.perf_counter()
             outcome = "error"
             try:
-                async with first:
-                    snapshot = {**dict(body), "status": known_status}
-                    result = await reconcile.reconcile(snapshot, client, view, config, utc_now(), collector, cache)
-                first = contextlib.nullcontext()
+                snapshot = {**dict(body), "status": known_status}
+                result = await reconcile.reconcile(snapshot, client, view, config, utc_now(), collector, cache)
                 if result.status_patch:
                     known_status = await _patch_status(client, body, result.status_patch)
                 posted = events.submit(uid, result.events, time.monotonic())

@@ -64,8 +64,6 @@ def run_ticks(
     ticks: int,
     between: Callable[[int, dict[str, Any], View, Wakeups], None] = lambda *_: None,
     result: reconcile.Result | None = None,
-    first_ticks: asyncio.Semaphore | None = None,
-    slots_taken: list[bool] | None = None,
 ) -> list[int]:
     """Run the worker for `ticks` ticks (calling `between` after each); the ticks that reconciled."""
     body: dict[str, Any] = {"metadata": {"namespace": "default", "name": "m", "uid": "u1", "resourceVersion": "1"}}
@@ -75,8 +73,6 @@ def run_ticks(
 
     async def fake_reconcile(*_: Any, **__: Any) -> reconcile.Result:
         reconciled.append(slept)
-        if slots_taken is not None and first_ticks is not None:
-            slots_taken.append(first_ticks.locked())
         return result or reconcile.Result({}, (), ())
 
     async def fake_sleep(stopped_: Any, wake: Any, seconds: float) -> None:
@@ -96,7 +92,6 @@ def run_ticks(
         Collector(),  # type: ignore[arg-type]
         stopped,  # type: ignore[arg-type]
         logging.getLogger("test"),
-        first_ticks,
     )
     asyncio.run(coroutine)
     return reconciled
@@ -135,10 +130,3 @@ def test_held_events_keep_the_ticks_coming_until_they_are_posted() -> None:
     assert limiter.holds("a") and not limiter.holds("b")
     limiter.submit("a", [], now=61)
     assert not limiter.holds("a")
-
-
-def test_only_the_first_tick_takes_a_slot_of_the_shared_first_ticks(monkeypatch: pytest.MonkeyPatch) -> None:
-    taken: list[bool] = []
-    patching = reconcile.Result({"observedGeneration": 1}, (), ())
-    run_ticks(monkeypatch, 3, result=patching, first_ticks=asyncio.Semaphore(1), slots_taken=taken)
-    assert taken == [True, False, False]
