@@ -13,7 +13,6 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import filelock
@@ -23,29 +22,9 @@ from npu_runtime.fetch import layout
 from npu_runtime.serving import failures
 from npu_sandbox.local_hub import LocalHub, Repo, RepoFile
 
-REPO = "org/tiny-llama"
-HUBS = [fetch.HUGGING_FACE, fetch.MODEL_SCOPE]
-WEIGHTS = "model.safetensors"
+from tests.runtime.conftest import HUBS, REPO, WEIGHTS
 
-
-@pytest.fixture(autouse=True)
-def _quiet_clients(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "ms-home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv(fetch.TOKEN_ENV, raising=False)
-
-
-@pytest.fixture(scope="module")
-def repo(tiny_model: Path) -> Repo:
-    return Repo.from_directory(REPO, tiny_model)
-
-
-@pytest.fixture
-def hub(repo: Repo) -> Iterator[LocalHub]:
-    with LocalHub([repo]) as running:
-        yield running
+pytestmark = pytest.mark.usefixtures("quiet_hub_clients")
 
 
 def changed(repo: Repo, files: dict[str, bytes], drop: tuple[str, ...] = ()) -> Repo:
