@@ -41,190 +41,76 @@ from npu_operator.worker import utc_now
 
 from npu_sandbox import custom_resources, fields, kube_protobuf, openapi, openapi_v2_proto, printer, rbac
 
+
+def _api(
+    kind: str,
+    *,
+    shortnames: Iterable[str] = (),
+    categories: Iterable[str] = (),
+    namespaced: bool = True,
+    update: bool = False,
+    subresources: Iterable[str] = (),
+) -> dict[str, Any]:
+    """kmock's resource info of a built-in kind (singular: the kind in lower case); `update`: PUT is
+    served too (what helm and kubectl use on the kinds a chart installs)."""
+    verbs = custom_resources.VERBS if update else custom_resources.VERBS - {"update"}
+    return {
+        "kind": kind,
+        "singular": kind.lower(),
+        "shortnames": set(shortnames),
+        "categories": set(categories),
+        "namespaced": namespaced,
+        "verbs": set(verbs),
+        "subresources": set(subresources),
+    }
+
+
 # Resources served by default: what the operator and its tests touch.
 RESOURCES: dict[str, Any] = {
-    "apps/v1/deployments": {
-        "kind": "Deployment",
-        "singular": "deployment",
-        "shortnames": {"deploy"},
-        "categories": {"all"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status", "scale"},
-    },
-    "apps/v1/replicasets": {
-        "kind": "ReplicaSet",
-        "singular": "replicaset",
-        "shortnames": {"rs"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status", "scale"},
-    },
-    "apps/v1/statefulsets": {
-        "kind": "StatefulSet",
-        "singular": "statefulset",
-        "shortnames": {"sts"},
-        "categories": {"all"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status", "scale"},
-    },
-    "apps/v1/controllerrevisions": {
-        "kind": "ControllerRevision",
-        "singular": "controllerrevision",
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-    },
-    "v1/services": {
-        "kind": "Service",
-        "singular": "service",
-        "shortnames": {"svc"},
-        "categories": {"all"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status"},
-    },
-    "v1/pods": {
-        "kind": "Pod",
-        "singular": "pod",
-        "shortnames": {"po"},
-        "categories": {"all"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status"},
-    },
-    "v1/persistentvolumeclaims": {
-        "kind": "PersistentVolumeClaim",
-        "singular": "persistentvolumeclaim",
-        "shortnames": {"pvc"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status"},
-    },
-    "v1/events": {
-        "kind": "Event",
-        "singular": "event",
-        "shortnames": {"ev"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-    },
+    "apps/v1/deployments": _api(
+        "Deployment", shortnames={"deploy"}, categories={"all"}, subresources={"status", "scale"}
+    ),
+    "apps/v1/replicasets": _api("ReplicaSet", shortnames={"rs"}, subresources={"status", "scale"}),
+    "apps/v1/statefulsets": _api(
+        "StatefulSet", shortnames={"sts"}, categories={"all"}, subresources={"status", "scale"}
+    ),
+    "apps/v1/controllerrevisions": _api("ControllerRevision"),
+    "v1/services": _api("Service", shortnames={"svc"}, categories={"all"}, subresources={"status"}),
+    "v1/pods": _api("Pod", shortnames={"po"}, categories={"all"}, subresources={"status"}),
+    "v1/persistentvolumeclaims": _api("PersistentVolumeClaim", shortnames={"pvc"}, subresources={"status"}),
+    "v1/events": _api("Event", shortnames={"ev"}),
     # kopf looks the namespaces resource up even when it watches the whole cluster.
-    "v1/namespaces": {
-        "kind": "Namespace",
-        "singular": "namespace",
-        "shortnames": {"ns"},
-        "namespaced": False,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-    },
-    "policy/v1/poddisruptionbudgets": {
-        "kind": "PodDisruptionBudget",
-        "singular": "poddisruptionbudget",
-        "shortnames": {"pdb"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status"},
-    },
+    "v1/namespaces": _api("Namespace", shortnames={"ns"}, namespaced=False),
+    "policy/v1/poddisruptionbudgets": _api("PodDisruptionBudget", shortnames={"pdb"}, subresources={"status"}),
     # What a Helm chart installs, and Helm's own release storage (Secrets).
-    "apiextensions.k8s.io/v1/customresourcedefinitions": {
-        "kind": "CustomResourceDefinition",
-        "singular": "customresourcedefinition",
-        "shortnames": {"crd", "crds"},
-        "namespaced": False,
-        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
-        "subresources": {"status"},
-    },
-    "v1/secrets": {
-        "kind": "Secret",
-        "singular": "secret",
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
-    },
-    "v1/configmaps": {
-        "kind": "ConfigMap",
-        "singular": "configmap",
-        "shortnames": {"cm"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
-    },
-    "v1/serviceaccounts": {
-        "kind": "ServiceAccount",
-        "singular": "serviceaccount",
-        "shortnames": {"sa"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
-        "subresources": {"token"},
-    },
-    "rbac.authorization.k8s.io/v1/roles": {
-        "kind": "Role",
-        "singular": "role",
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
-    },
-    "rbac.authorization.k8s.io/v1/rolebindings": {
-        "kind": "RoleBinding",
-        "singular": "rolebinding",
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
-    },
-    "rbac.authorization.k8s.io/v1/clusterroles": {
-        "kind": "ClusterRole",
-        "singular": "clusterrole",
-        "namespaced": False,
-        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
-    },
-    "rbac.authorization.k8s.io/v1/clusterrolebindings": {
-        "kind": "ClusterRoleBinding",
-        "singular": "clusterrolebinding",
-        "namespaced": False,
-        "verbs": {"list", "watch", "get", "create", "patch", "update", "delete"},
-    },
+    "apiextensions.k8s.io/v1/customresourcedefinitions": _api(
+        "CustomResourceDefinition", shortnames={"crd", "crds"}, namespaced=False, update=True, subresources={"status"}
+    ),
+    "v1/secrets": _api("Secret", update=True),
+    "v1/configmaps": _api("ConfigMap", shortnames={"cm"}, update=True),
+    "v1/serviceaccounts": _api("ServiceAccount", shortnames={"sa"}, update=True, subresources={"token"}),
+    "rbac.authorization.k8s.io/v1/roles": _api("Role", update=True),
+    "rbac.authorization.k8s.io/v1/rolebindings": _api("RoleBinding", update=True),
+    "rbac.authorization.k8s.io/v1/clusterroles": _api("ClusterRole", namespaced=False, update=True),
+    "rbac.authorization.k8s.io/v1/clusterrolebindings": _api("ClusterRoleBinding", namespaced=False, update=True),
 }
 # The namespaces every cluster starts with.
 INITIAL_NAMESPACES: tuple[str, ...] = ("default", "kube-system", "kube-public", "kube-node-lease")
-POD_MONITORS: tuple[str, Any] = (
-    "monitoring.coreos.com/v1/podmonitors",
-    {
-        "kind": "PodMonitor",
-        "singular": "podmonitor",
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-    },
-)
+POD_MONITORS: tuple[str, Any] = ("monitoring.coreos.com/v1/podmonitors", _api("PodMonitor"))
 
 # Optional APIs of spec.autoscaling and spec.routing (KEDA; the Gateway API Inference Extension).
 SCALED_OBJECTS: tuple[str, Any] = (
     "keda.sh/v1alpha1/scaledobjects",
-    {
-        "kind": "ScaledObject",
-        "singular": "scaledobject",
-        "shortnames": {"so"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status"},
-    },
+    _api("ScaledObject", shortnames={"so"}, subresources={"status"}),
 )
 INFERENCE_POOLS: tuple[str, Any] = (
     "inference.networking.k8s.io/v1/inferencepools",
-    {
-        "kind": "InferencePool",
-        "singular": "inferencepool",
-        "shortnames": {"infpool"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status"},
-    },
+    _api("InferencePool", shortnames={"infpool"}, subresources={"status"}),
 )
 
 LEADER_WORKER_SETS: tuple[str, Any] = (
     "leaderworkerset.x-k8s.io/v1/leaderworkersets",
-    {
-        "kind": "LeaderWorkerSet",
-        "singular": "leaderworkerset",
-        "shortnames": {"lws"},
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status", "scale"},
-    },
+    _api("LeaderWorkerSet", shortnames={"lws"}, subresources={"status", "scale"}),
 )
 # LeaderWorkerSet v0.10's DisaggregatedSet (config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml:
 # no short names, a status subresource); the sandbox's stand-in for its controller is `npu_sandbox.lws`.
@@ -316,30 +202,25 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for key, info in RESOURCES.items():
-            self.resources[key] = info
+        self.resources.update(RESOURCES)
         self._serve_what_kubectl_reads()
 
     def serve_pod_monitors(self) -> None:
         """Pretend the prometheus-operator CRDs are installed."""
-        key, info = POD_MONITORS
-        self.resources[key] = info
+        self.resources.update([POD_MONITORS])
 
     def serve_scaled_objects(self) -> None:
         """Pretend KEDA's CRDs are installed; nothing runs KEDA (tests scale as its HPA would)."""
-        key, info = SCALED_OBJECTS
-        self.resources[key] = info
+        self.resources.update([SCALED_OBJECTS])
 
     def serve_inference_pools(self) -> None:
         """Pretend the Gateway API Inference Extension's CRDs are installed; no gateway runs them."""
-        key, info = INFERENCE_POOLS
-        self.resources[key] = info
+        self.resources.update([INFERENCE_POOLS])
 
     def serve_leader_worker_sets(self) -> None:
         """Serve the LeaderWorkerSet API (kubernetes-sigs/lws), as its CRD does; the sandbox's
         stand-in for its controller is `npu_sandbox.lws` (nothing runs it unless a kubelet does)."""
-        key, info = LEADER_WORKER_SETS
-        self.resources[key] = info
+        self.resources.update([LEADER_WORKER_SETS])
 
     def serve_disaggregated_sets(self) -> None:
         """Serve LeaderWorkerSet v0.10's DisaggregatedSet API, as its CRD does."""

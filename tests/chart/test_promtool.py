@@ -21,18 +21,6 @@ from npu_sandbox.prometheus import rules_file
 from tests.chart.helm import CHART, JSON, one, render
 
 TESTS = Path(__file__).resolve().parent / "promtool" / "alerts.test.yaml"
-WHY_SKIPPED = (
-    "promtool not found: install Debian's prometheus package (scripts/bootstrap does it as root on Debian: "
-    "apt-get install --no-install-recommends prometheus)"
-)
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        pytest.skip(WHY_SKIPPED)
-    return found
 
 
 @pytest.fixture(scope="module")

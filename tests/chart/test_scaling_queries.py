@@ -9,18 +9,15 @@ The queries and thresholds come from the operator's own rendered ScaledObject, s
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from npu_operator import builders, scaling
 from npu_operator.config import OperatorConfig
 from npu_operator.reconcile import adopted_children, read_spec
 
-from tests.chart.test_promtool import WHY_SKIPPED
 from tests.operator.conftest import example
 
 
@@ -65,14 +62,6 @@ SERIES = [
     ),
 ]
 EXPECTED = {"running-requests": 53, "waiting-requests": 4, "held-requests": 6}
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        pytest.skip(WHY_SKIPPED)
-    return found
 
 
 def test_each_query_returns_one_resources_value_and_the_replicas_keda_asks_for(promtool: str, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """One sandbox run (README's first command) per test session, shared by the tests that judge it:
 the chain itself (test_sandbox.py) and, when Prometheus is installed, what a real Prometheus
 scraped from it (test_sandbox.py, test_dashboard_queries.py). Starting a real vLLM engine takes
-most of a minute; doing it once keeps the suite short."""
+most of a minute; doing it once keeps the suite short. Also the waits the in-process e2e tests share:
+an NPUInference n/n Ready at a generation, and a scale through its scale subresource."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from npu_operator import crd
+from npu_operator.api import is_true
+from npu_sandbox.cluster import LocalCluster
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,3 +39,36 @@ def sandbox_run(tmp_path_factory: pytest.TempPathFactory) -> SandboxRun:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return SandboxRun(result, json.loads(summary_path.read_text()), workdir)
+
+
+async def ready(
+    cluster: LocalCluster, namespace: str, name: str, replicas: int, generation: int
+) -> dict[str, Any] | None:
+    """The NPUInference once Ready with `replicas`/`replicas` ready, for `generation` or a later one; else None."""
+    obj = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name) or {}
+    status = obj.get("status", {})
+    done = status.get("observedGeneration", 0) >= generation and status.get("ready") == f"{replicas}/{replicas}"
+    return obj if done and is_true(obj, "Ready") else None
+
+
+async def wait_ready(
+    cluster: LocalCluster, namespace: str, name: str, replicas: int, generation: int, *, within: float
+) -> dict[str, Any]:
+    """Wait (polling every second) until `ready`; a TimeoutError after `within` seconds."""
+    found: dict[str, Any] = await cluster.wait_for(
+        lambda: ready(cluster, namespace, name, replicas, generation),
+        within=within,
+        interval=1.0,
+        what=f"{replicas}/{replicas} Ready",
+    )
+    return found
+
+
+async def scale(cluster: LocalCluster, namespace: str, name: str, replicas: int, *, within: float) -> dict[str, Any]:
+    """Write spec.replicas through the scale subresource, as `kubectl scale` or KEDA's HPA does, then wait
+    until that many replicas are Ready."""
+    path = f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{namespace}/{crd.PLURAL}/{name}/scale"
+    await cluster._call("PATCH", path, {"spec": {"replicas": replicas}}, "application/merge-patch+json")
+    scaled = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name)
+    assert scaled is not None
+    return await wait_ready(cluster, namespace, name, replicas, scaled["metadata"]["generation"], within=within)

@@ -19,6 +19,13 @@ OURS_V1: dict[str, Any] = {
     "f:metadata": {"f:labels": {"f:a": {}}, "f:annotations": {f"f:{DIGEST_ANNOTATION}": {}}, "f:ownerReferences": {}},
     "f:spec": {"f:ports": {}, "f:selector": {"f:a": {}}},
 }
+# The controller manager's write of the status subresource (a Service's load balancer).
+STATUS_WRITER: dict[str, Any] = {
+    "manager": "kube-controller-manager",
+    "operation": "Update",
+    "subresource": "status",
+    "fieldsV1": {"f:status": {"f:loadBalancer": {}}},
+}
 
 
 def live_from(manifest: dict[str, Any], *others: dict[str, Any]) -> dict[str, Any]:
@@ -43,11 +50,9 @@ def test_a_missing_child_is_applied_with_the_digest_of_its_manifest() -> None:
 
 def test_a_child_as_last_applied_needs_nothing_whatever_the_server_added() -> None:
     manifest = stamped(DESIRED)
-    status_writer = {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status",
-                     "fieldsV1": {"f:status": {"f:loadBalancer": {}}}}  # fmt: skip
     defaulter = {"manager": "kube-controller-manager", "operation": "Update",
                  "fieldsV1": {"f:metadata": {"f:annotations": {"f:other/annotation": {}}}}}  # fmt: skip
-    assert plan(children.SERVICE, "x", manifest, live_from(manifest, status_writer, defaulter), "owner") is None
+    assert plan(children.SERVICE, "x", manifest, live_from(manifest, STATUS_WRITER, defaulter), "owner") is None
 
 
 def test_a_changed_manifest_is_applied_again() -> None:
@@ -149,13 +154,11 @@ def test_the_watch_cache_keeps_managed_fields_only_when_another_manager_wrote_th
     from npu_operator.watches import essentials
 
     manifest = stamped(DESIRED)
-    status_writer = {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status",
-                     "fieldsV1": {"f:status": {"f:loadBalancer": {}}}}  # fmt: skip
     hand_edit = {"manager": "kubectl-edit", "operation": "Update",
                  "fieldsV1": {"f:spec": {"f:selector": {"f:a": {}}}}}  # fmt: skip
-    ours_only = live_from(manifest, status_writer)
+    ours_only = live_from(manifest, STATUS_WRITER)
     assert "managedFields" not in essentials(ours_only)["metadata"]
-    edited = live_from(manifest, status_writer, hand_edit)
+    edited = live_from(manifest, STATUS_WRITER, hand_edit)
     del edited["metadata"]["managedFields"][0]["fieldsV1"]["f:spec"]["f:selector"]  # moved to kubectl-edit
     kept = essentials(edited)["metadata"]["managedFields"]
     assert [e["manager"] for e in kept] == [FIELD_MANAGER, "kubectl-edit"]  # the status write is never read

@@ -22,30 +22,14 @@ from typing import Any
 import pytest
 from npu_operator import crd
 from npu_operator.api import condition
-from npu_operator.config import OperatorConfig
 from npu_sandbox.cluster import LocalCluster
 
-from tests.operator.conftest import SANDBOX_HOST_PATHS
-from tests.operator.test_faults import HOSTILE, FakeRuntimes, report
+from tests.operator.test_faults import CONFIG, HOSTILE, FakeRuntimes, report
+from tests.operator.test_ranks import HCCL
 
 NS = "default"
 NAME = "tiny-llama"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
-CONFIG = OperatorConfig(
-    resync_seconds=1.0,
-    status_poll_seconds=1.0,
-    status_timeout_seconds=1.0,
-    metrics_port=0,
-    health_port=0,
-    allowed_host_paths=SANDBOX_HOST_PATHS,
-)
-HCCL = {
-    "from_mode": "FULL_DECODE_ONLY",
-    "to_mode": "NONE",
-    "reason": "HcclBufferShortfall",
-    "message": "HCCL_BUFFSIZE too small for the graphs on this node",
-    "stage": "engine",
-}
 
 
 def two_node_manifest() -> dict[str, Any]:

@@ -20,8 +20,8 @@ from npu_sandbox import controllers, disaggregated
 from npu_sandbox.cluster import LocalCluster
 
 from tests.operator.conftest import example
-from tests.operator.test_faults import HOSTILE, FakeRuntimes, report
-from tests.operator.test_lws_ranks import CONFIG, NS, LeaderWorkerSetController
+from tests.operator.test_faults import CONFIG, HOSTILE, FakeRuntimes, report
+from tests.operator.test_lws_ranks import NS, LeaderWorkerSetController
 
 NAME = "tiny-llama-pd"
 CAPTURE_FAILED = {

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from npu_runtime import cli
+from npu_sandbox.kubelet import free_port
 
 from .conftest import FIXTURES, MODEL_NAMES
 
@@ -235,8 +236,7 @@ def test_plan_and_serve_refuse_special_and_binary_config_files_up_front(tmp_path
     assert (plan.returncode, "Traceback" in plan.stderr) == (2, False), plan.stderr
     assert f"{config}: {why}" in plan.stderr
     log = tmp_path / "termination-log"
-    serve = run(
-        "serve", "--model", str(tmp_path), "--port", "1", "--metrics-port", "1", "--termination-log", str(log), *NPU_64
-    )
+    ports = ["--port", str(free_port()), "--metrics-port", str(free_port())]  # not fixed ones: tests run in parallel
+    serve = run("serve", "--model", str(tmp_path), *ports, "--termination-log", str(log), *NPU_64)
     assert serve.returncode != 0 and "Traceback" not in serve.stderr, serve.stderr
     assert log.read_text(encoding="utf-8").startswith(f"ModelInvalid: {config}: {why}")

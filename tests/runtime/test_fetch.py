@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,30 +22,11 @@ from npu_runtime.fetch import download as fetch
 from npu_runtime.fetch.download import FetchError, FetchOptions, Progress
 from npu_sandbox.local_hub import LocalHub, Repo
 
-REPO = "org/tiny-llama"
-HUBS = [fetch.HUGGING_FACE, fetch.MODEL_SCOPE]
-WEIGHTS = "model.safetensors"
+from tests.runtime.conftest import HUBS, REPO, WEIGHTS
+
 BIG = "extra-00002.safetensors"
 
-
-@pytest.fixture(scope="module")
-def repo(tiny_model: Path) -> Repo:
-    return Repo.from_directory(REPO, tiny_model)
-
-
-@pytest.fixture
-def hub(repo: Repo) -> Iterator[LocalHub]:
-    with LocalHub([repo]) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _quiet_clients(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # Neither client may read a real token or write outside the test's folders.
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "ms-home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+pytestmark = pytest.mark.usefixtures("quiet_hub_clients")
 
 
 def options(hub: LocalHub, cache: Path, which: str, **changes: object) -> FetchOptions:

@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,30 +34,9 @@ from npu_sandbox.kubelet import free_port
 from npu_sandbox.local_hub import LocalHub, Repo, RepoFile
 
 from tests.operator.conftest import example
+from tests.runtime.conftest import HUBS, REPO, WEIGHTS
 
-REPO = "org/tiny-llama"
-HUBS = [fetch.HUGGING_FACE, fetch.MODEL_SCOPE]
-WEIGHTS = "model.safetensors"
-
-
-@pytest.fixture(autouse=True)
-def _quiet_clients(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "ms-home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv(fetch.TOKEN_ENV, raising=False)
-
-
-@pytest.fixture(scope="module")
-def repo(tiny_model: Path) -> Repo:
-    return Repo.from_directory(REPO, tiny_model)
-
-
-@pytest.fixture
-def hub(repo: Repo) -> Iterator[LocalHub]:
-    with LocalHub([repo]) as running:
-        yield running
+pytestmark = pytest.mark.usefixtures("quiet_hub_clients")
 
 
 def changed(repo: Repo, files: dict[str, bytes], drop: tuple[str, ...] = ()) -> Repo:

@@ -20,7 +20,7 @@ from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.plan import DoesNotFitError, PlanError, make_plan
 from npu_runtime.planner.probe import DeviceInfo
 
-from .conftest import DEVICES, GIB, MODEL_NAMES, POD_ENV, load_model
+from .conftest import DEVICES, GIB, MODEL_NAMES, POD_ENV, R1_RECIPE, load_model
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -122,31 +122,17 @@ def test_scenarios() -> None:
     compare("scenarios", results)
 
 
-# vllm-ascend's DeepSeek-R1 tutorial (docs/source/tutorials/models/DeepSeek-R1.md): DP 4 x TP 4,
-# expert parallel, --quantization ascend, MTP with 3 speculative tokens, FULL_DECODE_ONLY.
-R1_TUTORIAL: dict[str, Any] = {
-    "data_parallel": 4,
-    "tensor_parallel": 4,
-    "enable_expert_parallel": True,
-    "quantization": "ascend",
-    "speculative_method": "mtp",
-    "speculative_tokens": 3,
-    "max_num_seqs": 16,
-    "max_model_len": 16384,
-    "max_num_batched_tokens": 4096,
-    "gpu_memory_utilization": 0.92,
-}
 A3_NODE = DeviceInfo("npu", "Ascend910_9392", 16, 64 * GIB, None, "override")  # Atlas 800 A3: 16 x 64 GiB
 A2_NODE = DeviceInfo("npu", "Ascend910B3", 8, 64 * GIB, None, "override")  # Atlas 800 A2: 8 x 64 GiB
 A2_32_NODE = DeviceInfo("npu", "Ascend910B4", 8, 32 * GIB, None, "override")
 MOE_LAYOUTS: dict[str, tuple[str, DeviceInfo, dict[str, Any]]] = {
-    "deepseek-r1-w8a8/a3-1node-dp4-tp4-ep-mtp3": ("deepseek-r1-w8a8", A3_NODE, R1_TUTORIAL),
-    "deepseek-r1-w8a8/a2-2nodes-dp4-tp4-ep-mtp3": ("deepseek-r1-w8a8", A2_NODE, {**R1_TUTORIAL, "nodes": 2}),
+    "deepseek-r1-w8a8/a3-1node-dp4-tp4-ep-mtp3": ("deepseek-r1-w8a8", A3_NODE, R1_RECIPE),
+    "deepseek-r1-w8a8/a2-2nodes-dp4-tp4-ep-mtp3": ("deepseek-r1-w8a8", A2_NODE, {**R1_RECIPE, "nodes": 2}),
     "deepseek-r1-w8a8/a2-1node-tp8-does-not-fit": ("deepseek-r1-w8a8", A2_NODE, {"tensor_parallel": 8}),
     "deepseek-r1-w8a8/a2-2nodes-dp3-uneven": (
         "deepseek-r1-w8a8",
         A2_NODE,
-        {**R1_TUTORIAL, "nodes": 2, "data_parallel": 3},
+        {**R1_RECIPE, "nodes": 2, "data_parallel": 3},
     ),
     "deepseek-r1-bf16/a2-4nodes-dp8-tp4-ep": (
         "deepseek-r1-bf16",
@@ -165,7 +151,7 @@ MOE_LAYOUTS: dict[str, tuple[str, DeviceInfo, dict[str, Any]]] = {
     "deepseek-r1-bf16/a3-1node-dp4-tp4-ep-does-not-fit": (
         "deepseek-r1-bf16",
         A3_NODE,
-        R1_TUTORIAL | {"quantization": None},
+        R1_RECIPE | {"quantization": None},
     ),
     "deepseek-v3-fp8/a3-2nodes-dp8-tp4-ep": (
         "deepseek-v3",

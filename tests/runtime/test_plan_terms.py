@@ -20,25 +20,11 @@ from npu_runtime.planner.model import inspect_model
 from npu_runtime.planner.plan import Plan, make_plan
 from npu_runtime.planner.probe import DeviceError, DeviceInfo, device_from_options
 
-from .conftest import FIXTURES, load_model
+from .conftest import FIXTURES, GIB, R1_RECIPE, load_model
 
-GIB = 1 << 30
 A3 = DeviceInfo("npu", "Ascend910_9392", 16, round(61.27 * GIB), None, "device-table")
 A2 = DeviceInfo("npu", "Ascend910B3", 8, round(60.96 * GIB), None, "device-table")
 AIV = {"HCCL_OP_EXPANSION_MODE": "AIV"}
-# vllm-ascend's DeepSeek-R1 W8A8 recipe: DP 4 x TP 4, EP 16, MTP 3.
-R1_RECIPE: dict[str, Any] = {
-    "tensor_parallel": 4,
-    "data_parallel": 4,
-    "enable_expert_parallel": True,
-    "quantization": "ascend",
-    "speculative_method": "mtp",
-    "speculative_tokens": 3,
-    "max_num_seqs": 16,
-    "max_model_len": 16384,
-    "max_num_batched_tokens": 4096,
-    "gpu_memory_utilization": 0.92,
-}
 BF16 = 2
 INT8 = 1
 

@@ -12,10 +12,11 @@ Targets: vLLM 0.31 and vllm-ascend main of 2026-08 (commit 182b75ea).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from npu_runtime.contract import DEVICE_KINDS
 from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.probe import DeviceInfo, device_family
 
@@ -110,68 +111,92 @@ class ModeContext:
     enforce_eager: bool
 
 
+# The modes a rule can name: every graph mode, and those that capture full graphs.
+_GRAPHS: Final = frozenset(_DECODE) - {NONE}
+_FULL_GRAPHS: Final = frozenset(m for m in _DECODE if has_full_graphs(m))
+
+
+def _always(ctx: ModeContext) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class Rule:
+    """On a device of `devices`, a mode of `changes` becomes `to` when `when` holds for the model and engine."""
+
     reason: str
-    applies: Callable[[str, ModeContext], bool]
-    target: Callable[[str, ModeContext], str]
+    changes: frozenset[str]
+    to: str | Mapping[str, str]
+    """The mode it becomes, or that mode per device kind."""
     message: str
     source: str
+    devices: frozenset[str] = frozenset(DEVICE_KINDS)
+    when: Callable[[ModeContext], bool] = _always
 
+    def applies(self, mode: str, ctx: ModeContext) -> bool:
+        return ctx.device_kind in self.devices and mode in self.changes and self.when(ctx)
 
-def _mla_full_fallback(mode: str, ctx: ModeContext) -> str:
-    # resolve_cudagraph_mode_and_sizes: FULL_AND_PIECEWISE when the splitting ops contain attention,
-    # else FULL_DECODE_ONLY. vllm-ascend empties splitting_ops for full-graph modes
-    # (_setup_compile_backend); vLLM's default splitting ops on CUDA contain attention
-    # (CompilationConfig.set_splitting_ops_for_v1).
-    return FULL_DECODE_ONLY if ctx.device_kind == "npu" else FULL_AND_PIECEWISE
+    def target(self, ctx: ModeContext) -> str:
+        return self.to if isinstance(self.to, str) else self.to[ctx.device_kind]
 
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule(
         reason="CpuHasNoGraphs",
-        applies=lambda mode, ctx: ctx.device_kind == "cpu" and mode != NONE,
-        target=lambda mode, ctx: NONE,
+        devices=frozenset({"cpu"}),
+        changes=_GRAPHS,
+        to=NONE,
         message="the CPU platform has no static graphs; vLLM runs every step eagerly",
         source="vllm/config/vllm.py VllmConfig.__post_init__: support_static_graph_mode() is False "
         "(platforms/interface.py default; platforms/cpu.py does not override it) -> NONE",
     ),
     Rule(
         reason="EnforceEager",
-        applies=lambda mode, ctx: ctx.enforce_eager and mode != NONE,
-        target=lambda mode, ctx: NONE,
+        when=lambda ctx: ctx.enforce_eager,
+        changes=_GRAPHS,
+        to=NONE,
         message="--enforce-eager disables graph capture",
         source="vllm/config/vllm.py VllmConfig.__post_init__ ('Cudagraph is disabled under eager mode'); "
         "vllm_ascend/platform.py NPUPlatform.check_and_update_config (0.23.0; later in _update_compilation_modes)",
     ),
     Rule(
         reason="PoolingModelNoFullGraphs",
-        applies=lambda mode, ctx: ctx.is_pooling and ctx.device_kind != "cpu" and has_full_graphs(mode),
-        target=lambda mode, ctx: PIECEWISE,
+        devices=frozenset({"npu", "cuda"}),
+        when=lambda ctx: ctx.is_pooling,
+        changes=_FULL_GRAPHS,
+        to=PIECEWISE,
         message="pooling models do not support full graphs",
         source="vllm/config/vllm.py VllmConfig.__post_init__ ('Pooling models do not support full cudagraphs')",
     ),
     Rule(
         reason="EncoderDecoderPiecewiseOnly",
-        applies=lambda mode, ctx: ctx.device_kind == "npu" and ctx.is_encoder_decoder and mode not in (NONE, PIECEWISE),
-        target=lambda mode, ctx: PIECEWISE,
+        devices=frozenset({"npu"}),
+        when=lambda ctx: ctx.is_encoder_decoder,
+        changes=_GRAPHS - {PIECEWISE},
+        to=PIECEWISE,
         message="vllm-ascend runs encoder-decoder models in PIECEWISE mode only",
         source="vllm_ascend/platform.py NPUPlatform.check_and_update_config ('Encoder-decoder models currently "
         "only support PIECEWISE mode'; 0.23.0, later moved to _update_compilation_modes)",
     ),
     Rule(
         reason="EncoderDecoderFullDecodeOnly",
-        applies=lambda mode, ctx: (
-            ctx.device_kind == "cuda" and ctx.is_encoder_decoder and mode not in (NONE, FULL_DECODE_ONLY)
-        ),
-        target=lambda mode, ctx: FULL_DECODE_ONLY,
+        devices=frozenset({"cuda"}),
+        when=lambda ctx: ctx.is_encoder_decoder,
+        changes=_GRAPHS - {FULL_DECODE_ONLY},
+        to=FULL_DECODE_ONLY,
         message="vLLM runs encoder-decoder models in FULL_DECODE_ONLY mode",
         source="vllm/config/vllm.py VllmConfig.__post_init__ ('Encoder-decoder models do not support ...')",
     ),
     Rule(
         reason="MlaNoMixedBatchGraphs",
-        applies=lambda mode, ctx: ctx.is_mla and mode == FULL and ctx.device_kind in ("npu", "cuda"),
-        target=_mla_full_fallback,
+        devices=frozenset({"npu", "cuda"}),
+        when=lambda ctx: ctx.is_mla,
+        changes=frozenset({FULL}),
+        # resolve_cudagraph_mode_and_sizes: FULL_AND_PIECEWISE when the splitting ops contain attention,
+        # else FULL_DECODE_ONLY. vllm-ascend empties splitting_ops for full-graph modes
+        # (_setup_compile_backend); vLLM's default splitting ops on CUDA contain attention
+        # (CompilationConfig.set_splitting_ops_for_v1).
+        to={"npu": FULL_DECODE_ONLY, "cuda": FULL_AND_PIECEWISE},
         message="MLA attention supports full graphs for uniform decode batches only (UNIFORM_BATCH), "
         "not for mixed prefill-decode batches",
         source="vllm/config/compilation.py resolve_cudagraph_mode_and_sizes (mixed_mode FULL needs "
@@ -180,10 +205,10 @@ RULES: Final[tuple[Rule, ...]] = (
     ),
     Rule(
         reason="FlashAttention2NoMixedBatchGraphs",
-        applies=lambda mode, ctx: (
-            ctx.device_kind == "cuda" and not ctx.is_mla and mode == FULL and ctx.device_family == "ampere-ada"
-        ),
-        target=lambda mode, ctx: FULL_AND_PIECEWISE,
+        devices=frozenset({"cuda"}),
+        when=lambda ctx: not ctx.is_mla and ctx.device_family == "ampere-ada",
+        changes=frozenset({FULL}),
+        to=FULL_AND_PIECEWISE,
         message="FlashAttention 2 supports full graphs for uniform batches only (UNIFORM_BATCH)",
         source="vllm/v1/attention/backends/flash_attn.py FlashAttentionMetadataBuilder._cudagraph_support "
         "(ALWAYS with FA3, UNIFORM_BATCH otherwise); compilation.py resolve_cudagraph_mode_and_sizes",
@@ -212,7 +237,7 @@ def resolve_mode(
     downgrades: list[Downgrade] = []
     for rule in RULES:
         if rule.applies(mode, ctx):
-            target = rule.target(mode, ctx)
+            target = rule.target(ctx)
             if target != mode:
                 downgrades.append(Downgrade(mode, target, rule.reason, f"{mode} -> {target}: {rule.message}"))
                 mode = target
