@@ -10,6 +10,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +27,26 @@ class SandboxRun:
     workdir: Path
 
 
-@pytest.fixture(scope="session")
-def sandbox_run(tmp_path_factory: pytest.TempPathFactory) -> SandboxRun:
-    folder = tmp_path_factory.mktemp("sandbox-run")
-    workdir = folder / "sandbox"
-    summary_path = folder / "summary.json"
+def run_sandbox(folder: Path, *args: str, timeout: float) -> SandboxRun:
+    """`npu-sandbox ARGS` in `folder` (its stdout kept as stdout.txt, what a user would have seen),
+    judged by its exit status; the run and its JSON summary."""
+    workdir, summary_path = folder / "sandbox", folder / "summary.json"
+    began = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "npu_sandbox", "--workdir", str(workdir), "--summary", str(summary_path)],
+        [sys.executable, "-m", "npu_sandbox", *args, "--workdir", str(workdir), "--summary", str(summary_path)],
         capture_output=True,
         text=True,
-        timeout=840,
+        timeout=timeout,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(f"sandbox run {' '.join(args)}: {time.monotonic() - began:.0f}s")
+    (folder / "stdout.txt").write_text(result.stdout, encoding="utf-8")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     return SandboxRun(result, json.loads(summary_path.read_text()), workdir)
+
+
+@pytest.fixture(scope="session")
+def sandbox_run(tmp_path_factory: pytest.TempPathFactory) -> SandboxRun:
+    return run_sandbox(tmp_path_factory.mktemp("sandbox-run"), timeout=840)
 
 
 async def ready(

@@ -10,16 +10,10 @@ One run (two engines, twice) is shared by the tests of this module.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-from pathlib import Path
-from typing import Any
-
 import pytest
 from npu_operator import aggregate
 
+from tests.e2e.conftest import SandboxRun, run_sandbox
 from tests.e2e.test_sandbox import processes_mentioning
 from tests.runtime.serve_helpers import alive
 
@@ -27,42 +21,23 @@ NAME = "tiny-llama-2node"
 
 
 @pytest.fixture(scope="module")
-def two_node_run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
-    folder = tmp_path_factory.mktemp("two-node")
-    workdir, summary = folder / "sandbox", folder / "summary.json"
-    began = time.monotonic()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "npu_sandbox",
-            "--example",
-            "sandbox-cpu-2node.yaml",
-            "--kill-worker",
-            "--no-prometheus",
-            "--workdir",
-            str(workdir),
-            "--summary",
-            str(summary),
-        ],
-        capture_output=True,
-        text=True,
+def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> SandboxRun:
+    return run_sandbox(
+        tmp_path_factory.mktemp("two-node"),
+        "--example",
+        "sandbox-cpu-2node.yaml",
+        "--kill-worker",
+        "--no-prometheus",
         timeout=1500,
     )
-    print(f"two-node sandbox run: {time.monotonic() - began:.0f}s")
-    (folder / "stdout.txt").write_text(result.stdout, encoding="utf-8")  # what a user would have seen
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
-    return result, json.loads(summary.read_text()), workdir
 
 
 @pytest.mark.engine
 @pytest.mark.timeout(1600)
 def test_a_two_node_replica_serves_recovers_its_group_and_is_deleted_whole(
-    two_node_run: tuple[subprocess.CompletedProcess[str], dict[str, Any], Path],
+    two_node_run: SandboxRun,
 ) -> None:
-    result, summary, workdir = two_node_run
+    result, summary, workdir = two_node_run.result, two_node_run.summary, two_node_run.workdir
     assert summary["ready"] is True and summary["phase"] == "Ready"
     assert (summary["requested_mode"], summary["effective_mode"]) == ("FULL_DECODE_ONLY", "NONE")
     assert summary["pods"] == [f"{NAME}-0", f"{NAME}-0-1"]
@@ -89,11 +64,11 @@ def test_a_two_node_replica_serves_recovers_its_group_and_is_deleted_whole(
 @pytest.mark.engine
 @pytest.mark.timeout(1600)
 def test_both_ranks_are_in_status_graph(
-    two_node_run: tuple[subprocess.CompletedProcess[str], dict[str, Any], Path],
+    two_node_run: SandboxRun,
 ) -> None:
     if not hasattr(aggregate, "MAX_RANKS_LISTED"):
         pytest.skip("this operator does not report ranks yet (status.graph.ranks comes with the per-rank status)")
-    _, summary, _ = two_node_run
+    summary = two_node_run.summary
     for graph in (summary["graph"], summary["recovery"]["graph"]):
         assert graph["rankCount"] == 2, graph
         assert len(graph["ranks"]) == 2, graph

@@ -17,15 +17,9 @@ role and connector, and everything is deleted at the end. One engine pair per CI
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-from pathlib import Path
-from typing import Any
-
 import pytest
 
+from tests.e2e.conftest import SandboxRun, run_sandbox
 from tests.e2e.test_sandbox import processes_mentioning
 from tests.runtime.serve_helpers import alive
 
@@ -34,39 +28,18 @@ MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def pd_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
-    folder = tmp_path_factory.mktemp("pd")
-    workdir, summary = folder / "sandbox", folder / "summary.json"
-    began = time.monotonic()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "npu_sandbox",
-            "--example",
-            "sandbox-cpu-pd.yaml",
-            "--no-prometheus",
-            "--workdir",
-            str(workdir),
-            "--summary",
-            str(summary),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1500,
+def pd_run(tmp_path_factory: pytest.TempPathFactory) -> SandboxRun:
+    return run_sandbox(
+        tmp_path_factory.mktemp("pd"), "--example", "sandbox-cpu-pd.yaml", "--no-prometheus", timeout=1500
     )
-    print(f"P/D sandbox run: {time.monotonic() - began:.0f}s")
-    (folder / "stdout.txt").write_text(result.stdout, encoding="utf-8")
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
-    return result, json.loads(summary.read_text()), workdir
 
 
 @pytest.mark.engine
 @pytest.mark.timeout(1600)
 def test_a_completion_through_the_router_equals_one_engines_greedy_output(
-    pd_run: tuple[subprocess.CompletedProcess[str], dict[str, Any], Path],
+    pd_run: SandboxRun,
 ) -> None:
-    _, summary, _ = pd_run
+    summary = pd_run.summary
     assert summary["ready"] is True and summary["phase"] == "Ready"
     pd = summary["pd"]
     assert pd["prompt_tokens"] > 128, f"the prompt must fill more than one KV block (128 tokens on CPU): {pd}"
@@ -83,9 +56,9 @@ def test_a_completion_through_the_router_equals_one_engines_greedy_output(
 @pytest.mark.engine
 @pytest.mark.timeout(1600)
 def test_each_role_reports_its_connector_and_graph_mode_in_the_resources_status(
-    pd_run: tuple[subprocess.CompletedProcess[str], dict[str, Any], Path],
+    pd_run: SandboxRun,
 ) -> None:
-    result, summary, workdir = pd_run
+    result, summary, workdir = pd_run.result, pd_run.summary, pd_run.workdir
     for role in ("prefill", "decode"):
         kv = summary["pd"]["kv_transfer"][role]
         assert kv["role"] == role
