@@ -369,6 +369,6 @@ def test_a_capture_failure_is_served_until_it_was_read_once() -> None:
         run.stop_requested.set()
         began = time.monotonic()
         assert run.wait_until_failure_read(30) is False  # SIGTERM: no lingering
-        assert time.monotonic() - began < 1
+        assert time.monotonic() - began < 10  # not the 30 s bound (a margin for a loaded machine)
     finally:
         run.close()
