@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from npu_runtime.contract import parse_size
@@ -532,25 +532,10 @@ def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
     if spec.model.name.startswith("-"):
         why = f"{spec.model.name!r} would be read as a flag; start it otherwise"
         problems.append(SpecError("spec.model.name", why))
-    for index, arg in enumerate(spec.engine.extra_args):
-        if (flag := owned_flag(arg)) is not None:
-            spelled = "" if arg.split("=", 1)[0] == flag else f"{arg.split('=', 1)[0]!r} is {flag}: "
-            problems.append(
-                SpecError(
-                    f"spec.engine.extraArgs[{index}]",
-                    f"{spelled}{flag} is set from {FLAGS_OWNED_BY_FIELDS[flag]}; set it there instead",
-                )
-            )
+    engine = spec.engine
+    problems += _engine_problems("spec.engine", engine.extra_args, engine.env, engine.additional_config)
     if spec.disaggregation is not None:
         problems += _disaggregation_problems(spec)
-    for index, var in enumerate(spec.engine.env):
-        if var["name"] in ENV_OWNED_BY_DEVICE_PLUGIN:
-            problems.append(
-                SpecError(
-                    f"spec.engine.env[{index}]",
-                    f"{var['name']} is set by the NPU device plugin for the NPUs it allocates",
-                )
-            )
     if spec.model.hub is not None and spec.model.cache is None:
         problems.append(SpecError("spec.model.cache", "a huggingFace or modelScope source needs a cache volume"))
     if not _absolute_clean(spec.model.path):
@@ -562,11 +547,6 @@ def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
         parse_size(spec.engine.shm_size)
     except ValueError as exc:
         problems.append(SpecError("spec.engine.shmSize", str(exc)))
-    if spec.engine.additional_config is not None:
-        size = len(json.dumps(spec.engine.additional_config, separators=(",", ":")))
-        if size > ADDITIONAL_CONFIG_MAX_BYTES:
-            why = f"is {size} bytes as JSON, more than {ADDITIONAL_CONFIG_MAX_BYTES} (it is one command-line argument)"
-            problems.append(SpecError("spec.engine.additionalConfig", why))
     problems += _hub_problems(spec.model.hub)
     return problems
 
@@ -593,30 +573,39 @@ def _hub_problems(hub: HubSource | None) -> list[SpecError]:
     return problems
 
 
+def _engine_problems(
+    prefix: str, extra_args: Sequence[str], env: Sequence[JSON], additional_config: JSON | None
+) -> list[SpecError]:
+    """One engine's extra arguments, env and additional config under `prefix` (spec.engine, a P/D role)."""
+    problems: list[SpecError] = []
+    for index, arg in enumerate(extra_args):
+        if (flag := owned_flag(arg)) is not None:
+            spelled = "" if arg.split("=", 1)[0] == flag else f"{arg.split('=', 1)[0]!r} is {flag}: "
+            why = f"{spelled}{flag} is set from {FLAGS_OWNED_BY_FIELDS[flag]}; set it there instead"
+            problems.append(SpecError(f"{prefix}.extraArgs[{index}]", why))
+    for index, var in enumerate(env):
+        if var["name"] in ENV_OWNED_BY_DEVICE_PLUGIN:
+            why = f"{var['name']} is set by the NPU device plugin for the NPUs it allocates"
+            problems.append(SpecError(f"{prefix}.env[{index}]", why))
+    if additional_config is not None:
+        size = len(json.dumps(additional_config, separators=(",", ":")))
+        if size > ADDITIONAL_CONFIG_MAX_BYTES:
+            why = f"is {size} bytes as JSON, more than {ADDITIONAL_CONFIG_MAX_BYTES} (it is one command-line argument)"
+            problems.append(SpecError(f"{prefix}.additionalConfig", why))
+    return problems
+
+
 def _disaggregation_problems(spec: NPUInferenceSpec) -> list[SpecError]:
     """The prefill role's extra arguments and env, and the connector's port (vllm-ascend's rules)."""
     from npu_operator import disaggregation  # the one place that renders the connector's settings
 
     assert spec.disaggregation is not None
     prefill = spec.disaggregation.prefill
-    problems: list[SpecError] = []
-    for index, arg in enumerate(prefill.extra_args):
-        if (flag := owned_flag(arg)) is not None:
-            field = f"spec.disaggregation.prefill.extraArgs[{index}]"
-            problems.append(SpecError(field, f"{flag} is set from {FLAGS_OWNED_BY_FIELDS[flag]}; set it there instead"))
-    for index, var in enumerate(prefill.env):
-        if var["name"] in ENV_OWNED_BY_DEVICE_PLUGIN:
-            field = f"spec.disaggregation.prefill.env[{index}]"
-            problems.append(
-                SpecError(field, f"{var['name']} is set by the NPU device plugin for the NPUs it allocates")
-            )
+    problems = _engine_problems(
+        "spec.disaggregation.prefill", prefill.extra_args, prefill.env, prefill.additional_config
+    )
     for setting, why in disaggregation.connector_problems(spec):
         problems.append(SpecError(f"spec.disaggregation.connector.{setting}", why))
-    if prefill.additional_config is not None:
-        size = len(json.dumps(prefill.additional_config, separators=(",", ":")))
-        if size > ADDITIONAL_CONFIG_MAX_BYTES:
-            why = f"is {size} bytes as JSON, more than {ADDITIONAL_CONFIG_MAX_BYTES} (it is one command-line argument)"
-            problems.append(SpecError("spec.disaggregation.prefill.additionalConfig", why))
     # The ScaledObject and the InferencePool select the engines' pods of one workload; with two roles
     # behind a router neither is built yet.
     for field, value in (("spec.autoscaling", spec.autoscaling), ("spec.routing", spec.routing)):

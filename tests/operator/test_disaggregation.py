@@ -204,6 +204,14 @@ def test_an_owned_flag_in_the_prefill_extra_args_names_the_field() -> None:
     assert problem.field == "spec.disaggregation.prefill.extraArgs[0]"
 
 
+def test_an_abbreviated_owned_flag_in_the_prefill_extra_args_is_named_as_in_spec_engine() -> None:
+    manifest = example(EXAMPLE)
+    manifest["spec"]["disaggregation"]["prefill"]["extraArgs"] = ["--kv-transfer=x"]
+    [problem] = validate_spec(parse_spec(manifest["spec"]))
+    assert problem.field == "spec.disaggregation.prefill.extraArgs[0]"
+    assert problem.message.startswith("'--kv-transfer' is --kv-transfer-config: ")
+
+
 def test_without_the_disaggregated_set_api_nothing_is_built_and_the_reason_is_given() -> None:
     manifest = example(EXAMPLE)
     manifest["metadata"]["uid"] = "u1"
