@@ -79,6 +79,7 @@ def rank_relabelings() -> list[JSON]:
 # multi-node tutorials export them (HCCL_IF_IP, GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME,
 # HCCL_SOCKET_IFNAME). A pod's network is eth0; spec.engine.env overrides each one.
 POD_INTERFACE: Final = "eth0"
+SOCKET_IFNAME_ENV: Final = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +110,7 @@ def selector_string(name: str, *, multi_node: bool = False) -> str:
 
 
 def labels(name: str) -> dict[str, str]:
-    return _sorted(
+    return sorted_mapping(
         {
             **selector_labels(name),
             "app.kubernetes.io/instance": name,
@@ -276,7 +277,7 @@ def build_deployment(name: str, namespace: str, spec: NPUInferenceSpec, config: 
         "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
         "spec": {
             "replicas": spec.replicas,
-            "selector": {"matchLabels": _sorted(selector_labels(name))},
+            "selector": {"matchLabels": sorted_mapping(selector_labels(name))},
             # NPUs are scarce and whole: a surge pod would wait for NPUs that the old pod holds.
             # Replace one pod at a time instead.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
@@ -335,7 +336,7 @@ def _pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> 
     if spec.npu.chip_name:
         node_selector[CHIP_LABEL] = spec.npu.chip_name
     optional: JSON = {
-        "nodeSelector": _sorted(node_selector) if node_selector else None,
+        "nodeSelector": sorted_mapping(node_selector) if node_selector else None,
         "tolerations": list(template.tolerations) or None,
         "affinity": template.affinity,
         "schedulerName": template.scheduler_name,
@@ -346,9 +347,9 @@ def _pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> 
     pod_spec.update({key: value for key, value in optional.items() if value is not None})
     if spec.model.hub is not None:
         pod_spec["initContainers"] = [_literal_container(_fetch_container(spec, config))]
-    pod_metadata: JSON = {"labels": _sorted({**template.labels, **labels(name)})}
+    pod_metadata: JSON = {"labels": sorted_mapping({**template.labels, **labels(name)})}
     if template.annotations:
-        pod_metadata["annotations"] = _sorted(dict(template.annotations))
+        pod_metadata["annotations"] = sorted_mapping(dict(template.annotations))
     return {"metadata": pod_metadata, "spec": pod_spec}
 
 
@@ -368,10 +369,10 @@ def _container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
         "resources": _resources(spec, config),
         "volumeMounts": _volume_mounts(spec),
         # Weight loading plus graph capture: readiness of the engine, for as long as the spec allows.
-        "startupProbe": _probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=startup_checks),
-        "readinessProbe": _probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=3),
+        "startupProbe": probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=startup_checks),
+        "readinessProbe": probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=3),
         # Liveness asks the runtime (alive, engine process alive), never the busy engine itself.
-        "livenessProbe": _probe("/healthz", period=15, failures=4),
+        "livenessProbe": probe("/healthz", period=15, failures=4),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": copy.deepcopy(RUNTIME_SECURITY_CONTEXT),
     }
@@ -433,7 +434,7 @@ def _fetch_container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
     return container
 
 
-def _probe(path: str, *, period: int, failures: int) -> JSON:
+def probe(path: str, *, period: int, failures: int) -> JSON:
     return {
         "httpGet": {"path": path, "port": "metrics"},
         "periodSeconds": period,
@@ -442,12 +443,21 @@ def _probe(path: str, *, period: int, failures: int) -> JSON:
     }
 
 
+def host_network_env() -> dict[str, JSON]:
+    """HCCL_IF_IP (the pod's IP) and the *_SOCKET_IFNAME variables (the pod's interface), by name:
+    what multi-node engines and vllm-ascend's P/D roles export to find each other."""
+    env: dict[str, JSON] = {
+        "HCCL_IF_IP": {"name": "HCCL_IF_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    }
+    for key in SOCKET_IFNAME_ENV:
+        env[key] = {"name": key, "value": POD_INTERFACE}
+    return env
+
+
 def _env(spec: NPUInferenceSpec) -> list[JSON]:
     env: dict[str, JSON] = {key: {"name": key, "value": value} for key, value in ASCEND_RECOMMENDED_ENV.items()}
     if spec.npu.nodes > 1:
-        env["HCCL_IF_IP"] = {"name": "HCCL_IF_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-        for key in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
-            env[key] = {"name": key, "value": POD_INTERFACE}
+        env.update(host_network_env())
     for var in spec.engine.env:
         env[var["name"]] = dict(var)
     return [env[key] for key in sorted(env)]
@@ -462,9 +472,9 @@ def _resources(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
         requests[resource] = limits[resource] = spec.npu.count
     result: JSON = {}
     if limits:
-        result["limits"] = _sorted(limits)
+        result["limits"] = sorted_mapping(limits)
     if requests:
-        result["requests"] = _sorted(requests)
+        result["requests"] = sorted_mapping(requests)
     return result
 
 
@@ -545,7 +555,7 @@ def serving_pod_labels(name: str, *, multi_node: bool) -> dict[str, str]:
     selector = selector_labels(name)
     if multi_node:
         selector[LWS_WORKER_INDEX_LABEL] = "0"
-    return _sorted(selector)
+    return sorted_mapping(selector)
 
 
 def build_service(name: str, namespace: str, *, leaders_only: bool = False) -> JSON:
@@ -558,7 +568,7 @@ def build_service(name: str, namespace: str, *, leaders_only: bool = False) -> J
         "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
         "spec": {
             "type": "ClusterIP",
-            "selector": _sorted(selector),
+            "selector": sorted_mapping(selector),
             "ports": [
                 {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                 {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
@@ -572,7 +582,7 @@ def build_pod_disruption_budget(name: str, namespace: str) -> JSON:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _sorted(selector_labels(name))}},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": sorted_mapping(selector_labels(name))}},
     }
 
 
@@ -584,10 +594,10 @@ def build_pod_monitor(name: str, namespace: str, spec: NPUInferenceSpec) -> JSON
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": _sorted({**spec.pod_monitor.labels, **labels(name)}),
+            "labels": sorted_mapping({**spec.pod_monitor.labels, **labels(name)}),
         },
         "spec": {
-            "selector": {"matchLabels": _sorted(selector_labels(name))},
+            "selector": {"matchLabels": sorted_mapping(selector_labels(name))},
             # Every series gets the resource's name as `inference_npu_dev_name` (prometheus-operator
             # makes the label name valid): what the chart's dashboard and alerts group by.
             "podTargetLabels": [NAME_LABEL],
@@ -600,5 +610,5 @@ def build_pod_monitor(name: str, namespace: str, spec: NPUInferenceSpec) -> JSON
     }
 
 
-def _sorted(mapping: dict[str, Any]) -> dict[str, Any]:
+def sorted_mapping(mapping: dict[str, Any]) -> dict[str, Any]:
     return {key: mapping[key] for key in sorted(mapping)}

@@ -52,8 +52,6 @@ ROUTER_CONTAINER: Final = "router"
 HCCN_CONF: Final = "/etc/hccn.conf"
 HCCN_VOLUME: Final = "hccn-conf"
 POD_NAME_ENV: Final = "POD_NAME"
-# The variables vllm-ascend's P/D tutorial exports on every prefill and decode node.
-NETWORK_ENV: Final = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
 
 
 def role_spec(spec: NPUInferenceSpec, role: str) -> NPUInferenceSpec:
@@ -149,7 +147,7 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     rspec = role_spec(spec, role)
     lws_spec = builders.build_leader_worker_set(name, namespace, rspec, config)["spec"]
     template = lws_spec["leaderWorkerTemplate"]["workerTemplate"]
-    template["metadata"]["labels"] = _sorted({**template["metadata"]["labels"], ROLE_LABEL: role})
+    template["metadata"]["labels"] = builders.sorted_mapping({**template["metadata"]["labels"], ROLE_LABEL: role})
     pod = template["spec"]
     container = pod["containers"][0]
     # The args are already literals for the kubelet (`builders.kubelet_literal`); so is this one,
@@ -161,8 +159,8 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     env = {var["name"]: var for var in container["env"]}
     defaults: dict[str, JSON] = {
         POD_NAME_ENV: {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        "HCCL_IF_IP": {"name": "HCCL_IF_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        **{key: {"name": key, "value": builders.POD_INTERFACE} for key in NETWORK_ENV},
+        # The variables vllm-ascend's P/D tutorial exports on every prefill and decode node.
+        **builders.host_network_env(),
     }
     env = {**defaults, **env}
     container["env"] = [env[key] for key in sorted(env)]
@@ -174,7 +172,7 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     # its StatefulSets: with ours they are watched, and the status loop follows the chain.
     return {
         "name": role,
-        "metadata": {"labels": _sorted({**builders.labels(name), ROLE_LABEL: role})},
+        "metadata": {"labels": builders.sorted_mapping({**builders.labels(name), ROLE_LABEL: role})},
         "spec": lws_spec,
     }
 
@@ -230,8 +228,8 @@ def build_router(name: str, namespace: str, spec: NPUInferenceSpec, config: Oper
         ],
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         # Ready when both roles have an engine that answers /health.
-        "readinessProbe": _probe("/readyz", failures=3),
-        "livenessProbe": _probe("/healthz", failures=4),
+        "readinessProbe": builders.probe("/readyz", period=builders.PROBE_PERIOD_SECONDS, failures=3),
+        "livenessProbe": builders.probe("/healthz", period=builders.PROBE_PERIOD_SECONDS, failures=4),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": copy.deepcopy(builders.RUNTIME_SECURITY_CONTEXT),
     }
@@ -251,9 +249,9 @@ def build_router(name: str, namespace: str, spec: NPUInferenceSpec, config: Oper
         "metadata": {"name": name, "namespace": namespace, "labels": builders.labels(name)},
         "spec": {
             "replicas": spec.disaggregation.router.replicas,
-            "selector": {"matchLabels": _sorted(selector)},
+            "selector": {"matchLabels": builders.sorted_mapping(selector)},
             "template": {
-                "metadata": {"labels": _sorted({**builders.labels(name), ROLE_LABEL: ROUTER})},
+                "metadata": {"labels": builders.sorted_mapping({**builders.labels(name), ROLE_LABEL: ROUTER})},
                 "spec": pod_spec,
             },
         },
@@ -264,17 +262,8 @@ def _service(name: str, namespace: str, role: str, service_name: str) -> JSON:
     """The router's Service (the resource's endpoint) or a role's: its engines' leaders (worker index 0)."""
     service = builders.build_service(name, namespace, leaders_only=role != ROUTER)
     service["metadata"]["name"] = service_name
-    service["spec"]["selector"] = _sorted({**service["spec"]["selector"], ROLE_LABEL: role})
+    service["spec"]["selector"] = builders.sorted_mapping({**service["spec"]["selector"], ROLE_LABEL: role})
     return service
-
-
-def _probe(path: str, *, failures: int) -> JSON:
-    return {
-        "httpGet": {"path": path, "port": "metrics"},
-        "periodSeconds": builders.PROBE_PERIOD_SECONDS,
-        "timeoutSeconds": 5,
-        "failureThreshold": failures,
-    }
 
 
 def role_workloads(leader_worker_sets: Iterable[Mapping[str, Any]], ds_uid: str) -> dict[str, list[Mapping[str, Any]]]:
@@ -397,7 +386,3 @@ def role_graphs(graph: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]
     if not isinstance(roles, Mapping):
         return []
     return [(role, roles[role]) for role in ROLES if isinstance(roles.get(role), Mapping)]
-
-
-def _sorted(mapping: dict[str, Any]) -> dict[str, Any]:
-    return {key: mapping[key] for key in sorted(mapping)}

@@ -132,7 +132,7 @@ def test_each_role_gets_the_host_network_settings_the_connector_needs() -> None:
         assert pod["metadata"]["labels"][disaggregation.ROLE_LABEL] == role
         env = {var["name"]: var for var in container(lws)["env"]}
         assert env["HCCL_IF_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-        assert {env[key]["value"] for key in disaggregation.NETWORK_ENV} == {builders.POD_INTERFACE}
+        assert {env[key]["value"] for key in builders.SOCKET_IFNAME_ENV} == {builders.POD_INTERFACE}
         hccn = {"name": "hccn-conf", "hostPath": {"path": "/etc/hccn.conf", "type": "File"}}
         assert hccn in pod["spec"]["volumes"]
         assert {"name": "hccn-conf", "mountPath": "/etc/hccn.conf", "readOnly": True} in container(lws)["volumeMounts"]
