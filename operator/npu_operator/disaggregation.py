@@ -337,13 +337,15 @@ def role_pods(
 ) -> dict[str, list[Mapping[str, Any]]]:
     """Each role's pods: those whose owner chain (`ownership`, a LeaderWorkerSet's, through `links`)
     leads to one of the role's LeaderWorkerSets."""
+    chains = ownership.owner_chains(pods, [*links, *pods])  # one walk per pod for every role's LWS
     found: dict[str, list[Mapping[str, Any]]] = {}
     for role in ROLES:
         found[role] = [
             pod
             for lws in roles.get(role, ())
             if (uid := (lws.get("metadata") or {}).get("uid"))
-            for pod in ownership.owned_pods(pods, [*links, *pods], str(uid))
+            for pod, chain in zip(pods, chains, strict=True)
+            if str(uid) in chain
         ]
     return found
 

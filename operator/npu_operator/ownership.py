@@ -65,18 +65,25 @@ def owned_pods(
     pods: Sequence[Mapping[str, Any]], intermediates: Iterable[Mapping[str, Any]], workload_uid: str
 ) -> list[Mapping[str, Any]]:
     """The pods whose controller chain, through `intermediates`, reaches the workload `workload_uid`."""
+    return [pod for pod, chain in zip(pods, owner_chains(pods, intermediates), strict=True) if workload_uid in chain]
+
+
+def owner_chains(pods: Sequence[Mapping[str, Any]], intermediates: Iterable[Mapping[str, Any]]) -> list[frozenset[str]]:
+    """For each pod, the uids its controller chain reaches through `intermediates` (MAX_DEPTH links
+    at most, up to the first owner not among them): a pod is a workload's when its uid is in there.
+    One walk per pod, whatever the number of workloads asked about."""
     by_uid = {str(obj["metadata"]["uid"]): obj for obj in intermediates if (obj.get("metadata") or {}).get("uid")}
-    return [pod for pod in pods if _leads_to(pod, by_uid, workload_uid)]
+    return [_chain(pod, by_uid) for pod in pods]
 
 
-def _leads_to(obj: Mapping[str, Any], by_uid: Mapping[str, Mapping[str, Any]], root: str) -> bool:
+def _chain(obj: Mapping[str, Any], by_uid: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
+    reached: list[str] = []
     for _ in range(MAX_DEPTH):
         owner = controller_uid(obj)
         if owner is None:
-            return False
-        if owner == root:
-            return True
+            break
+        reached.append(owner)
         if owner not in by_uid:
-            return False
+            break
         obj = by_uid[owner]
-    return False
+    return frozenset(reached)
