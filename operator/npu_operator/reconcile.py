@@ -227,15 +227,14 @@ async def reconcile(
         if desired.blocked is not None and spec.disaggregation is not None:
             break  # without the DisaggregatedSet API nothing changes
         child_name = kind.child_name(name)
-        manifest = desired.manifests.get(kind.key)
         live = view.child(kind, namespace, name)
         if live is not None and not children.owned_by(live, uid):
             conflicts.append(f"{kind.kind} {namespace}/{child_name}")
             continue
-        step = children.plan(kind, child_name, manifest, live, uid)
+        step = children.plan_kept(kind, child_name, desired.manifests, live, uid)
         if step is not None:
             steps.append(step)
-        if kind in workloads and manifest is not None:
+        if kind in workloads and kind.key in desired.manifests:
             live_workload = live
     applied_steps: list[Step] = []
     for step in steps:
