@@ -61,6 +61,9 @@ class LiveView(Protocol):
 
     def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]: ...
 
+    def has_pods(self, namespace: str, name: str) -> bool:
+        """Whether `pods` would find any (without copying them)."""
+
     def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         """The ReplicaSets and StatefulSets with the resource's labels: the links of a pod's owner chain."""
 
@@ -175,15 +178,22 @@ class DesiredCache:
         return self.value
 
 
+_OPTIONAL: tuple[ChildKind, ...] = tuple(kind for kind in children.KINDS if kind.optional)
+
+
 async def served_kinds(client: KubeClient) -> tuple[frozenset[str], dict[str, str]]:
     """The optional kinds whose API the server offers (asked at most once per discovery interval),
     and why for those it would not even say (a 403 on discovery): never a reason to block the rest."""
     served: list[str] = []
     refused: dict[str, str] = {}
-    optional = [kind for kind in children.KINDS if kind.optional]
+    known: dict[ChildKind, bool | BaseException | None] = {kind: client.served_now(kind.resource) for kind in _OPTIONAL}
+    unknown = [kind for kind, answer in known.items() if answer is None]
     # Asked together: a resource's first reconcile waits for one round trip, not one per API.
-    answers = await asyncio.gather(*(client.serves(kind.resource) for kind in optional), return_exceptions=True)
-    for kind, answer in zip(optional, answers, strict=True):
+    # Those known (nearly every tick) cost no task.
+    if unknown:
+        asked = await asyncio.gather(*(client.serves(kind.resource) for kind in unknown), return_exceptions=True)
+        known.update(zip(unknown, asked, strict=True))
+    for kind, answer in known.items():
         if isinstance(answer, ApiError) and not answer.transient:
             refused[kind.kind] = f"the {kind.resource.api_version} API cannot be used: {_api_message(answer)}"
         elif isinstance(answer, BaseException):
