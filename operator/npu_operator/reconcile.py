@@ -163,6 +163,9 @@ class DesiredCache:
     key: tuple[Any, ...] | None = None
     value: Desired | None = None
     cache_claim_checked: bool = False  # once per generation: a settled resource costs no request
+    # The calibration record last made into its ConfigMap, by the owner it was adopted by
+    # (`store_calibration`): the ConfigMap is made again only when one of them changes.
+    calibration: tuple[tuple[Any, ...], JSON, children.CompactManifests] | None = None
 
     def get(
         self, body: Mapping[str, Any], config: OperatorConfig, served: frozenset[str], refused: Mapping[str, str]
@@ -291,7 +294,7 @@ async def reconcile(
     # The record is the decode role's (the spec's layout): a prefill pod's section never matches it.
     decode_pods = {pod_name(pod) for pod in by_role.get("decode", ())}
     calibrating = reports if spec.disaggregation is None else [r for r in reports if r.pod in decode_pods]
-    calibrated, stored, why_not = await store_calibration(body, client, view, spec, calibrating)
+    calibrated, stored, why_not = await store_calibration(body, client, view, spec, calibrating, cache)
     if stored is not None:
         applied_steps.append(stored)
     if why_not is not None:
@@ -392,6 +395,7 @@ async def store_calibration(
     view: LiveView,
     spec: NPUInferenceSpec,
     reports: Sequence[aggregate.PodReport],
+    cache: DesiredCache | None = None,
 ) -> tuple[JSON | None, Step | None, str | None]:
     """Fold the current calibration sections of the resource's own pods into its stored record
     (`calibration.fold_record`: the trust rules) and apply the record's ConfigMap when it changed.
@@ -414,8 +418,15 @@ async def store_calibration(
     shown = calibration.graph_section(sections, record, name)
     if record is None:
         return shown, None, None
-    manifest = children.stamped(adopt(body, calibration.configmap(name, namespace, builders.labels(name), record)))
-    step = children.plan(kind, child_name, manifest, live, uid)
+    # What `adopt` reads of the owner: the ConfigMap is the same while these and the record are.
+    owner = (body["apiVersion"], body["kind"], name, namespace, uid, tuple(sorted((meta.get("labels") or {}).items())))
+    made = cache.calibration if cache is not None else None
+    if made is None or made[0] != owner or made[1] != record:
+        configmap = calibration.configmap(name, namespace, builders.labels(name), record)
+        made = owner, record, children.CompactManifests({kind.key: children.stamped(adopt(body, configmap))})
+        if cache is not None:
+            cache.calibration = made
+    step = children.plan_kept(kind, child_name, made[2], live, uid)  # a settled record is not even parsed
     if step is None:
         return shown, None, None
     try:
