@@ -94,6 +94,7 @@ class Desired:
     blocked: tuple[str, str] | None = None
     cache_claim: JSON | None = None  # the shared model cache's claim, to create when missing
     rollout: revisions.Rollout | None = None  # a hub branch or tag: the rollout it is resolved for
+    capacity: scaling.Capacity | None = None  # where spec.autoscaling or spec.routing reads it (`status`)
 
 
 def read_spec(body: Mapping[str, Any], config: OperatorConfig) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
@@ -153,7 +154,13 @@ def desired_state(
     if blocked is not None and spec.disaggregation is not None:
         manifests = {}  # nothing else changes: no router without its engines
     claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
-    return Desired(spec, (), children.CompactManifests(manifests), tuple(notes), blocked, claim, rollout)
+    # read_spec refused a spec it raises for
+    capacity = (
+        scaling.capacity(spec, builders.plan_options(spec))
+        if spec.autoscaling is not None or spec.routing is not None
+        else None
+    )
+    return Desired(spec, (), children.CompactManifests(manifests), tuple(notes), blocked, claim, rollout, capacity)
 
 
 @dataclasses.dataclass
@@ -332,6 +339,10 @@ async def reconcile(
     resolution = revisions.resolve(desired.rollout, repository, pods, reports, previous_resolved, now)
     if model is not None and resolution.resolved is not None:
         model["resolved"] = resolution.resolved
+    startup: int | None = None  # read only by the autoscaling status
+    if spec.autoscaling is not None:
+        seen = (scaling.observed_startup_seconds(pods), scaling.seen_startup_seconds(previous))
+        startup = max((seconds for seconds in seen if seconds), default=None)
     observed = status.Observed(
         deployment=dict(live_workload) if live_workload is not None else None,
         conflicts=tuple(conflicts),
@@ -341,10 +352,8 @@ async def reconcile(
         graph=graph,
         blocked=desired.blocked or resolution.problem,
         model=model,
-        startup_seconds=max(
-            (seen for seen in (scaling.observed_startup_seconds(pods), scaling.seen_startup_seconds(previous)) if seen),
-            default=None,
-        ),
+        startup_seconds=startup,
+        capacity=desired.capacity,
         groups=groups,
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
