@@ -241,13 +241,16 @@ async def reconcile(
     live_workload: Mapping[str, Any] | None = None
     # The engines' workload; a disaggregated resource's Deployment is its router.
     workloads = (children.DISAGGREGATED_SET,) if spec.disaggregation is not None else children.WORKLOADS
-    for kind in children.KINDS:
+    router: Mapping[str, Any] | None = None  # a disaggregated resource's Deployment, as the watch saw it
+    # Without the DisaggregatedSet API nothing of a disaggregated resource changes.
+    kinds = () if desired.blocked is not None and spec.disaggregation is not None else children.KINDS
+    for kind in kinds:
         if (kind.optional and kind.kind not in served) or kind.from_reports:
             continue
-        if desired.blocked is not None and spec.disaggregation is not None:
-            break  # without the DisaggregatedSet API nothing changes
         child_name = kind.child_name(name)
         live = view.child(kind, namespace, name)
+        if kind is children.DEPLOYMENT:
+            router = live
         if live is not None and not children.owned_by(live, uid):
             conflicts.append(f"{kind.kind} {namespace}/{child_name}")
             continue
@@ -291,15 +294,16 @@ async def reconcile(
 
     by_role: dict[str, list[Mapping[str, Any]]] = {}
     if spec.disaggregation is not None:  # its pods: DisaggregatedSet -> role LeaderWorkerSets -> ...
-        live_workload, by_role = role_view(view, namespace, name, live_workload)
+        live_workload, by_role = role_view(view, namespace, name, live_workload, router)
     pods = (
         own_pods(view, namespace, name, live_workload)
         if spec.disaggregation is None
         else [pod for found in by_role.values() for pod in found]
     )
+    names = {role: {pod_name(pod) for pod in found} for role, found in by_role.items()}  # each role's pods
     reports = await collector.collect(uid, pods) if collector is not None else []
     # The record is the decode role's (the spec's layout): a prefill pod's section never matches it.
-    decode_pods = {pod_name(pod) for pod in by_role.get("decode", ())}
+    decode_pods = names.get("decode", set())
     calibrating = reports if spec.disaggregation is None else [r for r in reports if r.pod in decode_pods]
     calibrated, stored, why_not = await store_calibration(body, client, view, spec, calibrating, cache)
     if stored is not None:
@@ -308,7 +312,6 @@ async def reconcile(
         notes.append(why_not)
     same_generation = previous.get("observedGeneration") == generation
     if spec.disaggregation is not None:
-        names = {role: {pod_name(pod) for pod in found} for role, found in by_role.items()}
         role_reports = {role: [r for r in reports if r.pod in names[role]] for role in names}
         graph = disaggregation.graph_status(
             spec, role_reports, previous.get("graph", {}), now=now, same_generation=same_generation
@@ -361,15 +364,15 @@ async def reconcile(
 
 
 def role_view(
-    view: LiveView, namespace: str, name: str, ds: Mapping[str, Any] | None
+    view: LiveView, namespace: str, name: str, ds: Mapping[str, Any] | None, router: Mapping[str, Any] | None
 ) -> tuple[Mapping[str, Any] | None, dict[str, list[Mapping[str, Any]]]]:
-    """A DisaggregatedSet's counts and each role's pods, through its role LeaderWorkerSets (`disaggregation`)."""
+    """A DisaggregatedSet's counts and each role's pods, through its role LeaderWorkerSets (`disaggregation`);
+    `router` is the live Deployment that the reconcile read."""
     uid = ((ds or {}).get("metadata") or {}).get("uid")
     if ds is None or not uid:
         return ds, {}
     roles = disaggregation.role_workloads(view.children_of(children.LEADER_WORKER_SET, namespace, name), str(uid))
     pods = view.pods(namespace, name)
-    router = view.child(children.DEPLOYMENT, namespace, name)
     counts = disaggregation.workload_view(ds, roles, router)
     return counts, disaggregation.role_pods(pods, view.owner_links(namespace, name), roles)
 
