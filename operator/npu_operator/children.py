@@ -171,17 +171,31 @@ class CompactManifests(Mapping[str, JSON]):
 
     A resource keeps its manifests for as long as its generation lasts: for the example's
     Deployment and Service, the parsed objects take 12 KB, their JSON text 4 KB, compressed 1.3 KB.
-    A read (the reconcile's, each tick that is not skipped: about 20 us) gets a fresh copy.
+    A read (about 20 us) gets a fresh copy; a settled child's is not read at all (`plan_kept`).
     """
 
     def __init__(self, manifests: Mapping[str, JSON]) -> None:
         self._texts = {
             key: zlib.compress(json.dumps(value, separators=(",", ":")).encode()) for key, value in manifests.items()
         }
+        # Beside each text, its digest annotation: `plan_kept` compares it without parsing the text.
+        self._digests = {key: _digest(value) for key, value in manifests.items()}
 
     def __getitem__(self, key: str) -> JSON:
         manifest: JSON = json.loads(zlib.decompress(self._texts[key]))
         return manifest
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """`Mapping.get` without the KeyError that it raises and catches for an absent key."""
+        text = self._texts.get(key)
+        return default if text is None else json.loads(zlib.decompress(text))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._texts
+
+    def digest(self, key: str) -> str | None:
+        """The digest annotation of the manifest under `key` (None: no manifest, or one without)."""
+        return self._digests.get(key)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._texts)
@@ -203,6 +217,21 @@ def plan(child: ChildKind, name: str, manifest: JSON | None, live: Mapping[str, 
     if _digest(live) != _digest(manifest) or taken_fields(live, manifest):
         return Step("apply", child, name, manifest)
     return None
+
+
+def plan_kept(
+    child: ChildKind, name: str, manifests: Mapping[str, JSON], live: Mapping[str, Any] | None, uid: str
+) -> Step | None:
+    """`plan` for the manifest of `child` in `manifests` (none: a delete), deciding as `plan` does
+    but without reading that manifest when the live child is settled: same digest, and no
+    `managedFields` (the watch keeps none while our apply is the only writer, see
+    `managed_fields_to_keep`), so that no field can be taken. A settled child, each tick, then
+    costs no decompress and no parse of its manifest."""
+    if live is not None and isinstance(manifests, CompactManifests):
+        digest = manifests.digest(child.key)
+        if digest is not None and digest == _digest(live) and not live.get("metadata", {}).get("managedFields"):
+            return None  # what `plan` decides: the digests agree and `taken_fields` has no other manager
+    return plan(child, name, manifests.get(child.key), live, uid)
 
 
 def taken_fields(live: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:

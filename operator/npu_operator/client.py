@@ -253,15 +253,21 @@ class KubeClient:
             query=(("fieldManager", FIELD_MANAGER),),
         )
 
+    def served_now(self, resource: Resource) -> bool | None:
+        """What `serves` would answer without a request, or None while it would have to ask."""
+        cached = self._discovered.get(resource)
+        if cached is not None and time.monotonic() - cached[1] < self._discovery_seconds:
+            return cached[0]
+        return None
+
     async def serves(self, resource: Resource) -> bool:
         """Whether the API server offers this resource (e.g. PodMonitors of monitoring.coreos.com/v1).
 
         Asked once per `discovery_seconds` for the whole operator, not once per reconcile: a CRD
         installed later is noticed within that time.
         """
-        cached = self._discovered.get(resource)
-        if cached is not None and time.monotonic() - cached[1] < self._discovery_seconds:
-            return cached[0]
+        if (known := self.served_now(resource)) is not None:
+            return known
         # Every worker's first tick asks at once after a start: they share one request.
         asking = self._discovering.get(resource)
         if asking is None:

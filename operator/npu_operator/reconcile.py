@@ -61,6 +61,9 @@ class LiveView(Protocol):
 
     def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]: ...
 
+    def has_pods(self, namespace: str, name: str) -> bool:
+        """Whether `pods` would find any (without copying them)."""
+
     def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         """The ReplicaSets and StatefulSets with the resource's labels: the links of a pod's owner chain."""
 
@@ -91,6 +94,7 @@ class Desired:
     blocked: tuple[str, str] | None = None
     cache_claim: JSON | None = None  # the shared model cache's claim, to create when missing
     rollout: revisions.Rollout | None = None  # a hub branch or tag: the rollout it is resolved for
+    capacity: scaling.Capacity | None = None  # where spec.autoscaling or spec.routing reads it (`status`)
 
 
 def read_spec(body: Mapping[str, Any], config: OperatorConfig) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
@@ -150,7 +154,13 @@ def desired_state(
     if blocked is not None and spec.disaggregation is not None:
         manifests = {}  # nothing else changes: no router without its engines
     claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
-    return Desired(spec, (), children.CompactManifests(manifests), tuple(notes), blocked, claim, rollout)
+    # read_spec refused a spec it raises for
+    capacity = (
+        scaling.capacity(spec, builders.plan_options(spec))
+        if spec.autoscaling is not None or spec.routing is not None
+        else None
+    )
+    return Desired(spec, (), children.CompactManifests(manifests), tuple(notes), blocked, claim, rollout, capacity)
 
 
 @dataclasses.dataclass
@@ -160,6 +170,9 @@ class DesiredCache:
     key: tuple[Any, ...] | None = None
     value: Desired | None = None
     cache_claim_checked: bool = False  # once per generation: a settled resource costs no request
+    # The calibration record last made into its ConfigMap, by the owner it was adopted by
+    # (`store_calibration`): the ConfigMap is made again only when one of them changes.
+    calibration: tuple[tuple[Any, ...], JSON, children.CompactManifests] | None = None
 
     def get(
         self, body: Mapping[str, Any], config: OperatorConfig, served: frozenset[str], refused: Mapping[str, str]
@@ -175,15 +188,22 @@ class DesiredCache:
         return self.value
 
 
+_OPTIONAL: tuple[ChildKind, ...] = tuple(kind for kind in children.KINDS if kind.optional)
+
+
 async def served_kinds(client: KubeClient) -> tuple[frozenset[str], dict[str, str]]:
     """The optional kinds whose API the server offers (asked at most once per discovery interval),
     and why for those it would not even say (a 403 on discovery): never a reason to block the rest."""
     served: list[str] = []
     refused: dict[str, str] = {}
-    optional = [kind for kind in children.KINDS if kind.optional]
+    known: dict[ChildKind, bool | BaseException | None] = {kind: client.served_now(kind.resource) for kind in _OPTIONAL}
+    unknown = [kind for kind, answer in known.items() if answer is None]
     # Asked together: a resource's first reconcile waits for one round trip, not one per API.
-    answers = await asyncio.gather(*(client.serves(kind.resource) for kind in optional), return_exceptions=True)
-    for kind, answer in zip(optional, answers, strict=True):
+    # Those known (nearly every tick) cost no task.
+    if unknown:
+        asked = await asyncio.gather(*(client.serves(kind.resource) for kind in unknown), return_exceptions=True)
+        known.update(zip(unknown, asked, strict=True))
+    for kind, answer in known.items():
         if isinstance(answer, ApiError) and not answer.transient:
             refused[kind.kind] = f"the {kind.resource.api_version} API cannot be used: {_api_message(answer)}"
         elif isinstance(answer, BaseException):
@@ -221,21 +241,23 @@ async def reconcile(
     live_workload: Mapping[str, Any] | None = None
     # The engines' workload; a disaggregated resource's Deployment is its router.
     workloads = (children.DISAGGREGATED_SET,) if spec.disaggregation is not None else children.WORKLOADS
-    for kind in children.KINDS:
+    router: Mapping[str, Any] | None = None  # a disaggregated resource's Deployment, as the watch saw it
+    # Without the DisaggregatedSet API nothing of a disaggregated resource changes.
+    kinds = () if desired.blocked is not None and spec.disaggregation is not None else children.KINDS
+    for kind in kinds:
         if (kind.optional and kind.kind not in served) or kind.from_reports:
             continue
-        if desired.blocked is not None and spec.disaggregation is not None:
-            break  # without the DisaggregatedSet API nothing changes
         child_name = kind.child_name(name)
-        manifest = desired.manifests.get(kind.key)
         live = view.child(kind, namespace, name)
+        if kind is children.DEPLOYMENT:
+            router = live
         if live is not None and not children.owned_by(live, uid):
             conflicts.append(f"{kind.kind} {namespace}/{child_name}")
             continue
-        step = children.plan(kind, child_name, manifest, live, uid)
+        step = children.plan_kept(kind, child_name, desired.manifests, live, uid)
         if step is not None:
             steps.append(step)
-        if kind in workloads and manifest is not None:
+        if kind in workloads and kind.key in desired.manifests:
             live_workload = live
     applied_steps: list[Step] = []
     for step in steps:
@@ -272,24 +294,24 @@ async def reconcile(
 
     by_role: dict[str, list[Mapping[str, Any]]] = {}
     if spec.disaggregation is not None:  # its pods: DisaggregatedSet -> role LeaderWorkerSets -> ...
-        live_workload, by_role = role_view(view, namespace, name, live_workload)
+        live_workload, by_role = role_view(view, namespace, name, live_workload, router)
     pods = (
         own_pods(view, namespace, name, live_workload)
         if spec.disaggregation is None
         else [pod for found in by_role.values() for pod in found]
     )
+    names = {role: {pod_name(pod) for pod in found} for role, found in by_role.items()}  # each role's pods
     reports = await collector.collect(uid, pods) if collector is not None else []
     # The record is the decode role's (the spec's layout): a prefill pod's section never matches it.
-    decode_pods = {pod_name(pod) for pod in by_role.get("decode", ())}
+    decode_pods = names.get("decode", set())
     calibrating = reports if spec.disaggregation is None else [r for r in reports if r.pod in decode_pods]
-    calibrated, stored, why_not = await store_calibration(body, client, view, spec, calibrating)
+    calibrated, stored, why_not = await store_calibration(body, client, view, spec, calibrating, cache)
     if stored is not None:
         applied_steps.append(stored)
     if why_not is not None:
         notes.append(why_not)
     same_generation = previous.get("observedGeneration") == generation
     if spec.disaggregation is not None:
-        names = {role: {pod_name(pod) for pod in found} for role, found in by_role.items()}
         role_reports = {role: [r for r in reports if r.pod in names[role]] for role in names}
         graph = disaggregation.graph_status(
             spec, role_reports, previous.get("graph", {}), now=now, same_generation=same_generation
@@ -320,6 +342,10 @@ async def reconcile(
     resolution = revisions.resolve(desired.rollout, repository, pods, reports, previous_resolved, now)
     if model is not None and resolution.resolved is not None:
         model["resolved"] = resolution.resolved
+    startup: int | None = None  # read only by the autoscaling status
+    if spec.autoscaling is not None:
+        seen = (scaling.observed_startup_seconds(pods), scaling.seen_startup_seconds(previous))
+        startup = max((seconds for seconds in seen if seconds), default=None)
     observed = status.Observed(
         deployment=dict(live_workload) if live_workload is not None else None,
         conflicts=tuple(conflicts),
@@ -329,10 +355,8 @@ async def reconcile(
         graph=graph,
         blocked=desired.blocked or resolution.problem,
         model=model,
-        startup_seconds=max(
-            (seen for seen in (scaling.observed_startup_seconds(pods), scaling.seen_startup_seconds(previous)) if seen),
-            default=None,
-        ),
+        startup_seconds=startup,
+        capacity=desired.capacity,
         groups=groups,
     )
     new = status.compute_status(name, namespace, generation, spec, observed, previous, now)
@@ -340,15 +364,15 @@ async def reconcile(
 
 
 def role_view(
-    view: LiveView, namespace: str, name: str, ds: Mapping[str, Any] | None
+    view: LiveView, namespace: str, name: str, ds: Mapping[str, Any] | None, router: Mapping[str, Any] | None
 ) -> tuple[Mapping[str, Any] | None, dict[str, list[Mapping[str, Any]]]]:
-    """A DisaggregatedSet's counts and each role's pods, through its role LeaderWorkerSets (`disaggregation`)."""
+    """A DisaggregatedSet's counts and each role's pods, through its role LeaderWorkerSets (`disaggregation`);
+    `router` is the live Deployment that the reconcile read."""
     uid = ((ds or {}).get("metadata") or {}).get("uid")
     if ds is None or not uid:
         return ds, {}
     roles = disaggregation.role_workloads(view.children_of(children.LEADER_WORKER_SET, namespace, name), str(uid))
     pods = view.pods(namespace, name)
-    router = view.child(children.DEPLOYMENT, namespace, name)
     counts = disaggregation.workload_view(ds, roles, router)
     return counts, disaggregation.role_pods(pods, view.owner_links(namespace, name), roles)
 
@@ -383,6 +407,7 @@ async def store_calibration(
     view: LiveView,
     spec: NPUInferenceSpec,
     reports: Sequence[aggregate.PodReport],
+    cache: DesiredCache | None = None,
 ) -> tuple[JSON | None, Step | None, str | None]:
     """Fold the current calibration sections of the resource's own pods into its stored record
     (`calibration.fold_record`: the trust rules) and apply the record's ConfigMap when it changed.
@@ -405,8 +430,15 @@ async def store_calibration(
     shown = calibration.graph_section(sections, record, name)
     if record is None:
         return shown, None, None
-    manifest = children.stamped(adopt(body, calibration.configmap(name, namespace, builders.labels(name), record)))
-    step = children.plan(kind, child_name, manifest, live, uid)
+    # What `adopt` reads of the owner: the ConfigMap is the same while these and the record are.
+    owner = (body["apiVersion"], body["kind"], name, namespace, uid, tuple(sorted((meta.get("labels") or {}).items())))
+    made = cache.calibration if cache is not None else None
+    if made is None or made[0] != owner or made[1] != record:
+        configmap = calibration.configmap(name, namespace, builders.labels(name), record)
+        made = owner, record, children.CompactManifests({kind.key: children.stamped(adopt(body, configmap))})
+        if cache is not None:
+            cache.calibration = made
+    step = children.plan_kept(kind, child_name, made[2], live, uid)  # a settled record is not even parsed
     if step is None:
         return shown, None, None
     try:

@@ -69,6 +69,9 @@ class Observed:
     model: JSON | None = None
     # The longest startup seen among ready pods, kept across ticks (see `scaling.observed_startup_seconds`).
     startup_seconds: int | None = None
+    # The replica's capacity (`scaling.capacity`) where spec.autoscaling or spec.routing reads it:
+    # computed once per generation (`reconcile.Desired`); None: computed here.
+    capacity: scaling.Capacity | None = None
     # The groups of a multi-node replica (see `aggregate.group_findings`).
     groups: GroupFindings = dataclasses.field(default_factory=GroupFindings)
 
@@ -99,7 +102,8 @@ def compute_status(
     if observed.model is not None:
         status["model"] = observed.model
     if spec.autoscaling is not None or spec.routing is not None:
-        cap = scaling.capacity(spec, plan_options(spec))  # read_spec refused a spec it raises for
+        # read_spec refused a spec it raises for
+        cap = observed.capacity if observed.capacity is not None else scaling.capacity(spec, plan_options(spec))
         if spec.autoscaling is not None:
             timeout = spec.engine.startup_timeout_seconds
             status["autoscaling"] = scaling.autoscaling_status(spec.autoscaling, cap, observed.startup_seconds, timeout)

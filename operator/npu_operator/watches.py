@@ -120,6 +120,9 @@ class WatchedView:
     def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         return [dict(pod) for pod in self._pods.get((namespace, name), ())]
 
+    def has_pods(self, namespace: str, name: str) -> bool:
+        return bool(self._pods.get((namespace, name), ()))
+
     def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         return [dict(obj) for index in self._links for obj in index.get((namespace, name), ())]
 

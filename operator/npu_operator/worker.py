@@ -60,7 +60,7 @@ async def quiet_inputs(
     meta = body["metadata"]
     if known_status.get("graph", {}).get("downgrades") or events.holds(meta["uid"]):
         return None
-    if view.pods(meta["namespace"], meta["name"]):
+    if view.has_pods(meta["namespace"], meta["name"]):
         return None
     try:
         served, refused = await reconcile.served_kinds(client)
@@ -99,13 +99,15 @@ async def run(
     try:
         while not stopped:
             skip = quiet is not None and not wake.is_set() and skipped < MAX_SKIPPED_TICKS
-            if skip and quiet == await quiet_inputs(body, known_status, client, view, events):
+            inputs = await quiet_inputs(body, known_status, client, view, events)
+            if skip and quiet == inputs:
                 skipped += 1
                 await _sleep(stopped, wake, interval)
                 continue
+            # Read before the wake-up is cleared: what changes from here on is read by the reconcile
+            # (a different key then only costs one more reconcile) or wakes the next tick.
             wake.clear()
             skipped = 0
-            inputs = await quiet_inputs(body, known_status, client, view, events)
             quiet = None
             started = time.perf_counter()
             outcome = "error"

@@ -176,3 +176,19 @@ def test_compact_manifests_read_back_as_built_and_each_read_is_a_fresh_copy() ->
     first["metadata"]["labels"]["a"] = "changed"
     assert compact["Service"] == built["Service"]
     assert plan(children.SERVICE, "x", compact["Service"], live_from(built["Service"]), "owner") is None
+
+
+def test_plan_kept_decides_as_plan_does_without_reading_a_settled_manifest() -> None:
+    manifest = stamped(DESIRED)
+    changed = stamped({**DESIRED, "spec": {**DESIRED["spec"], "ports": [{"port": 9000}]}})
+    taken = live_from(manifest, {"manager": "kubectl-edit", "operation": "Update",
+                                 "fieldsV1": {"f:spec": {"f:selector": {"f:a": {}}}}})  # fmt: skip
+    del taken["metadata"]["managedFields"][0]["fieldsV1"]["f:spec"]["f:selector"]
+    settled = live_from(manifest)
+    del settled["metadata"]["managedFields"]  # what the watch keeps while only our apply wrote it
+    manifests = children.CompactManifests({children.SERVICE.key: manifest})
+    assert manifests.get("absent") is None and "absent" not in manifests and children.SERVICE.key in manifests
+    for live in (None, settled, live_from(manifest), live_from(changed), taken):
+        for kept in (manifests, children.CompactManifests({})):
+            expected = plan(children.SERVICE, "x", kept.get(children.SERVICE.key), live, "owner")
+            assert children.plan_kept(children.SERVICE, "x", kept, live, "owner") == expected

@@ -30,6 +30,9 @@ class Stopped:
 class Client:
     """What the worker asks with `reconcile.reconcile` replaced: the optional APIs (none served), status writes."""
 
+    def served_now(self, resource: Resource) -> bool | None:
+        return False
+
     async def serves(self, resource: Resource) -> bool:
         return False
 
@@ -46,6 +49,9 @@ class View:
 
     def pods(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         return self.pod_list
+
+    def has_pods(self, namespace: str, name: str) -> bool:
+        return bool(self.pod_list)
 
     def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         return []
