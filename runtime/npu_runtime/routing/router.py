@@ -282,9 +282,7 @@ class Router:
                         data = await answer.read()
                         if answer.status not in RETRIED_STATUSES and answer.status < 500:
                             raise EngineAnswer("decode", answer.status, data, answer.content_type)
-                        last = BackendError(
-                            "decode", 502, f"http_{answer.status}", f"at {url} answered {answer.status}"
-                        )
+                        last = _failed_status("decode", url, answer.status)
                     else:
                         first = await answer.content.readany()
                         self.metrics.backend_seconds.labels("decode").observe(time.monotonic() - started)
@@ -297,9 +295,7 @@ class Router:
                         await client.write_eof()
                         return client
             except TimeoutError:
-                last = BackendError(
-                    "decode", 504, "timeout", f"at {url} did not answer within {self.options.timeout:g} s"
-                )
+                last = self._timed_out("decode", url)
             except aiohttp.ClientError as exc:
                 last = BackendError("decode", 502, "unreachable", f"at {url} failed: {exc}")
             self.metrics.backend_errors.labels("decode", last.reason).inc()
