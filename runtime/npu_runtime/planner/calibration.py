@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from npu_runtime.contract import PlanError
+from npu_runtime.contract import CAPTURE_FAILURE_CLASSES, PlanError
 from npu_runtime.planner.layout import Layout
 from npu_runtime.planner.model import MODELSLIM_DESCRIPTION
 
@@ -53,7 +53,6 @@ SCHEMA: Final = 1
 MARGIN: Final = 0.10
 MAX_RECORD_BYTES: Final = 64 * 1024
 MAX_FIGURE: Final = 1 << 44  # 16 TiB: larger than any device
-CAPTURE_FAILURE_CLASSES: Final = ("GraphCaptureOutOfMemory", "StreamResourcesExhausted")
 MEASURED_FIGURES: Final = (
     "weights_bytes",
     "kv_cache_bytes",
