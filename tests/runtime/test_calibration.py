@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,13 @@ def test_a_record_larger_than_the_bound_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match="larger than"):
         calibration.load_record(str(path))
     assert calibration.load_record(str(tmp_path / "absent.json")) is None  # no record yet: estimates
+
+
+def test_a_record_that_is_a_fifo_is_refused_not_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "record.json"
+    os.mkfifo(fifo)  # st_size 0: a stat-then-read check would block here forever
+    with pytest.raises(PlanError, match="is a FIFO"):
+        calibration.load_record(str(fifo))
 
 
 def test_a_capture_that_failed_caps_the_next_plan_below_it_as_a_downgrade(tmp_path: Path) -> None:
