@@ -140,6 +140,18 @@ def test_a_capture_that_failed_caps_the_next_plan_below_it_as_a_downgrade(tmp_pa
     assert (eager.effective_mode, eager.capture_sizes) == ("NONE", ())
 
 
+def test_without_resolve_mode_a_failure_below_every_size_keeps_the_engine_s_mode(tmp_path: Path) -> None:
+    plan = first_plan()
+    smallest = write_record(tmp_path, record_for(plan, {}, {"size": 1, "error_class": "GraphCaptureOutOfMemory"}))
+    options = PlanOptions(**OPTIONS, calibration=smallest)
+    kept = plan_for(options, str(R1), environ=AIV, resolve_mode=False)
+    assert kept.effective_mode == "FULL_DECODE_ONLY"  # the engine's to change, never the planner's
+    assert kept.capture_sizes == (max(plan.capture_sizes),)  # thinned to the ceiling, as when none fits
+    assert kept.calibration["capped_below"] is None
+    assert not [d for d in kept.downgrades if d.reason == "CaptureFailedBefore"]
+    assert any("GraphCaptureOutOfMemory" in w and "capturing size 1" in w for w in kept.warnings)
+
+
 def test_status_section_compares_estimated_and_measured() -> None:
     plan = make_plan(PlanOptions(max_num_seqs=8, max_model_len=4096), _a2(), load_model("llama-3.1-8b"), environ=AIV)
     document = plan.to_dict()
