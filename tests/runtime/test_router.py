@@ -300,3 +300,14 @@ def test_the_route_arguments_parse_back() -> None:
     decode = ("http://d:8000", "http://e:8000")
     options = RouterOptions(prefill=("http://p:8000",), decode=decode, timeout=30, retries=1)
     assert parse_route_args(route_argv(options)) == options
+
+
+def test_the_router_s_series_are_the_specs_in_metrics() -> None:
+    from npu_runtime import metrics
+    from npu_runtime.routing.router import Metrics
+
+    collected = {family.name: family for family in Metrics().registry.collect()}
+    for spec in metrics.ROUTER_METRICS:
+        family = collected.pop(spec.family_name)
+        assert (family.type, family.documentation) == (spec.kind, spec.help)
+    assert not collected
