@@ -419,6 +419,10 @@ def route_argv(options: RouterOptions) -> list[str]:
             argv += [f"--{role}", url]
     argv += ["--port", str(options.port), "--metrics-port", str(options.metrics_port)]
     argv += ["--timeout", f"{options.timeout:g}", "--retries", str(options.retries)]
+    if options.host != RouterOptions.host:
+        argv += ["--host", options.host]
+    if options.connect_timeout != DEFAULT_CONNECT_TIMEOUT:
+        argv += ["--connect-timeout", repr(options.connect_timeout)]
     return argv
 
 
