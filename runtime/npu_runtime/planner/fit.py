@@ -20,7 +20,7 @@ from npu_runtime.planner.calibration import Calibration
 from npu_runtime.planner.communication import Communicator, communicators, hccl_buffsize
 from npu_runtime.planner.graphs import StreamPlan, graph_cost, graph_reserved_by, stream_plan
 from npu_runtime.planner.kv import kv_sequence_bytes
-from npu_runtime.planner.layout import Layout
+from npu_runtime.planner.layout import Layout, moe_split
 from npu_runtime.planner.margin import margin_bytes
 from npu_runtime.planner.model import DTYPE_BYTES, ModelInfo
 from npu_runtime.planner.modes import Downgrade
@@ -436,21 +436,15 @@ def _layout_hint(model: ModelInfo, dtype: str, layout: Layout, mtp: bool, budget
         nodes = -(-dp * tp * layout.pipeline_parallel // per_node)
         if model.is_moe and nodes > 1 and dp % nodes:
             continue  # every node runs whole DP ranks
-        moe_ranks = dp * tp if model.is_moe else 1
-        ep = layout.expert_parallel and moe_ranks > 1
-        trial = dataclasses.replace(
-            layout,
+        split = moe_split(
+            model,
             tensor_parallel=tp,
             data_parallel=dp,
-            moe_ranks=moe_ranks,
-            expert_parallel=ep,
-            ep_size=moe_ranks if ep else 1,
-            moe_tensor_parallel=1 if ep else moe_ranks,
-            experts_per_rank=-(-(model.num_experts + layout.redundant_experts) // moe_ranks)
-            if ep and model.num_experts
-            else None,
-            redundant_experts=layout.redundant_experts if ep else 0,
+            expert_parallel=layout.expert_parallel,
+            redundant=layout.redundant_experts,
         )
+        ep = split.expert_parallel
+        trial = dataclasses.replace(layout, tensor_parallel=tp, data_parallel=dp, **dataclasses.asdict(split))
         weights = weights_per_device(model, dtype, trial, mtp, [])
         if weights < budget:
             if not model.is_moe:
