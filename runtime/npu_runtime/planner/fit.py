@@ -203,7 +203,8 @@ def make_budget(
                 f"on 310P set --max-model-len explicitly (vllm-ascend's 310P guide): the attention mask "
                 f"for the derived {max_model_len} tokens takes {format_gib(max_model_len * max_model_len * 2)}"
             )
-    margin = margin_bytes(options, device, layout, env)
+    held = communicators(options, device, layout, env)  # once per budget: HCCL_BUFFSIZE parsed here
+    margin = margin_bytes(device, sum(c.bytes for c in held))
     kv_per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
     if mtp and model.draft_layers:
         # The MTP layers are attention layers with their own KV cache (the draft model's KV cache spec).
@@ -236,7 +237,7 @@ def make_budget(
         activation=activation,
         margin=margin,
         weight_terms=terms,
-        communicators=communicators(options, device, layout, env),
+        communicators=held,
         moe_dispatch=moe_dispatch,
         calibrated=calibrated,
         kv_per_token=kv_per_token,
@@ -401,9 +402,15 @@ def _memory_plan(
         weight_terms=b.weight_terms,
         communication_bytes=sum(c.bytes for c in b.communicators),
         communicators=b.communicators,
-        hccl_buffsize_mb=hccl_buffsize(b.options, b.env) if device.kind == "npu" else None,
+        hccl_buffsize_mb=_hccl_buffsize(b) if device.kind == "npu" else None,
         moe_dispatch=b.moe_dispatch,
     )
+
+
+def _hccl_buffsize(b: _Budget) -> int:
+    """The MC2 communicator's HCCL_BUFFSIZE when there is one (already parsed), else the option's."""
+    mc2 = [c.buffer_mb for c in b.communicators if c.group == "mc2"]
+    return mc2[0] if mc2 else hccl_buffsize(b.options, b.env)
 
 
 def _split_words(layout: Layout) -> str:
