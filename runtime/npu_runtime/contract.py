@@ -30,6 +30,10 @@ DEFAULT_DATA_PARALLEL_RPC_PORT: Final = 13389
 # How long `serve` waits for the engine after forwarding SIGTERM before it kills it. Below
 # Kubernetes' default terminationGracePeriodSeconds (30) so the runtime, not the kubelet, ends it.
 DEFAULT_SHUTDOWN_TIMEOUT: Final = 25.0
+# The engine exits that a failed graph capture ends in (serving/failures.py names them): the
+# calibration record keeps one (planner/calibration.py) and `serve` writes it (serving/measured.py).
+GRAPH_CAPTURE_OOM: Final = "GraphCaptureOutOfMemory"
+CAPTURE_FAILURE_CLASSES: Final = (GRAPH_CAPTURE_OOM, "StreamResourcesExhausted")
 
 # Environment recommended for vLLM-Ascend engines. The operator writes it into the pod spec (so
 # `kubectl describe` shows it) and the runtime sets it for the engine where it is unset; a value

@@ -58,13 +58,7 @@ class Report:
 def installed_versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
     for names in DISTRIBUTIONS:
-        found = None
-        for name in names:
-            try:
-                found = (name, importlib.metadata.version(name))
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
+        found = engines.installed_version(*names)
         versions[found[0] if found else names[0]] = found[1] if found else None
     return versions
 

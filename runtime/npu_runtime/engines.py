@@ -14,6 +14,7 @@ Pure data, no imports of torch or vllm.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Final
 
@@ -55,6 +56,20 @@ RELEASES: Final[tuple[EngineRelease, ...]] = (
         note="the CPU build the tests and the sandbox run (the `engine-cpu` extra)",
     ),
 )
+
+
+@functools.cache
+def installed_version(*names: str) -> tuple[str, str] | None:
+    """(name, version) of the first of `names` that is installed, None when none is (cached: what
+    is installed does not change while a process runs). Used by `doctor` and the calibration key."""
+    import importlib.metadata
+
+    for name in names:
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def default_release() -> EngineRelease:

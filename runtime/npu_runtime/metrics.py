@@ -110,6 +110,49 @@ RUNTIME_METRICS: Final[tuple[MetricSpec, ...]] = (
     INSTRUMENTATION_ERRORS,
 )
 
+# The PD router's own series (`npu-runtime router`, routing/router.py), in a registry of their own;
+# kept apart from RUNTIME_METRICS, which lists what `serve` exports.
+ROUTER_REQUESTS: Final = MetricSpec(
+    "npu_router_requests_total",
+    "counter",
+    ("endpoint", "code"),
+    "Client requests, by endpoint and status",
+)
+ROUTER_REQUEST_SECONDS: Final = MetricSpec(
+    "npu_router_request_seconds",
+    "histogram",
+    ("endpoint",),
+    "Time from a client request to the end of its answer",
+)
+ROUTER_BACKEND_SECONDS: Final = MetricSpec(
+    "npu_router_backend_seconds",
+    "histogram",
+    ("role",),
+    "Time one engine took (prefill: whole answer; decode: to its first byte)",
+)
+ROUTER_BACKEND_ERRORS: Final = MetricSpec(
+    "npu_router_backend_errors_total",
+    "counter",
+    ("role", "reason"),
+    "Failed calls to an engine, by role and reason",
+)
+ROUTER_RETRIES: Final = MetricSpec(
+    "npu_router_retries_total",
+    "counter",
+    ("role",),
+    "Calls retried on another engine",
+)
+ROUTER_METRICS: Final[tuple[MetricSpec, ...]] = (
+    ROUTER_REQUESTS,
+    ROUTER_REQUEST_SECONDS,
+    ROUTER_BACKEND_SECONDS,
+    ROUTER_BACKEND_ERRORS,
+    ROUTER_RETRIES,
+)
+ROUTER_SECONDS_BUCKETS: Final[tuple[float, ...]] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
+)  # fmt: skip
+
 # Replay of a whole decode step takes from ~100 us (small model, small batch) to tens of ms.
 REPLAY_LATENCY_BUCKETS: Final[tuple[float, ...]] = (
     0.0001,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,13 @@ def test_a_record_larger_than_the_bound_is_refused(tmp_path: Path) -> None:
     assert calibration.load_record(str(tmp_path / "absent.json")) is None  # no record yet: estimates
 
 
+def test_a_record_that_is_a_fifo_is_refused_not_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "record.json"
+    os.mkfifo(fifo)  # st_size 0: a stat-then-read check would block here forever
+    with pytest.raises(PlanError, match="is a FIFO"):
+        calibration.load_record(str(fifo))
+
+
 def test_a_capture_that_failed_caps_the_next_plan_below_it_as_a_downgrade(tmp_path: Path) -> None:
     plan = first_plan()
     assert max(plan.capture_sizes) == 16
@@ -130,6 +138,18 @@ def test_a_capture_that_failed_caps_the_next_plan_below_it_as_a_downgrade(tmp_pa
     smallest = write_record(tmp_path, record_for(plan, {}, {"size": 1, "error_class": "GraphCaptureOutOfMemory"}))
     eager = plan_for(PlanOptions(**OPTIONS, calibration=smallest), str(R1), environ=AIV)
     assert (eager.effective_mode, eager.capture_sizes) == ("NONE", ())
+
+
+def test_without_resolve_mode_a_failure_below_every_size_keeps_the_engine_s_mode(tmp_path: Path) -> None:
+    plan = first_plan()
+    smallest = write_record(tmp_path, record_for(plan, {}, {"size": 1, "error_class": "GraphCaptureOutOfMemory"}))
+    options = PlanOptions(**OPTIONS, calibration=smallest)
+    kept = plan_for(options, str(R1), environ=AIV, resolve_mode=False)
+    assert kept.effective_mode == "FULL_DECODE_ONLY"  # the engine's to change, never the planner's
+    assert kept.capture_sizes == (max(plan.capture_sizes),)  # thinned to the ceiling, as when none fits
+    assert kept.calibration["capped_below"] is None
+    assert not [d for d in kept.downgrades if d.reason == "CaptureFailedBefore"]
+    assert any("GraphCaptureOutOfMemory" in w and "capturing size 1" in w for w in kept.warnings)
 
 
 def test_status_section_compares_estimated_and_measured() -> None:

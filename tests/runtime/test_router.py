@@ -300,3 +300,21 @@ def test_the_route_arguments_parse_back() -> None:
     decode = ("http://d:8000", "http://e:8000")
     options = RouterOptions(prefill=("http://p:8000",), decode=decode, timeout=30, retries=1)
     assert parse_route_args(route_argv(options)) == options
+    elsewhere = RouterOptions(
+        prefill=("http://p:8000",), decode=decode, host="127.0.0.1", connect_timeout=2.5, timeout=30, retries=1
+    )
+    argv = route_argv(elsewhere)
+    assert parse_route_args(argv) == elsewhere
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--connect-timeout") + 1] == "2.5"
+    assert "--host" not in route_argv(options) and "--connect-timeout" not in route_argv(options)  # defaults
+
+
+def test_the_router_s_series_are_the_specs_in_metrics() -> None:
+    from npu_runtime import metrics
+    from npu_runtime.routing.router import Metrics
+
+    collected = {family.name: family for family in Metrics().registry.collect()}
+    for spec in metrics.ROUTER_METRICS:
+        family = collected.pop(spec.family_name)
+        assert (family.type, family.documentation) == (spec.kind, spec.help)
+    assert not collected

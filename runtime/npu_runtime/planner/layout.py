@@ -69,16 +69,24 @@ class Layout:
         return data
 
 
-def make_layout(options: PlanOptions, device: DeviceInfo, model: ModelInfo, warnings: list[str]) -> Layout:
-    """The replica's ranks per node and its MoE split (see `Layout`)."""
-    tp, pp, dp, nodes = options.tensor_parallel, options.pipeline_parallel, options.data_parallel, options.nodes
-    moe_ranks = dp * tp if model.is_moe else 1
-    ep = options.enable_expert_parallel and moe_ranks > 1
-    redundant = options.redundant_experts or 0
-    if redundant and not ep:
-        warnings.append(f"{redundant} redundant experts have no effect without expert parallelism (EPLB)")
-    if options.enable_expert_parallel and not model.is_moe:
-        warnings.append(f"--enable-expert-parallel has no effect: {model.architecture} has no experts")
+@dataclass(frozen=True)
+class MoeSplit:
+    """The MoE fields of a `Layout` for one TP x DP (make_layout's, and fit's hint's trials)."""
+
+    moe_ranks: int
+    expert_parallel: bool
+    ep_size: int
+    moe_tensor_parallel: int
+    experts_per_rank: int | None
+    redundant_experts: int
+
+
+def moe_split(
+    model: ModelInfo, *, tensor_parallel: int, data_parallel: int, expert_parallel: bool, redundant: int
+) -> MoeSplit:
+    """How the experts spread over the DP x TP ranks: EP when asked for and there is more than one rank."""
+    moe_ranks = data_parallel * tensor_parallel if model.is_moe else 1
+    ep = expert_parallel and moe_ranks > 1
     experts_per_rank = None
     if model.is_moe and model.num_experts:
         # vllm/model_executor/layers/fused_moe/layer.py determine_expert_map: the first
@@ -87,11 +95,33 @@ def make_layout(options: PlanOptions, device: DeviceInfo, model: ModelInfo, warn
         # global_redundant_expert_num) // ep_size (EPLB's redundant experts, with EP only).
         physical = model.num_experts + (redundant if ep else 0)
         experts_per_rank = -(-physical // moe_ranks) if ep else model.num_experts
-        if ep and physical % moe_ranks:
-            warnings.append(
-                f"{physical} experts do not divide evenly over EP {moe_ranks}: the busiest rank holds "
-                f"{experts_per_rank}"
-            )
+    return MoeSplit(
+        moe_ranks=moe_ranks,
+        expert_parallel=ep,
+        ep_size=moe_ranks if ep else 1,
+        moe_tensor_parallel=1 if ep else moe_ranks,
+        experts_per_rank=experts_per_rank,
+        redundant_experts=redundant if ep else 0,
+    )
+
+
+def make_layout(options: PlanOptions, device: DeviceInfo, model: ModelInfo, warnings: list[str]) -> Layout:
+    """The replica's ranks per node and its MoE split (see `Layout`)."""
+    tp, pp, dp, nodes = options.tensor_parallel, options.pipeline_parallel, options.data_parallel, options.nodes
+    redundant = options.redundant_experts or 0
+    split = moe_split(
+        model, tensor_parallel=tp, data_parallel=dp, expert_parallel=options.enable_expert_parallel, redundant=redundant
+    )
+    moe_ranks, ep = split.moe_ranks, split.expert_parallel
+    if redundant and not ep:
+        warnings.append(f"{redundant} redundant experts have no effect without expert parallelism (EPLB)")
+    if options.enable_expert_parallel and not model.is_moe:
+        warnings.append(f"--enable-expert-parallel has no effect: {model.architecture} has no experts")
+    if ep and model.num_experts and (model.num_experts + redundant) % moe_ranks:
+        warnings.append(
+            f"{model.num_experts + redundant} experts do not divide evenly over EP {moe_ranks}: the busiest rank "
+            f"holds {split.experts_per_rank}"
+        )
     local = dp // nodes if nodes > 1 else dp
     per_node = tuple(
         NodeShare(
@@ -110,13 +140,8 @@ def make_layout(options: PlanOptions, device: DeviceInfo, model: ModelInfo, warn
         pipeline_parallel=pp,
         data_parallel=dp,
         data_parallel_local=local,
-        expert_parallel=ep,
-        moe_ranks=moe_ranks,
-        ep_size=moe_ranks if ep else 1,
-        moe_tensor_parallel=1 if ep else moe_ranks,
-        experts_per_rank=experts_per_rank,
-        redundant_experts=redundant if ep else 0,
         per_node=per_node,
+        **dataclasses.asdict(split),
     )
 
 

@@ -7,12 +7,9 @@ term (`communication`) and are added here, as the engine's "non-torch memory" ho
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Final
 
-from npu_runtime.contract import MIB, PlanOptions
-from npu_runtime.planner.communication import communication_bytes
-from npu_runtime.planner.layout import Layout
+from npu_runtime.contract import MIB
 from npu_runtime.planner.probe import DeviceInfo
 
 __all__ = ["NON_TORCH_BASE", "NPU_REDUNDANCY", "margin_bytes"]
@@ -21,9 +18,10 @@ NON_TORCH_BASE: Final = 512 * MIB  # runtime context (ACL/CUDA), not seen by the
 NPU_REDUNDANCY: Final = 150 * MIB  # vllm_ascend/worker/worker.py: "A 150 MiB buffer is kept"
 
 
-def margin_bytes(options: PlanOptions, device: DeviceInfo, layout: Layout, env: Mapping[str, str]) -> int:
-    """Non-torch memory: the runtime context, the communicators' buffers, a buffer on NPUs."""
-    margin = NON_TORCH_BASE + communication_bytes(options, device, layout, env)
+def margin_bytes(device: DeviceInfo, communication_bytes: int) -> int:
+    """Non-torch memory: the runtime context, the communicators' buffers (communication.py's
+    communicators, computed once per budget by fit.make_budget), a buffer on NPUs."""
+    margin = NON_TORCH_BASE + communication_bytes
     if device.kind == "npu":
         margin += NPU_REDUNDANCY
     return margin

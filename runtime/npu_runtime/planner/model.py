@@ -648,7 +648,7 @@ class _Params:
         return self.linear + self.experts + self.other + self.kv_b
 
     def expert_bytes(self, bits: int | None, dtype_bytes: int) -> int:
-        return self.experts * bits // 8 if bits else self.experts * dtype_bytes
+        return _bytes(self.experts, bits, dtype_bytes)
 
     def weight_bytes(
         self, dtype_bytes: int, linear_bits: int | None, expert_bits: int | None, kv_b_bits: int | None

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from npu_runtime.contract import DEVICE_KINDS, GRAPH_MODES, PlanError, PlanOptions
+from npu_runtime.contract import DEVICE_KINDS, GRAPH_CAPTURE_OOM, GRAPH_MODES, PlanError, PlanOptions
 from npu_runtime.planner import calibration, modes, sizes
 from npu_runtime.planner.fit import DoesNotFitError, MemoryPlan, fit_budget, make_budget
 from npu_runtime.planner.graphs import DEFAULT_STREAM_BUDGET, DEVICE_STREAMS, StreamPlan
@@ -220,20 +220,30 @@ def make_plan(
     }
     if calibrated and calibrated.failed_size is not None and mode != modes.NONE:
         below = tuple(size for size in candidates if size < calibrated.failed_size)
-        cause = "out of memory" if calibrated.failed_class == "GraphCaptureOutOfMemory" else "out of streams"
-        calibration_report["capped_below"] = calibrated.failed_size
-        target = mode if below else modes.NONE
-        downgrades.append(
-            Downgrade(
-                mode,
-                target,
-                "CaptureFailedBefore",
+        cause = "out of memory" if calibrated.failed_class == GRAPH_CAPTURE_OOM else "out of streams"
+        if not below and not resolve_mode:
+            # Without resolve_mode the mode is the engine's (fit._choose_graphs never changes it):
+            # keep the mode and the largest size, as _choose_sizes does when none fits, and say so.
+            candidates = sizes.thin(candidates, 1)
+            warnings.append(
                 f"an earlier engine ran {cause} ({calibrated.failed_class}) capturing size "
-                f"{calibrated.failed_size}: capture sizes capped below it"
-                + ("" if below else f"; none is left, {mode} -> {modes.NONE}"),
+                f"{calibrated.failed_size} and no capture size is below it: the mode is the engine's, "
+                "so the largest size is kept; expect the engine to fail at capture or to run eagerly"
             )
-        )
-        candidates, mode = below, target
+        else:
+            calibration_report["capped_below"] = calibrated.failed_size
+            target = mode if below else modes.NONE
+            downgrades.append(
+                Downgrade(
+                    mode,
+                    target,
+                    "CaptureFailedBefore",
+                    f"an earlier engine ran {cause} ({calibrated.failed_class}) capturing size "
+                    f"{calibrated.failed_size}: capture sizes capped below it"
+                    + ("" if below else f"; none is left, {mode} -> {modes.NONE}"),
+                )
+            )
+            candidates, mode = below, target
 
     fit_warnings: list[str] = []
     budget = make_budget(

@@ -127,37 +127,22 @@ class Metrics:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
+        from npu_runtime import metrics
+
         self.registry: CollectorRegistry = CollectorRegistry()
-        buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-        self.requests = Counter(
-            "npu_router_requests",
-            "Client requests, by endpoint and status",
-            ("endpoint", "code"),
-            registry=self.registry,
-        )
-        self.request_seconds = Histogram(
-            "npu_router_request_seconds",
-            "Time from a client request to the end of its answer",
-            ("endpoint",),
-            buckets=buckets,
-            registry=self.registry,
-        )
-        self.backend_seconds = Histogram(
-            "npu_router_backend_seconds",
-            "Time one engine took (prefill: whole answer; decode: to its first byte)",
-            ("role",),
-            buckets=buckets,
-            registry=self.registry,
-        )
-        self.backend_errors = Counter(
-            "npu_router_backend_errors",
-            "Failed calls to an engine, by role and reason",
-            ("role", "reason"),
-            registry=self.registry,
-        )
-        self.retries = Counter(
-            "npu_router_retries", "Calls retried on another engine", ("role",), registry=self.registry
-        )
+
+        def counter(spec: metrics.MetricSpec) -> Counter:
+            return Counter(spec.family_name, spec.help, spec.labels, registry=self.registry)
+
+        def histogram(spec: metrics.MetricSpec) -> Histogram:
+            buckets = metrics.ROUTER_SECONDS_BUCKETS
+            return Histogram(spec.family_name, spec.help, spec.labels, buckets=buckets, registry=self.registry)
+
+        self.requests = counter(metrics.ROUTER_REQUESTS)
+        self.request_seconds = histogram(metrics.ROUTER_REQUEST_SECONDS)
+        self.backend_seconds = histogram(metrics.ROUTER_BACKEND_SECONDS)
+        self.backend_errors = counter(metrics.ROUTER_BACKEND_ERRORS)
+        self.retries = counter(metrics.ROUTER_RETRIES)
 
 
 class Router:
@@ -282,9 +267,7 @@ class Router:
                         data = await answer.read()
                         if answer.status not in RETRIED_STATUSES and answer.status < 500:
                             raise EngineAnswer("decode", answer.status, data, answer.content_type)
-                        last = BackendError(
-                            "decode", 502, f"http_{answer.status}", f"at {url} answered {answer.status}"
-                        )
+                        last = _failed_status("decode", url, answer.status)
                     else:
                         first = await answer.content.readany()
                         self.metrics.backend_seconds.labels("decode").observe(time.monotonic() - started)
@@ -297,9 +280,7 @@ class Router:
                         await client.write_eof()
                         return client
             except TimeoutError:
-                last = BackendError(
-                    "decode", 504, "timeout", f"at {url} did not answer within {self.options.timeout:g} s"
-                )
+                last = self._timed_out("decode", url)
             except aiohttp.ClientError as exc:
                 last = BackendError("decode", 502, "unreachable", f"at {url} failed: {exc}")
             self.metrics.backend_errors.labels("decode", last.reason).inc()
@@ -438,6 +419,10 @@ def route_argv(options: RouterOptions) -> list[str]:
             argv += [f"--{role}", url]
     argv += ["--port", str(options.port), "--metrics-port", str(options.metrics_port)]
     argv += ["--timeout", f"{options.timeout:g}", "--retries", str(options.retries)]
+    if options.host != RouterOptions.host:
+        argv += ["--host", options.host]
+    if options.connect_timeout != DEFAULT_CONNECT_TIMEOUT:
+        argv += ["--connect-timeout", repr(options.connect_timeout)]
     return argv
 
 

@@ -21,9 +21,11 @@ import statistics
 from collections.abc import Mapping
 from typing import Any, Final
 
+from npu_runtime.contract import CAPTURE_FAILURE_CLASSES
+
 __all__ = ["CAPTURE_FAILURES", "calibration_section"]
 
-CAPTURE_FAILURES: Final = ("GraphCaptureOutOfMemory", "StreamResourcesExhausted")
+CAPTURE_FAILURES: Final = CAPTURE_FAILURE_CLASSES  # one definition, in contract.py
 _ESTIMATED: Final = (
     "weights_bytes",
     "activation_bytes",
