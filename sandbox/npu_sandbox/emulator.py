@@ -113,17 +113,10 @@ LEADER_WORKER_SETS: tuple[str, Any] = (
     _api("LeaderWorkerSet", shortnames={"lws"}, subresources={"status", "scale"}),
 )
 # LeaderWorkerSet v0.10's DisaggregatedSet (config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml:
-# no short names, a status subresource); the sandbox's stand-in for its controller is `npu_sandbox.lws`.
+# no short names, a status subresource); the sandbox's stand-in for its controller is `npu_sandbox.disaggregated`.
 DISAGGREGATED_SETS: tuple[str, Any] = (
     "disaggregatedset.x-k8s.io/v1/disaggregatedsets",
-    {
-        "kind": "DisaggregatedSet",
-        "singular": "disaggregatedset",
-        "shortnames": set(),
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status"},
-    },
+    _api("DisaggregatedSet", subresources={"status"}),
 )
 
 _SELECTOR_TERM = re.compile(
@@ -224,8 +217,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def serve_disaggregated_sets(self) -> None:
         """Serve LeaderWorkerSet v0.10's DisaggregatedSet API, as its CRD does."""
-        key, info = DISAGGREGATED_SETS
-        self.resources[key] = info
+        self.resources.update([DISAGGREGATED_SETS])
 
     def _get_resources(self) -> list[Any]:
         """Only what is declared is served: kmock would also serve any resource it holds objects of
@@ -297,7 +289,6 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await self._serve_apply(request)
         if request.resource is not None:
             try:
-                _refuse_protobuf(request)
                 self._replace_as_patch(request)
                 self._scale_as_patch(request)
                 warnings = self._validate_fields(request)
@@ -779,9 +770,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raw_request = raw_request.clone(
                 rel_url=raw_request.rel_url.with_path(path).with_query(raw_request.rel_url.query)
             )
-        if raw_request.headers.get("Content-Type", "").startswith(kube_protobuf.CONTENT_TYPE):
+        content_type = raw_request.headers.get("Content-Type", "")
+        if "protobuf" in content_type:  # Kubernetes' protobuf is read as the JSON it stands for; no other
             try:
-                raw_request = await _as_json(raw_request)
+                if content_type.startswith(kube_protobuf.CONTENT_TYPE):
+                    raw_request = await _as_json(raw_request)
+                elif raw_request.body_exists:
+                    raise kube_protobuf.Unsupported(f"not {kube_protobuf.CONTENT_TYPE}: {content_type}")
             except kube_protobuf.Unsupported as exc:
                 status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 415}
                 message = f"the sandbox reads protobuf bodies of Secrets, ConfigMaps, Namespaces, DeleteOptions: {exc}"
@@ -1135,16 +1130,6 @@ async def _as_json(raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.BaseRequ
     if body:
         clone._read_bytes = json.dumps(kube_protobuf.decode(body)).encode()  # what read(), text(), json() return
     return clone
-
-
-def _refuse_protobuf(request: rendering.Request) -> None:
-    """Bodies are read as JSON; kubectl's generators (`create namespace`, `create deployment`) send protobuf."""
-    if "protobuf" in request.headers.get("Content-Type", "") and request.body:
-        raise kmock.KubernetesError(
-            status=415,
-            reason="UnsupportedMediaType",
-            message="the sandbox API reads JSON bodies only, not protobuf (write it as YAML and use kubectl apply -f)",
-        )
 
 
 def _is_dry_run(request: rendering.Request) -> bool:
