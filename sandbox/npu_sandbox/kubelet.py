@@ -721,10 +721,8 @@ class LocalKubelet:
             group = self.snapshot.named(lws.PLURAL, workload)
             roles = self.snapshot.named(disaggregated.PLURAL, workload)
             if roles is not None:  # the roles' engines; the Deployment is its router, which waits for them
-                wanted = sum(
-                    int(role["spec"].get("replicas", 1)) * int(role["spec"]["leaderWorkerTemplate"].get("size", 1))
-                    for role in roles["spec"]["roles"]
-                )
+                specs = [lws.defaulted({"spec": role["spec"]})["spec"] for role in roles["spec"]["roles"]]
+                wanted = sum(int(spec["replicas"]) * int(spec["leaderWorkerTemplate"]["size"]) for spec in specs)
                 found = [p for p in self.pods if p.labels.get(disaggregated.SET_NAME_LABEL) == workload]
             elif deployment is not None:
                 wanted = int(deployment["spec"].get("replicas", 1))
