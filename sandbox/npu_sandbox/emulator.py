@@ -190,6 +190,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _openapi_cache: dict[str, Any] = attrs.field(factory=dict, init=False)
     # The APIs the stored CRDs serve: (group, version, plural) -> the CRD's version (schema, subresources, columns).
     _custom: dict[tuple[str, str, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
+    # Each served CRD version's schema as openapi.schema_key_of's text, made once per CRD change, not per write.
+    _schema_keys: dict[tuple[str, str, str], str] = attrs.field(factory=dict, init=False)
     # Tokens issued through serviceaccounts/{name}/token: token -> (namespace, ServiceAccount name).
     _tokens: dict[str, tuple[str, str]] = attrs.field(factory=dict, init=False)
 
@@ -475,6 +477,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     wanted[group, version, plural] = served
         for group, version, plural in set(self._custom) - set(wanted):
             del self._custom[group, version, plural]
+            del self._schema_keys[group, version, plural]
             del self.resources[f"{group}/{version}/{plural}"]
             gone = kmock.resource(group, version, plural)
             async with self._lock:
@@ -485,6 +488,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         await self._buses[gone].put({"type": "DELETED", "object": raw})
         for (group, version, plural), (info, spec) in wanted.items():
             self.resources[f"{group}/{version}/{plural}"] = info  # type: ignore[assignment]  # kmock's ResourceDict
+            self._schema_keys[group, version, plural] = openapi.schema_key_of(spec["schema"]["openAPIV3Schema"])
             self._custom[group, version, plural] = spec
 
     async def _serve_token_request(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
@@ -1033,6 +1037,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             body,
             prune=directive != "Strict",
             schema=custom["schema"]["openAPIV3Schema"] if custom is not None else None,
+            schema_key=self._schema_keys[resource.group or "", resource.version or "", resource.plural or ""]
+            if custom is not None
+            else None,
         )
         if not unknown or directive == "Ignore":
             return []
