@@ -229,9 +229,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _has_status(self, resource: Any) -> bool:
         return resource in self.resources and "status" in self.resources[resource].subresources
 
+    def _exists(self, resource: Any, namespace: str | None, name: str) -> bool:
+        """Whether the object is stored (and not deleted), without copying it as `_stored` does."""
+        key = (resource, namespace, name)
+        return key in self.objects and not self.objects[key].deleted
+
     def _stored(self, resource: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
         key = (resource, namespace, name)
-        if key not in self.objects or self.objects[key].deleted:
+        if not self._exists(resource, namespace, name):
             return None
         raw: dict[str, Any] = copy.deepcopy(self.objects[key].raw)
         return raw
@@ -503,7 +508,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 )
             )
         namespace, name = request.namespace or "", request.name or ""
-        if self._stored(request.resource, namespace, name) is None:
+        if not self._exists(request.resource, namespace, name):
             return await self._render_error(
                 kmock.KubernetesObjectNotFoundError(reason="NotFound", message=f'serviceaccounts "{name}" not found')
             )
@@ -528,19 +533,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         }
         return aiohttp.web.json_response(body, status=201)
 
-    def _user(self, request: rendering.Request) -> rbac.User | None:
-        """The ServiceAccount a request's bearer token was issued to; None for any other client (unrestricted)."""
+    def _user(self, request: rendering.Request) -> tuple[str, str] | None:
+        """The ServiceAccount (namespace, name) a request's bearer token was issued to; None for any other
+        client (unrestricted)."""
         header = request.headers.get("Authorization", "")
-        account = self._tokens.get(header.removeprefix("Bearer ").strip()) if header.startswith("Bearer ") else None
-        return None if account is None else rbac.User.service_account(*account)
+        return self._tokens.get(header.removeprefix("Bearer ").strip()) if header.startswith("Bearer ") else None
 
     def _authorize(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
         """RBAC for ServiceAccount tokens (see `rbac`): None when allowed, else the API server's 401 or 403."""
-        user = self._user(request)
-        if user is None:
+        found = self._user(request)
+        if found is None:
             return None
-        namespace, account = user.name.removeprefix(rbac.SERVICE_ACCOUNT_PREFIX).split(":", 1)
-        if self._stored(kmock.resource("", "v1", "serviceaccounts"), namespace, account) is None:
+        namespace, account = found
+        if not self._exists(kmock.resource("", "v1", "serviceaccounts"), namespace, account):
             status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
             return aiohttp.web.json_response(
                 status | {"message": "Unauthorized", "reason": "Unauthorized", "code": 401}, status=401
@@ -554,7 +559,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         verb = rbac.verb_of(method, named=named, watch=watch)
         name = request.name or _name_from_field_selector(request.params.get("fieldSelector", ""))
         attributes = rbac.Attributes(
-            user=user,
+            user=rbac.User.service_account(namespace, account),
             verb=verb,
             group=resource.group or "",
             resource=resource.plural,
@@ -564,7 +569,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         )
         checks = [attributes]
         applying = request.headers.get("Content-Type", "").startswith(fields.APPLY_PATCH)
-        if verb == "patch" and applying and self._stored(resource, request.namespace, request.name or "") is None:
+        if verb == "patch" and applying and not self._exists(resource, request.namespace, request.name or ""):
             checks.append(
                 dataclasses.replace(attributes, verb="create")
             )  # an apply that creates (patch.go withAuthorization)
