@@ -64,6 +64,11 @@ def generated_labels(name: str, revision: str, role: str) -> dict[str, str]:
     }
 
 
+def lws_name(ds: Mapping[str, Any], role: Mapping[str, Any], revision: str) -> str:
+    """The name of the LeaderWorkerSet that runs `role` at `revision`."""
+    return f"{ds['metadata']['name']}-{SLICE}-{revision}-{role['name']}"
+
+
 def role_leader_worker_set(ds: Mapping[str, Any], role: Mapping[str, Any], revision: str) -> JSON:
     """lws_manager.go `Create` for one role."""
     name, namespace = ds["metadata"]["name"], ds["metadata"]["namespace"]
@@ -80,7 +85,7 @@ def role_leader_worker_set(ds: Mapping[str, Any], role: Mapping[str, Any], revis
         "apiVersion": lws.API_VERSION,
         "kind": lws.KIND,
         "metadata": {
-            "name": f"{name}-{SLICE}-{revision}-{role['name']}",
+            "name": lws_name(ds, role, revision),
             "namespace": namespace,
             "labels": {**metadata.get("labels", {}), **labels},
             "ownerReferences": [controller_reference(ds)],
@@ -101,16 +106,16 @@ async def reconcile(cluster: LocalCluster, snapshot: Snapshot, ds: JSON) -> None
     owned = snapshot.controlled_by(lws.PLURAL, ds)
     current = [o for o in owned if o["metadata"].get("labels", {}).get(REVISION_LABEL) == revision]
     for role in ds["spec"]["roles"]:
-        wanted = role_leader_worker_set(ds, role, revision)
-        existing = next((o for o in current if o["metadata"]["name"] == wanted["metadata"]["name"]), None)
+        name, replicas = lws_name(ds, role, revision), role["spec"].get("replicas", 1)
+        existing = next((o for o in current if o["metadata"]["name"] == name), None)
         if existing is None:
             try:
-                await cluster.create(wanted, lws.PLURAL)
+                await cluster.create(role_leader_worker_set(ds, role, revision), lws.PLURAL)
             except ApiRejected as exc:
                 if exc.status != 409:
                     raise
-        elif existing["spec"].get("replicas", 1) != wanted["spec"]["replicas"]:
-            body = {"spec": {"replicas": wanted["spec"]["replicas"]}}
+        elif existing["spec"].get("replicas", 1) != replicas:
+            body = {"spec": {"replicas": replicas}}
             await cluster.patch(lws.API_VERSION, lws.PLURAL, namespace, existing["metadata"]["name"], body)
     old = [o for o in owned if o not in current]
     ready = len(current) == len(ds["spec"]["roles"]) and all(

@@ -113,17 +113,10 @@ LEADER_WORKER_SETS: tuple[str, Any] = (
     _api("LeaderWorkerSet", shortnames={"lws"}, subresources={"status", "scale"}),
 )
 # LeaderWorkerSet v0.10's DisaggregatedSet (config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml:
-# no short names, a status subresource); the sandbox's stand-in for its controller is `npu_sandbox.lws`.
+# no short names, a status subresource); the sandbox's stand-in for its controller is `npu_sandbox.disaggregated`.
 DISAGGREGATED_SETS: tuple[str, Any] = (
     "disaggregatedset.x-k8s.io/v1/disaggregatedsets",
-    {
-        "kind": "DisaggregatedSet",
-        "singular": "disaggregatedset",
-        "shortnames": set(),
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
-        "subresources": {"status"},
-    },
+    _api("DisaggregatedSet", subresources={"status"}),
 )
 
 _SELECTOR_TERM = re.compile(
@@ -197,6 +190,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _openapi_cache: dict[str, Any] = attrs.field(factory=dict, init=False)
     # The APIs the stored CRDs serve: (group, version, plural) -> the CRD's version (schema, subresources, columns).
     _custom: dict[tuple[str, str, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
+    # Each served CRD version's schema as openapi.schema_key_of's text, made once per CRD change, not per write.
+    _schema_keys: dict[tuple[str, str, str], str] = attrs.field(factory=dict, init=False)
     # Tokens issued through serviceaccounts/{name}/token: token -> (namespace, ServiceAccount name).
     _tokens: dict[str, tuple[str, str]] = attrs.field(factory=dict, init=False)
 
@@ -224,8 +219,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def serve_disaggregated_sets(self) -> None:
         """Serve LeaderWorkerSet v0.10's DisaggregatedSet API, as its CRD does."""
-        key, info = DISAGGREGATED_SETS
-        self.resources[key] = info
+        self.resources.update([DISAGGREGATED_SETS])
 
     def _get_resources(self) -> list[Any]:
         """Only what is declared is served: kmock would also serve any resource it holds objects of
@@ -235,9 +229,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _has_status(self, resource: Any) -> bool:
         return resource in self.resources and "status" in self.resources[resource].subresources
 
+    def _exists(self, resource: Any, namespace: str | None, name: str) -> bool:
+        """Whether the object is stored (and not deleted), without copying it as `_stored` does."""
+        key = (resource, namespace, name)
+        return key in self.objects and not self.objects[key].deleted
+
     def _stored(self, resource: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
         key = (resource, namespace, name)
-        if key not in self.objects or self.objects[key].deleted:
+        if not self._exists(resource, namespace, name):
             return None
         raw: dict[str, Any] = copy.deepcopy(self.objects[key].raw)
         return raw
@@ -297,7 +296,6 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await self._serve_apply(request)
         if request.resource is not None:
             try:
-                _refuse_protobuf(request)
                 self._replace_as_patch(request)
                 self._scale_as_patch(request)
                 warnings = self._validate_fields(request)
@@ -484,6 +482,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     wanted[group, version, plural] = served
         for group, version, plural in set(self._custom) - set(wanted):
             del self._custom[group, version, plural]
+            del self._schema_keys[group, version, plural]
             del self.resources[f"{group}/{version}/{plural}"]
             gone = kmock.resource(group, version, plural)
             async with self._lock:
@@ -494,6 +493,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                         await self._buses[gone].put({"type": "DELETED", "object": raw})
         for (group, version, plural), (info, spec) in wanted.items():
             self.resources[f"{group}/{version}/{plural}"] = info  # type: ignore[assignment]  # kmock's ResourceDict
+            self._schema_keys[group, version, plural] = openapi.schema_key_of(spec["schema"]["openAPIV3Schema"])
             self._custom[group, version, plural] = spec
 
     async def _serve_token_request(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
@@ -508,7 +508,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 )
             )
         namespace, name = request.namespace or "", request.name or ""
-        if self._stored(request.resource, namespace, name) is None:
+        if not self._exists(request.resource, namespace, name):
             return await self._render_error(
                 kmock.KubernetesObjectNotFoundError(reason="NotFound", message=f'serviceaccounts "{name}" not found')
             )
@@ -533,19 +533,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         }
         return aiohttp.web.json_response(body, status=201)
 
-    def _user(self, request: rendering.Request) -> rbac.User | None:
-        """The ServiceAccount a request's bearer token was issued to; None for any other client (unrestricted)."""
+    def _user(self, request: rendering.Request) -> tuple[str, str] | None:
+        """The ServiceAccount (namespace, name) a request's bearer token was issued to; None for any other
+        client (unrestricted)."""
         header = request.headers.get("Authorization", "")
-        account = self._tokens.get(header.removeprefix("Bearer ").strip()) if header.startswith("Bearer ") else None
-        return None if account is None else rbac.User.service_account(*account)
+        return self._tokens.get(header.removeprefix("Bearer ").strip()) if header.startswith("Bearer ") else None
 
     def _authorize(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
         """RBAC for ServiceAccount tokens (see `rbac`): None when allowed, else the API server's 401 or 403."""
-        user = self._user(request)
-        if user is None:
+        found = self._user(request)
+        if found is None:
             return None
-        namespace, account = user.name.removeprefix(rbac.SERVICE_ACCOUNT_PREFIX).split(":", 1)
-        if self._stored(kmock.resource("", "v1", "serviceaccounts"), namespace, account) is None:
+        namespace, account = found
+        if not self._exists(kmock.resource("", "v1", "serviceaccounts"), namespace, account):
             status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
             return aiohttp.web.json_response(
                 status | {"message": "Unauthorized", "reason": "Unauthorized", "code": 401}, status=401
@@ -559,7 +559,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         verb = rbac.verb_of(method, named=named, watch=watch)
         name = request.name or _name_from_field_selector(request.params.get("fieldSelector", ""))
         attributes = rbac.Attributes(
-            user=user,
+            user=rbac.User.service_account(namespace, account),
             verb=verb,
             group=resource.group or "",
             resource=resource.plural,
@@ -569,7 +569,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         )
         checks = [attributes]
         applying = request.headers.get("Content-Type", "").startswith(fields.APPLY_PATCH)
-        if verb == "patch" and applying and self._stored(resource, request.namespace, request.name or "") is None:
+        if verb == "patch" and applying and not self._exists(resource, request.namespace, request.name or ""):
             checks.append(
                 dataclasses.replace(attributes, verb="create")
             )  # an apply that creates (patch.go withAuthorization)
@@ -779,9 +779,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raw_request = raw_request.clone(
                 rel_url=raw_request.rel_url.with_path(path).with_query(raw_request.rel_url.query)
             )
-        if raw_request.headers.get("Content-Type", "").startswith(kube_protobuf.CONTENT_TYPE):
+        content_type = raw_request.headers.get("Content-Type", "")
+        if "protobuf" in content_type:  # Kubernetes' protobuf is read as the JSON it stands for; no other
             try:
-                raw_request = await _as_json(raw_request)
+                if content_type.startswith(kube_protobuf.CONTENT_TYPE):
+                    raw_request = await _as_json(raw_request)
+                elif raw_request.body_exists:
+                    raise kube_protobuf.Unsupported(f"not {kube_protobuf.CONTENT_TYPE}: {content_type}")
             except kube_protobuf.Unsupported as exc:
                 status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 415}
                 message = f"the sandbox reads protobuf bodies of Secrets, ConfigMaps, Namespaces, DeleteOptions: {exc}"
@@ -1038,6 +1042,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             body,
             prune=directive != "Strict",
             schema=custom["schema"]["openAPIV3Schema"] if custom is not None else None,
+            schema_key=self._schema_keys[resource.group or "", resource.version or "", resource.plural or ""]
+            if custom is not None
+            else None,
         )
         if not unknown or directive == "Ignore":
             return []
@@ -1135,16 +1142,6 @@ async def _as_json(raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.BaseRequ
     if body:
         clone._read_bytes = json.dumps(kube_protobuf.decode(body)).encode()  # what read(), text(), json() return
     return clone
-
-
-def _refuse_protobuf(request: rendering.Request) -> None:
-    """Bodies are read as JSON; kubectl's generators (`create namespace`, `create deployment`) send protobuf."""
-    if "protobuf" in request.headers.get("Content-Type", "") and request.body:
-        raise kmock.KubernetesError(
-            status=415,
-            reason="UnsupportedMediaType",
-            message="the sandbox API reads JSON bodies only, not protobuf (write it as YAML and use kubectl apply -f)",
-        )
 
 
 def _is_dry_run(request: rendering.Request) -> bool:

@@ -92,7 +92,7 @@ class OperatorRunner:
         for port_name, variable in PORT_ENV.items():
             if variable in result and port_name in pod.ports:
                 result[variable] = str(pod.ports[port_name])
-        for mount_path, local in mounts(container, pod.volume_paths()):
+        for mount_path, local in mounts(container, pod.volumes):
             if mount_path == "/tmp":
                 result["TMPDIR"] = str(local)
         return result

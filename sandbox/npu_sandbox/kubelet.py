@@ -281,6 +281,8 @@ class LocalPod:
         self._ready_condition: tuple[str, str] = ("", "")  # (status, lastTransitionTime)
         self.process: asyncio.subprocess.Process | None = None
         stem = f"{self.name}-{self.uid[:8]}"
+        self.directory = self.workdir / stem  # the pod's own files: its emptyDirs, configMaps, token
+        self.volumes: dict[str, Path] = {}  # volume_paths(), once start() has made them
         self.log_path = self.workdir / f"{stem}.log"
         self.termination_log = self.workdir / f"{stem}.termination-log"
         self.init_termination_log = self.workdir / f"{stem}.init-termination-log"
@@ -339,7 +341,7 @@ class LocalPod:
             if exc.status == 404 and account == "default":
                 return {}
             raise NotYet(f"no token for ServiceAccount {self.namespace}/{account}: {exc}") from exc
-        directory = self.workdir / f"{self.name}-{self.uid[:8]}" / "serviceaccount"
+        directory = self.directory / "serviceaccount"
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "token").write_text(token, encoding="utf-8")
         (directory / "namespace").write_text(self.namespace, encoding="utf-8")
@@ -353,7 +355,7 @@ class LocalPod:
             if port.get("name"):
                 self.port(port["name"])
         await self.project_config_maps()
-        volumes = self.volume_paths()
+        self.volumes = volumes = self.volume_paths()
         env = {**self.kubelet.environ, **self.environment(self.container)}
         if isinstance(runner := self.runner(self.container), EnvironmentRunner):
             env = runner.environment(self, self.container, env)
@@ -391,7 +393,7 @@ class LocalPod:
             found = await self.cluster.get("v1", "configmaps", self.namespace, source["name"])
             if found is None and not source.get("optional"):
                 raise NotYet(f"ConfigMap {self.namespace}/{source['name']} does not exist")
-            directory = self.workdir / f"{self.name}-{self.uid[:8]}" / volume["name"]
+            directory = self.directory / volume["name"]
             directory.mkdir(parents=True, exist_ok=True)
             for key, value in ((found or {}).get("data") or {}).items():
                 (directory / key).write_text(value, encoding="utf-8")
@@ -407,7 +409,7 @@ class LocalPod:
             if "persistentVolumeClaim" in volume:
                 path = self.workdir.parent / "volumes" / volume["persistentVolumeClaim"]["claimName"]
             else:
-                path = self.workdir / f"{self.name}-{self.uid[:8]}" / volume["name"]
+                path = self.directory / volume["name"]
             path.mkdir(parents=True, exist_ok=True)
             paths[volume["name"]] = path
         return paths
@@ -719,10 +721,8 @@ class LocalKubelet:
             group = self.snapshot.named(lws.PLURAL, workload)
             roles = self.snapshot.named(disaggregated.PLURAL, workload)
             if roles is not None:  # the roles' engines; the Deployment is its router, which waits for them
-                wanted = sum(
-                    int(role["spec"].get("replicas", 1)) * int(role["spec"]["leaderWorkerTemplate"].get("size", 1))
-                    for role in roles["spec"]["roles"]
-                )
+                specs = [lws.defaulted({"spec": role["spec"]})["spec"] for role in roles["spec"]["roles"]]
+                wanted = sum(int(spec["replicas"]) * int(spec["leaderWorkerTemplate"]["size"]) for spec in specs)
                 found = [p for p in self.pods if p.labels.get(disaggregated.SET_NAME_LABEL) == workload]
             elif deployment is not None:
                 wanted = int(deployment["spec"].get("replicas", 1))

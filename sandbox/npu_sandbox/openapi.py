@@ -171,6 +171,11 @@ def schemas(served: Mapping[tuple[str, str, str], Mapping[str, Any]], ref_prefix
     return _with_dependencies(kubernetes, ref_prefix) | custom
 
 
+def schema_key_of(schema: Mapping[str, Any]) -> str:
+    """A CRD schema as the text `unknown_fields` caches its known fields by."""
+    return json.dumps(schema, sort_keys=True)
+
+
 @functools.cache
 def _kind_schemas(group: str, version: str, kind: str, crd_schema: str | None) -> dict[str, Any]:
     info: dict[str, Any] = {"kind": kind} | ({"schema": json.loads(crd_schema)} if crd_schema else {})
@@ -178,14 +183,24 @@ def _kind_schemas(group: str, version: str, kind: str, crd_schema: str | None) -
 
 
 def unknown_fields(
-    group: str, version: str, kind: str, obj: Any, *, prune: bool = False, schema: Mapping[str, Any] | None = None
+    group: str,
+    version: str,
+    kind: str,
+    obj: Any,
+    *,
+    prune: bool = False,
+    schema: Mapping[str, Any] | None = None,
+    schema_key: str | None = None,
 ) -> list[str]:
     """The paths of fields the kind's schema does not know (`spec.grph`), as strict decoding names them.
 
-    `schema`: a custom resource's, from its CRD. With `prune`, they are also removed from `obj`, as
-    the API server drops them when it is not strict.
+    `schema`: a custom resource's, from its CRD; `schema_key`, if given, is `schema_key_of(schema)`,
+    computed once per CRD by the caller (the schema can be tens of KB). With `prune`, they are also
+    removed from `obj`, as the API server drops them when it is not strict.
     """
-    known = _kind_schemas(group, version, kind, json.dumps(schema, sort_keys=True) if schema is not None else None)
+    if schema_key is None and schema is not None:
+        schema_key = schema_key_of(schema)
+    known = _kind_schemas(group, version, kind, schema_key)
     root = known.get(schema_name(group, version, kind))
     found: list[str] = []
     if root is not None and isinstance(obj, dict):

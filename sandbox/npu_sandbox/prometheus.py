@@ -30,11 +30,9 @@ import aiohttp
 import yaml
 from npu_operator import builders
 
+from npu_sandbox.install import CHART, HelmFailed, helm_binary
 from npu_sandbox.kubelet import die_with_parent
 
-ROOT: Final = Path(__file__).resolve().parents[2]
-CHART: Final = ROOT / "charts" / "npu-inference-operator"
-HELM: Final = ROOT / ".cache" / "k8s-tools" / "bin" / "helm"
 SCRAPE_INTERVAL_SECONDS: Final = 1
 POD_MONITOR_JOB: Final = "npu-system/npu-inference-operator-inference"
 OPERATOR_JOB: Final = "npu-system/npu-inference-operator"
@@ -63,9 +61,10 @@ def rules_file(groups: Sequence[Mapping[str, Any]]) -> str:
 
 def chart_rule_groups() -> list[dict[str, Any]]:
     """The chart's PrometheusRule groups with its default values, rendered by `helm template`."""
-    helm = str(HELM) if HELM.is_file() else shutil.which("helm")
-    if helm is None:
-        raise PrometheusUnavailable("helm not found (scripts/bootstrap fetches it into .cache/k8s-tools/bin)")
+    try:
+        helm = helm_binary()
+    except HelmFailed as exc:
+        raise PrometheusUnavailable(str(exc)) from exc
     result = subprocess.run(
         [
             helm,

@@ -75,8 +75,9 @@ async def wait_ready(
 async def scale(cluster: LocalCluster, namespace: str, name: str, replicas: int, *, within: float) -> dict[str, Any]:
     """Write spec.replicas through the scale subresource, as `kubectl scale` or KEDA's HPA does, then wait
     until that many replicas are Ready."""
-    path = f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{namespace}/{crd.PLURAL}/{name}/scale"
-    await cluster._call("PATCH", path, {"spec": {"replicas": replicas}}, "application/merge-patch+json")
+    await cluster.patch(
+        crd.API_VERSION, crd.PLURAL, namespace, name, {"spec": {"replicas": replicas}}, subresource="scale"
+    )
     scaled = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name)
     assert scaled is not None
     return await wait_ready(cluster, namespace, name, replicas, scaled["metadata"]["generation"], within=within)

@@ -18,18 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from npu_operator import crd
-from npu_operator.config import OperatorConfig
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.install import CHART, Helm, HelmFailed, helm_binary
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.operator.conftest import TEST_CONFIG, example
+
 NAMESPACE, RELEASE = "npu-system", "npu"
 ACCOUNT = f"{RELEASE}-npu-inference-operator"
-CONFIG = OperatorConfig(
-    resync_seconds=1.0, metrics_port=0, health_port=0, allowed_host_paths=("/tmp/npu-sandbox/models",)
-)
 DEPLOYMENTS_RULE = """- apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -69,9 +65,9 @@ async def test_a_missing_rule_fails_the_operator_with_the_403_and_restoring_it_h
     kubeconfig = tmp_path / "operator-kubeconfig"
     kubeconfig.write_text(json.dumps(cluster.kubeconfig_document(token)), encoding="utf-8")
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))  # what the operator logs in with, as in its pod
-    await cluster.start_operator(CONFIG, peering=False)  # the chart's hook made the peering object
+    await cluster.start_operator(TEST_CONFIG, peering=False)  # the chart's hook made the peering object
 
-    manifest = yaml.safe_load((ROOT / "examples" / "sandbox-cpu.yaml").read_text(encoding="utf-8"))
+    manifest = example("sandbox-cpu.yaml")
     await cluster.apply_npu_inference(manifest)
     name, namespace = manifest["metadata"]["name"], manifest["metadata"].get("namespace", "default")
 

@@ -31,7 +31,9 @@ from tests.operator.test_faults import (
     resource,
     wait_for_status,
 )
+from tests.operator.test_faults import runtimes as faults_runtimes
 
+runtimes = faults_runtimes  # the fixture: its FakeRuntimes, closed after the test
 GiB = 1 << 30
 KEY = {
     "config_digest": "08897fa9a01110ef",
@@ -70,13 +72,6 @@ async def operator() -> AsyncIterator[LocalCluster]:
             yield cluster
         finally:
             await cluster.stop_operator()  # raises if the operator died
-
-
-@pytest.fixture
-async def runtimes() -> AsyncIterator[FakeRuntimes]:
-    fake = FakeRuntimes()
-    yield fake
-    await fake.close()
 
 
 async def test_a_pods_measurements_become_its_resources_record_and_only_its_own(

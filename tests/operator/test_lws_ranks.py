@@ -178,9 +178,11 @@ async def lws_cluster() -> AsyncIterator[tuple[LocalCluster, LeaderWorkerSetCont
             await runtimes.close()
 
 
-async def status_when(cluster: LocalCluster, check: Any, what: str, within: float = 30) -> dict[str, Any]:
+async def status_when(
+    cluster: LocalCluster, check: Any, what: str, within: float = 30, *, name: str = NAME
+) -> dict[str, Any]:
     async def probe() -> dict[str, Any] | None:
-        obj = await cluster.get(crd.API_VERSION, crd.PLURAL, NS, NAME)
+        obj = await cluster.get(crd.API_VERSION, crd.PLURAL, NS, name)
         return obj if obj is not None and check(obj) else None
 
     found: dict[str, Any] = await cluster.wait_for(probe, within=within, what=what)

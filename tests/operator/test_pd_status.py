@@ -14,14 +14,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from npu_operator import crd
 from npu_operator.api import condition
 from npu_sandbox import controllers, disaggregated
 from npu_sandbox.cluster import LocalCluster
 
 from tests.operator.conftest import example
 from tests.operator.test_faults import CONFIG, HOSTILE, FakeRuntimes, report
-from tests.operator.test_lws_ranks import NS, LeaderWorkerSetController
+from tests.operator.test_lws_ranks import NS, LeaderWorkerSetController, status_when
 
 NAME = "tiny-llama-pd"
 CAPTURE_FAILED = {
@@ -58,15 +57,6 @@ async def role_sets(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
         for o in found
         if disaggregated.ROLE_LABEL in o["metadata"]["labels"]
     }
-
-
-async def status_when(cluster: LocalCluster, check: Any, what: str, within: float = 30) -> dict[str, Any]:
-    async def probe() -> dict[str, Any] | None:
-        obj = await cluster.get(crd.API_VERSION, crd.PLURAL, NS, NAME)
-        return obj if obj is not None and check(obj) else None
-
-    found: dict[str, Any] = await cluster.wait_for(probe, within=within, what=what)
-    return found
 
 
 def role_graph(obj: dict[str, Any], role: str) -> dict[str, Any]:
@@ -109,15 +99,17 @@ async def test_each_role_is_read_through_its_chain_and_shown_with_an_event_namin
     await controller.make_group(roles["prefill"], 0, [one_node("NONE")])
     await controller.make_group(roles["decode"], 0, [one_node("NONE", downgrades=[CAPTURE_FAILED])])
     await controller.report(ready=1, name=roles["decode"]["metadata"]["name"])
-    obj = await status_when(cluster, lambda o: role_graph(o, "decode").get("effectiveMode") == "NONE", "decode's graph")
+    obj = await status_when(
+        cluster, lambda o: role_graph(o, "decode").get("effectiveMode") == "NONE", "decode's graph", name=NAME
+    )
     assert condition(obj, "Ready")["status"] == "False", "no prefill replica is ready yet"
     await controller.report(ready=1, name=roles["prefill"]["metadata"]["name"])
     await asyncio.sleep(3)  # a few ticks: the router is not ready yet, so neither is the resource
-    obj = await status_when(cluster, lambda o: bool(o.get("status")), "a status")
+    obj = await status_when(cluster, lambda o: bool(o.get("status")), "a status", name=NAME)
     assert condition(obj, "Ready")["status"] == "False", "the router (the endpoint) is not ready"
     router = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}  # as its controller
     await cluster.patch("apps/v1", "deployments", NS, NAME, {"status": router}, subresource="status")
-    obj = await status_when(cluster, lambda o: condition(o, "Ready").get("status") == "True", "Ready")
+    obj = await status_when(cluster, lambda o: condition(o, "Ready").get("status") == "True", "Ready", name=NAME)
     graph = obj["status"]["graph"]
     assert graph["requestedMode"] == "FULL_DECODE_ONLY" and graph["effectiveMode"] == "NONE"
     prefill, decode = role_graph(obj, "prefill"), role_graph(obj, "decode")

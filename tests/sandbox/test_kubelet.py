@@ -97,8 +97,7 @@ async def test_a_deployment_scales_out_and_in_through_the_scale_subresource(
     ports = {p["name"]: p["containerPort"] for p in first["spec"]["containers"][0]["ports"]}
     assert ports["metrics"] == kubelet.pods[0].ports["metrics"] != builders.METRICS_PORT
 
-    path = f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}/scale"
-    await cluster._call("PATCH", path, {"spec": {"replicas": 3}}, "application/merge-patch+json")
+    await cluster.patch("apps/v1", "deployments", NS, NAME, {"spec": {"replicas": 3}}, subresource="scale")
     await ready_pods(cluster, 3, kubelet)
 
     async def reported(replicas: int) -> Any:
@@ -109,7 +108,7 @@ async def test_a_deployment_scales_out_and_in_through_the_scale_subresource(
     await cluster.wait_for(lambda: reported(3), within=10, what="status 3/3")
     processes = [pod.process for pod in kubelet.pods]
 
-    await cluster._call("PATCH", path, {"spec": {"replicas": 1}}, "application/merge-patch+json")
+    await cluster.patch("apps/v1", "deployments", NS, NAME, {"spec": {"replicas": 1}}, subresource="scale")
     (kept,) = await ready_pods(cluster, 1, kubelet)
     await cluster.wait_for(lambda: reported(1), within=10, what="status 1/1")
     assert kept["metadata"]["uid"] == first["metadata"]["uid"]  # the newest pods go first
@@ -282,8 +281,7 @@ async def test_a_config_map_volume_is_projected_when_the_pod_starts_and_an_optio
         "data": {"record.json": record},
     }
     await cluster.create(config_map, "configmaps")
-    path = f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}/scale"
-    await cluster._call("PATCH", path, {"spec": {"replicas": 2}}, "application/merge-patch+json")
+    await cluster.patch("apps/v1", "deployments", NS, NAME, {"spec": {"replicas": 2}}, subresource="scale")
     await ready_pods(cluster, 2, kubelet)
     (second,) = [pod for pod in kubelet.pods if pod.uid != first.uid]
     directory = second.volume_paths()[builders.CALIBRATION_VOLUME]
