@@ -2,8 +2,10 @@
 
 - startup: every kopf setting in one place, the API client, the metrics endpoint;
 - login: the same credentials for kopf and for our client (kopf's session with a watch throttle);
-- create/update/resume: refuse a spec that can never be served (PermanentError); a spec change
-  wakes the resource's worker so it is applied at once;
+- resource events: a new generation (a spec change) wakes the resource's worker so it is applied
+  at once. A raw event handler, not kopf's create/update/resume handlers: those make kopf keep a
+  diff base and progress annotations per resource (a deep copy of the body per event and a patch
+  per change); the worker already reports a spec that can never be served (status, Warning Event);
 - children and pods: watched, cached and waking their owner's worker (`watches.register`);
 - daemon: the per-resource worker (children, status, Events).
 """
@@ -18,7 +20,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from npu_operator import client, crd, reconcile, supervision, watches, worker
+from npu_operator import client, crd, supervision, watches, worker
 from npu_operator.config import OperatorConfig, python_log_level
 from npu_operator.runtime_reports import ReportCollector
 
@@ -33,11 +35,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     config: OperatorConfig = memo.config
     logging.getLogger().setLevel(python_log_level(config))
     logging.getLogger("kopf.objects").addFilter(watches.quiet_wakeups)
-    # kopf's bookkeeping under our own annotation prefix, not kopf.zalando.org.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration"
-    )
+    # kopf's one piece of bookkeeping on the resource (the daemon's finalizer) under our prefix.
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     # Peering: replicas with the same name never act together; the highest priority acts, so a
     # random one per start makes a fresh replica take over cleanly from a vanished one.
@@ -91,18 +89,13 @@ async def login(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> ko
 watches.register()
 
 
-@kopf.on.resume(*RESOURCE)
-@kopf.on.create(*RESOURCE)
-@kopf.on.update(*RESOURCE, field="spec")
-async def check_spec(body: kopf.Body, reason: str, memo: Any, **_: Any) -> None:
-    # Async, so the wake-up is set from the event loop. Only an update wakes: on create and
-    # resume the worker is being started and its first tick reads this very spec.
-    if reason == kopf.Reason.UPDATE:
-        memo.wakeups.wake((body["metadata"]["namespace"], body["metadata"]["name"]))
-    problems = reconcile.read_spec(body, memo.config)[1]
-    if problems:
-        # The worker reports it (status, Warning Event); retrying cannot fix a spec.
-        raise kopf.PermanentError("; ".join(str(problem) for problem in problems))
+@kopf.on.event(*RESOURCE)
+async def follow_generation(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    # Async, so the wake-up is set from the event loop. The first generation seen starts nothing:
+    # the worker is being started and its first tick reads this very spec.
+    meta = event["object"].get("metadata", {})
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    memo.wakeups.saw_generation(key, meta.get("generation"), deleted=event["type"] == "DELETED")
 
 
 @kopf.daemon(*RESOURCE, cancellation_timeout=10)

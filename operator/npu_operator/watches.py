@@ -82,6 +82,7 @@ class Wakeups:
     """
 
     events: dict[OwnerKey, asyncio.Event] = dataclasses.field(default_factory=dict)
+    generations: dict[OwnerKey, Any] = dataclasses.field(default_factory=dict)
 
     def for_owner(self, key: OwnerKey) -> asyncio.Event:
         return self.events.setdefault(key, asyncio.Event())
@@ -91,8 +92,17 @@ class Wakeups:
         if event is not None:  # no worker (yet): its first tick reads the latest state anyway
             event.set()
 
+    def saw_generation(self, key: OwnerKey, generation: Any, *, deleted: bool = False) -> None:
+        """Wake the resource's worker when its generation differs from the one seen before."""
+        if deleted:
+            self.generations.pop(key, None)
+        elif self.generations.setdefault(key, generation) != generation:
+            self.generations[key] = generation
+            self.wake(key)
+
     def forget(self, key: OwnerKey) -> None:
         self.events.pop(key, None)
+        self.generations.pop(key, None)
 
 
 class WatchedView:

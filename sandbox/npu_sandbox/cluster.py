@@ -212,9 +212,10 @@ class LocalCluster:
                 raise ApiRejected(response.status, answer or {})
             return answer
 
-    async def create(self, obj: dict[str, Any], plural: str) -> dict[str, Any]:
-        namespace = obj["metadata"].get("namespace")
-        result: dict[str, Any] = await self._call("POST", resource_path(obj["apiVersion"], plural, namespace), obj)
+    async def create(self, obj: dict[str, Any], plural: str, *, dry_run: bool = False) -> dict[str, Any]:
+        """POST the object; with `dry_run`, admitted and validated (`dryRun=All`) but not stored."""
+        path = resource_path(obj["apiVersion"], plural, obj["metadata"].get("namespace"))
+        result: dict[str, Any] = await self._call("POST", path + ("?dryRun=All" if dry_run else ""), obj)
         return result
 
     async def create_token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:

@@ -410,7 +410,7 @@ async def test_a_multi_node_replica_is_an_owned_leader_worker_set_collected_with
             await cluster.stop_operator()
 
 
-async def test_a_child_change_wakes_the_worker_without_waiting_for_a_resync(cluster: LocalCluster) -> None:
+async def test_a_child_or_spec_change_wakes_the_worker_without_waiting_for_a_resync(cluster: LocalCluster) -> None:
     slow = dataclasses.replace(TEST_CONFIG, resync_seconds=60.0, status_poll_seconds=60.0)
     await cluster.start_operator(slow)
     try:
@@ -428,5 +428,13 @@ async def test_a_child_change_wakes_the_worker_without_waiting_for_a_resync(clus
             return await child(cluster, "v1", "services", "tiny-llama")
 
         await cluster.wait_for(recreated, within=5, what="the deleted Service to be put back at once")
+
+        await cluster.patch(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama", {"spec": {"replicas": 2}})
+
+        async def scaled() -> Any:
+            deployment = await child(cluster, "apps/v1", "deployments", "tiny-llama")
+            return deployment if deployment and deployment["spec"]["replicas"] == 2 else None
+
+        await cluster.wait_for(scaled, within=5, what="a spec change to be applied at once")
     finally:
         await cluster.stop_operator()

@@ -413,7 +413,11 @@ async def test_a_pod_that_reports_no_commit_degrades_the_resource_with_an_event(
 
     found = await cluster.wait_for(degraded, within=20, what="Degraded/RevisionUnresolved")
     assert "'../../../etc/passwd'" in found["message"] and "not a commit" in found["message"]
-    warnings = [e for e in await events(cluster) if e.get("reason") == revisions.REVISION_UNRESOLVED]
-    assert warnings and warnings[0]["type"] == "Warning"
+
+    async def warned() -> Any:  # kopf posts the Event from its own queue, after the status write
+        return [e for e in await events(cluster) if e.get("reason") == revisions.REVISION_UNRESOLVED]
+
+    warnings = await cluster.wait_for(warned, within=10, what="a RevisionUnresolved Event")
+    assert warnings[0]["type"] == "Warning"
     deployment = await cluster.get("apps/v1", "deployments", NS, NAME)
     assert deployment is not None and init_revision(deployment["spec"]["template"]) == "release"  # nothing pinned

@@ -136,3 +136,18 @@ def test_held_events_keep_the_ticks_coming_until_they_are_posted() -> None:
     assert limiter.holds("a") and not limiter.holds("b")
     limiter.submit("a", [], now=61)
     assert not limiter.holds("a")
+
+
+def test_only_a_new_generation_of_the_resource_wakes_its_worker() -> None:
+    wakeups = Wakeups()
+    wake = wakeups.for_owner(OWNER)
+    wakeups.saw_generation(OWNER, 1)  # the first event: the worker's first tick reads it anyway
+    wakeups.saw_generation(OWNER, 1)  # our status write, a label: same generation
+    assert not wake.is_set()
+    wakeups.saw_generation(OWNER, 2)  # a spec change
+    assert wake.is_set()
+    wake.clear()
+    wakeups.saw_generation(OWNER, 2, deleted=True)
+    assert OWNER not in wakeups.generations
+    wakeups.saw_generation(OWNER, 1)  # a new resource of the same name starts afresh
+    assert not wake.is_set()
