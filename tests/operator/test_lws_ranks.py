@@ -15,6 +15,7 @@ with it (the emulator's garbage collector), and the group is made anew. The runt
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -166,16 +167,27 @@ class LeaderWorkerSetController:
         await self.report(ready=1)
 
 
-@pytest.fixture
-async def lws_cluster() -> AsyncIterator[tuple[LocalCluster, LeaderWorkerSetController, FakeRuntimes]]:
+Controlled = tuple[LocalCluster, LeaderWorkerSetController, FakeRuntimes]
+
+
+@contextlib.asynccontextmanager
+async def controlled_cluster(*, disaggregated_sets: bool = False) -> AsyncIterator[Controlled]:
+    """The operator over the emulator serving LeaderWorkerSets (and DisaggregatedSets when asked), the
+    LWS controller played by the test."""
     runtimes = FakeRuntimes()
-    async with LocalCluster(leader_worker_sets=True) as cluster:
+    async with LocalCluster(leader_worker_sets=True, disaggregated_sets=disaggregated_sets) as cluster:
         await cluster.start_operator(CONFIG)
         try:
             yield cluster, LeaderWorkerSetController(cluster, runtimes), runtimes
         finally:
             await cluster.stop_operator()
             await runtimes.close()
+
+
+@pytest.fixture
+async def lws_cluster() -> AsyncIterator[Controlled]:
+    async with controlled_cluster() as controlled:
+        yield controlled
 
 
 async def status_when(

@@ -19,8 +19,8 @@ from npu_sandbox import controllers, disaggregated
 from npu_sandbox.cluster import LocalCluster
 
 from tests.operator.conftest import example
-from tests.operator.test_faults import CONFIG, HOSTILE, FakeRuntimes, report
-from tests.operator.test_lws_ranks import NS, LeaderWorkerSetController, status_when
+from tests.operator.test_faults import HOSTILE, FakeRuntimes, report
+from tests.operator.test_lws_ranks import NS, Controlled, LeaderWorkerSetController, controlled_cluster, status_when
 
 NAME = "tiny-llama-pd"
 CAPTURE_FAILED = {
@@ -33,15 +33,9 @@ CAPTURE_FAILED = {
 
 
 @pytest.fixture
-async def pd_cluster() -> AsyncIterator[tuple[LocalCluster, LeaderWorkerSetController, FakeRuntimes]]:
-    runtimes = FakeRuntimes()
-    async with LocalCluster(leader_worker_sets=True, disaggregated_sets=True) as cluster:
-        await cluster.start_operator(CONFIG)
-        try:
-            yield cluster, LeaderWorkerSetController(cluster, runtimes), runtimes
-        finally:
-            await cluster.stop_operator()
-            await runtimes.close()
+async def pd_cluster() -> AsyncIterator[Controlled]:
+    async with controlled_cluster(disaggregated_sets=True) as controlled:
+        yield controlled
 
 
 async def role_sets(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
