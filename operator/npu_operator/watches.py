@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import kopf
@@ -119,10 +119,8 @@ class WatchedView:
     def child(self, kind: ChildKind, namespace: str, owner: str) -> Mapping[str, Any] | None:
         # Indexed under the owner's name label; a child with a suffix (`-epp`, `-calibration`) is
         # found there by its own name.
-        index = self._children.get(kind)
-        found = index.get((namespace, owner), ()) if index is not None else self._seen.get(kind, (namespace, owner))
         name = kind.child_name(owner)
-        for obj in found:
+        for obj in self._indexed(kind, namespace, owner):
             if obj.get("metadata", {}).get("name") == name:
                 return dict(obj)
         return None
@@ -137,9 +135,12 @@ class WatchedView:
         return [dict(obj) for index in self._links for obj in index.get((namespace, name), ())]
 
     def children_of(self, kind: ChildKind, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
+        return [dict(obj) for obj in self._indexed(kind, namespace, name)]
+
+    def _indexed(self, kind: ChildKind, namespace: str, owner: str) -> Iterable[Mapping[str, Any]]:
+        """The owner's children of one kind: from kopf's index, or for an optional kind from `SeenChildren`."""
         index = self._children.get(kind)
-        found = index.get((namespace, name), ()) if index is not None else self._seen.get(kind, (namespace, name))
-        return [dict(obj) for obj in found]
+        return index.get((namespace, owner), ()) if index is not None else self._seen.get(kind, (namespace, owner))
 
 
 # What the reconcile reads of a child and of a pod; the rest (a child's spec, most of all the pod
