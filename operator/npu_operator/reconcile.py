@@ -154,7 +154,7 @@ def desired_state(
     if blocked is not None and spec.disaggregation is not None:
         manifests = {}  # nothing else changes: no router without its engines
     claim = builders.build_cache_claim(body["metadata"].get("namespace", "default"), spec)
-    # read_spec refused a spec it raises for
+    # scaling.capacity raises only for a spec that read_spec has refused already
     capacity = (
         scaling.capacity(spec, builders.plan_options(spec))
         if spec.autoscaling is not None or spec.routing is not None
@@ -420,8 +420,9 @@ async def store_calibration(
     kind = children.CALIBRATION_RECORD
     child_name = kind.child_name(name)
     live = view.child(kind, namespace, name)
+    not_ours = f"calibration not kept: {kind.kind} {namespace}/{child_name} is not ours, left alone"
     if live is not None and not children.owned_by(live, uid):
-        return None, None, f"calibration not kept: {kind.kind} {namespace}/{child_name} is not ours, left alone"
+        return None, None, not_ours
     sections = [r.current.calibration for r in reports if r.current is not None and r.current.calibration is not None]
     layout = calibration.spec_layout(
         spec.parallelism.tensor, spec.parallelism.pipeline, spec.parallelism.data, spec.npu.nodes
@@ -444,7 +445,7 @@ async def store_calibration(
     try:
         await _execute(step, client, namespace, uid)
     except ForeignChild:
-        return shown, None, f"calibration not kept: {kind.kind} {namespace}/{child_name} is not ours, left alone"
+        return shown, None, not_ours
     except ApiError as exc:
         if exc.transient:
             raise

@@ -102,7 +102,7 @@ def compute_status(
     if observed.model is not None:
         status["model"] = observed.model
     if spec.autoscaling is not None or spec.routing is not None:
-        # read_spec refused a spec it raises for
+        # capacity is computed once per generation (Desired); scaling.capacity raises only for a spec read_spec refused
         cap = observed.capacity if observed.capacity is not None else scaling.capacity(spec, plan_options(spec))
         if spec.autoscaling is not None:
             timeout = spec.engine.startup_timeout_seconds
