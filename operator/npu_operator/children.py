@@ -182,13 +182,12 @@ class CompactManifests(Mapping[str, JSON]):
         self._digests = {key: _digest(value) for key, value in manifests.items()}
 
     def __getitem__(self, key: str) -> JSON:
-        manifest: JSON = json.loads(zlib.decompress(self._texts[key]))
-        return manifest
+        return _parsed(self._texts[key])
 
     def get(self, key: str, default: Any = None) -> Any:
         """`Mapping.get` without the KeyError that it raises and catches for an absent key."""
         text = self._texts.get(key)
-        return default if text is None else json.loads(zlib.decompress(text))
+        return default if text is None else _parsed(text)
 
     def __contains__(self, key: object) -> bool:
         return key in self._texts
@@ -202,6 +201,11 @@ class CompactManifests(Mapping[str, JSON]):
 
     def __len__(self) -> int:
         return len(self._texts)
+
+
+def _parsed(text: bytes) -> JSON:
+    manifest: JSON = json.loads(zlib.decompress(text))
+    return manifest
 
 
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
