@@ -79,18 +79,17 @@ def rollout(body: Mapping[str, Any], spec: NPUInferenceSpec, children: Sequence[
     hub = spec.model.hub
     if hub is None or (hub.revision is not None and is_commit(hub.revision)):
         return None
-    request = str(((body.get("metadata") or {}).get("annotations") or {}).get(RESOLVE_ANNOTATION, ""))
+    request, resolved_for, commit = cache_key(body)
     templates = [template for child in children for template in fetching_templates(child)]
     text = json.dumps([templates, request], sort_keys=True, separators=(",", ":"))
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
-    resolved = ((body.get("status") or {}).get("model") or {}).get("resolved") or {}
-    commit = resolved.get("commit")
-    pinned = commit if resolved.get("rollout") == key and isinstance(commit, str) and is_commit(commit) else None
+    pinned = commit if resolved_for == key and is_commit(commit) else None
     return Rollout(key, hub.revision or _DEFAULT_BRANCH[hub.hub], pinned)
 
 
 def cache_key(body: Mapping[str, Any]) -> tuple[str, str, str]:
-    """What `rollout` reads besides the spec: the annotation and the recorded resolution."""
+    """What `rollout` reads besides the spec: the annotation, and the rollout and commit recorded as
+    resolved ("" where absent; the CRD's status schema types them as strings)."""
     request = ((body.get("metadata") or {}).get("annotations") or {}).get(RESOLVE_ANNOTATION, "")
     resolved = ((body.get("status") or {}).get("model") or {}).get("resolved") or {}
     return str(request), str(resolved.get("rollout", "")), str(resolved.get("commit", ""))
