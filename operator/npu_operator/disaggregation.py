@@ -40,8 +40,8 @@ from npu_operator.config import OperatorConfig
 
 JSON = dict[str, Any]
 
-DS_API_VERSION: Final = "disaggregatedset.x-k8s.io/v1"
-DS_KIND: Final = "DisaggregatedSet"
+DS_API_VERSION: Final = children.DISAGGREGATED_SET.resource.api_version  # disaggregatedset.x-k8s.io/v1
+DS_KIND: Final = children.DISAGGREGATED_SET.kind
 ROLES: Final = ("prefill", "decode")
 ROUTER: Final = "router"
 ROLE_LABEL: Final = f"{crd.GROUP}/role"
