@@ -246,7 +246,8 @@ async def test_every_rank_is_read_shown_and_recovers_with_its_group(
     assert graph["reportingPods"] == 2 and "unreachablePods" not in graph
     assert all(runtimes.hits.get(port, 0) == 0 for port in foreign_ports)  # never read
     assert condition(obj, "Degraded")["status"] == "False"
-    downgraded = await events(cluster, "GraphModeDowngraded")
+    # kopf posts Events from its own queue after the status write: wait for it.
+    downgraded = await cluster.wait_for(lambda: events(cluster, "GraphModeDowngraded"), what="the downgrade Event")
     assert downgraded == [
         f"group 0 node 1 (pod {NAME}-0-1): FULL_DECODE_ONLY -> NONE (HcclBufferShortfall, engine stage): "
         "HCCL_BUFFSIZE too small for the graphs on this node"
