@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -259,6 +260,13 @@ class KubeClient:
         if cached is not None and time.monotonic() - cached[1] < self._discovery_seconds:
             return cached[0]
         return None
+
+    def discovery_due_in(self) -> float:
+        """Seconds until the first answer `served_now` keeps is asked again (inf while none is kept)."""
+        if not self._discovered:
+            return math.inf
+        oldest = min(at for _, at in self._discovered.values())
+        return max(0.0, oldest + self._discovery_seconds - time.monotonic())
 
     async def serves(self, resource: Resource) -> bool:
         """Whether the API server offers this resource (e.g. PodMonitors of monitoring.coreos.com/v1).

@@ -2,10 +2,11 @@
 
 - startup: every kopf setting in one place, the API client, the metrics endpoint;
 - login: the same credentials for kopf and for our client (kopf's session with a watch throttle);
-- resource events: a new generation (a spec change) wakes the resource's worker so it is applied
-  at once. A raw event handler, not kopf's create/update/resume handlers: those make kopf keep a
-  diff base and progress annotations per resource (a deep copy of the body per event and a patch
-  per change); the worker already reports a spec that can never be served (status, Warning Event);
+- resource events: a change the worker reads (a new generation, labels, annotations) wakes the
+  resource's worker so it is applied at once. A raw event handler, not kopf's create/update/resume
+  handlers: those make kopf keep a diff base and progress annotations per resource (a deep copy of
+  the body per event and a patch per change); the worker already reports a spec that can never be
+  served (status, Warning Event);
 - children and pods: watched, cached and waking their owner's worker (`watches.register`);
 - daemon: the per-resource worker (children, status, Events).
 """
@@ -90,12 +91,12 @@ watches.register()
 
 
 @kopf.on.event(*RESOURCE)
-async def follow_generation(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    # Async, so the wake-up is set from the event loop. The first generation seen starts nothing:
-    # the worker is being started and its first tick reads this very spec.
+async def follow_changes(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    # Async, so the wake-up is set from the event loop. The first event seen starts nothing: the
+    # worker is being started and its first tick reads this very resource.
     meta = event["object"].get("metadata", {})
     key = (meta.get("namespace", ""), meta.get("name", ""))
-    memo.wakeups.saw_generation(key, meta.get("generation"), deleted=event["type"] == "DELETED")
+    memo.wakeups.saw_resource(key, meta, deleted=event["type"] == "DELETED")
 
 
 @kopf.daemon(*RESOURCE, cancellation_timeout=10)

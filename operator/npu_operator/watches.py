@@ -82,7 +82,7 @@ class Wakeups:
     """
 
     events: dict[OwnerKey, asyncio.Event] = dataclasses.field(default_factory=dict)
-    generations: dict[OwnerKey, Any] = dataclasses.field(default_factory=dict)
+    seen: dict[OwnerKey, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
 
     def for_owner(self, key: OwnerKey) -> asyncio.Event:
         return self.events.setdefault(key, asyncio.Event())
@@ -92,17 +92,27 @@ class Wakeups:
         if event is not None:  # no worker (yet): its first tick reads the latest state anyway
             event.set()
 
-    def saw_generation(self, key: OwnerKey, generation: Any, *, deleted: bool = False) -> None:
-        """Wake the resource's worker when its generation differs from the one seen before."""
+    def saw_resource(self, key: OwnerKey, metadata: Mapping[str, Any], *, deleted: bool = False) -> None:
+        """Wake the resource's worker when what it reads of the resource besides the status (its
+        generation, labels and annotations: `read_by_worker`) differs from what was seen before."""
         if deleted:
-            self.generations.pop(key, None)
-        elif self.generations.setdefault(key, generation) != generation:
-            self.generations[key] = generation
+            self.seen.pop(key, None)
+            return
+        read = read_by_worker(metadata)
+        if self.seen.setdefault(key, read) != read:
+            self.seen[key] = read
             self.wake(key)
 
     def forget(self, key: OwnerKey) -> None:
         self.events.pop(key, None)
-        self.generations.pop(key, None)
+        self.seen.pop(key, None)
+
+
+def read_by_worker(metadata: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a worker reads of its resource's metadata: the generation (the spec), the labels (the
+    children's), the annotations (a rollout's). Our status writes and kopf's finalizer change none."""
+    labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
+    return (metadata.get("generation"), tuple(sorted(labels.items())), tuple(sorted(annotations.items())))
 
 
 class WatchedView:

@@ -2,10 +2,12 @@
 
 The worker is the only writer of the resource's status and Events, so nothing races: it
 reconciles, patches the status fields that changed, posts the Events that the condition
-transitions imply, then sleeps until the next tick or until a handler wakes it (a spec change,
-a change of one of its children or pods: see `watches`). A tick of a settled resource reads
-only kopf's caches: it costs no request to the API server. A tick whose inputs cannot have
-changed since a tick that changed nothing (`quiet_inputs`) is skipped: no reconcile, no CPU.
+transitions imply, then sleeps until the next tick or until a handler wakes it (a change of the
+spec, labels or annotations, of one of its children or pods: see `watches`). A tick of a settled
+resource reads only kopf's caches: it costs no request to the API server. Once a reconcile
+changed nothing and nothing it reads can change without a wake-up (`quiet_inputs`), the worker
+sleeps until it is woken, its forced reconcile is due or the optional APIs' answers are asked
+again: a quiet resource costs no CPU between them.
 It never dies on an error: transient API errors and bugs are logged, counted and retried with
 backoff; a spec that cannot be served is reported once and then left alone until it changes.
 """
@@ -37,7 +39,9 @@ def describe(exc: BaseException) -> str:
 
 
 # A full reconcile comes at least every this many ticks even while nothing seems to change.
-MAX_SKIPPED_TICKS: Final = 11
+FORCED_RECONCILE_TICKS: Final = 12
+# The clock of the forced reconciles (a test runs the worker on its own).
+_monotonic = time.monotonic
 
 
 async def quiet_inputs(
@@ -94,20 +98,23 @@ async def run(
     known_status: dict[str, Any] = dict(body.get("status") or {})
     failures = 0
     events = EventLimiter()  # a burst of Events becomes one, per reason
-    quiet: tuple[Any, ...] | None = None  # the inputs of the last tick, when it changed nothing
-    skipped = 0
+    quiet: tuple[Any, ...] | None = None  # the inputs of the last reconcile, when it changed nothing
+    forced_at = 0.0  # while the inputs stay `quiet`, the next reconcile comes at this time
+    # kopf's stop (deletion, pause, shutdown) wakes the worker: one waiter for its whole life.
+    stopping = asyncio.ensure_future(stopped.wait())
+    stopping.add_done_callback(lambda _: wake.set())
     try:
         while not stopped:
-            skip = quiet is not None and not wake.is_set() and skipped < MAX_SKIPPED_TICKS
             inputs = await quiet_inputs(body, known_status, client, view, events)
-            if skip and quiet == inputs:
-                skipped += 1
-                await _sleep(stopped, wake, interval)
+            now = _monotonic()
+            if quiet is not None and quiet == inputs and not wake.is_set() and now < forced_at:
+                # Nothing it reads changes unnoticed before the forced reconcile except the optional
+                # APIs (a CRD installed meanwhile): their answers are read again once they are due.
+                await _sleep(wake, min(forced_at - now, max(interval, client.discovery_due_in())))
                 continue
             # Read before the wake-up is cleared: what changes from here on is read by the reconcile
             # (a different key then only costs one more reconcile) or wakes the next tick.
             wake.clear()
-            skipped = 0
             quiet = None
             started = time.perf_counter()
             outcome = "error"
@@ -128,7 +135,7 @@ async def run(
                 )
                 failures = 0
                 if outcome == "unchanged" and not posted:
-                    quiet = inputs
+                    quiet, forced_at = inputs, _monotonic() + FORCED_RECONCILE_TICKS * interval
             except Exception as exc:  # the worker must outlive any one failure
                 failures += 1
                 transient = exc.transient if isinstance(exc, ApiError) else isinstance(exc, OSError | TimeoutError)
@@ -140,8 +147,9 @@ async def run(
                 metrics.RECONCILES.labels(outcome).inc()
                 metrics.RECONCILE_DURATION.labels(outcome).observe(elapsed)
             delay = backoff_seconds(interval, failures) if failures else interval
-            await _sleep(stopped, wake, delay)
+            await _sleep(wake, delay)
     finally:
+        stopping.cancel()
         wakeups.forget(owner)
         collector.forget(uid)
 
@@ -152,11 +160,11 @@ async def _patch_status(client: KubeClient, body: Mapping[str, Any], patch: dict
     return dict(answer.get("status") or {})
 
 
-async def _sleep(stopped: kopf.DaemonStopped, wake: asyncio.Event, seconds: float) -> None:
-    """Until the resync is due, the resource changed, or the operator stops."""
-    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait(seconds))]
+async def _sleep(wake: asyncio.Event, seconds: float) -> None:
+    """Until the time is up or the worker is woken (a change, or kopf stopping it): one future and
+    one timer, no task (a sleep per tick of every resource is the operator's most frequent wait)."""
     try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
+        async with asyncio.timeout(seconds):
+            await wake.wait()
+    except TimeoutError:
+        pass

@@ -9,6 +9,7 @@ Simplified (see npu_sandbox.fields): lists are atomic; the status subresource is
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import kopf
@@ -89,5 +90,17 @@ async def test_concurrent_callers_share_one_discovery_request(cluster: LocalClus
         assert answers == [False] * 20 and len(asked) == 1
         assert await client.serves(pod_monitors) is False  # from the cache, no request
         assert len(cluster.emulator.history) == before + 1
+    finally:
+        await client.close()
+
+
+async def test_the_discovery_says_when_its_answers_are_due_again(cluster: LocalCluster) -> None:
+    # A quiet worker sleeps until then: a CRD installed meanwhile is seen within discovery_seconds.
+    pod_monitors = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
+    client = KubeClient(lambda: connection_info(kopf.OperatorSettings()), discovery_seconds=30.0)
+    try:
+        assert client.discovery_due_in() == math.inf  # nothing kept: nothing to ask again
+        await client.serves(pod_monitors)
+        assert 29.0 < client.discovery_due_in() <= 30.0
     finally:
         await client.close()

@@ -1,9 +1,11 @@
-"""The worker's loop: a tick whose inputs cannot have changed is skipped, any change brings the reconcile back."""
+"""The worker's loop: a quiet resource sleeps until its forced reconcile, any change brings the reconcile back."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +28,9 @@ class Stopped:
     def __bool__(self) -> bool:
         return self.flag
 
+    async def wait(self) -> None:
+        await asyncio.Event().wait()  # the worker's waiter for kopf's stop: never set here
+
 
 class Client:
     """What the worker asks with `reconcile.reconcile` replaced: the optional APIs (none served), status writes."""
@@ -35,6 +40,9 @@ class Client:
 
     async def serves(self, resource: Resource) -> bool:
         return False
+
+    def discovery_due_in(self) -> float:
+        return math.inf
 
     async def patch_status(self, resource: Resource, namespace: str, name: str, patch: Any) -> dict[str, Any]:
         return {"status": patch}
@@ -65,33 +73,48 @@ class Collector:
         pass
 
 
+@dataclasses.dataclass
+class Ticks:
+    """The worker run on a clock of ticks (one resync interval each): when it reconciled, how often it woke."""
+
+    reconciled: list[int] = dataclasses.field(default_factory=list)
+    wakeups: int = 0
+    now: int = 0
+
+
 def run_ticks(
     monkeypatch: pytest.MonkeyPatch,
     ticks: int,
     between: Callable[[int, dict[str, Any], View, Wakeups], None] = lambda *_: None,
     result: reconcile.Result | None = None,
-) -> list[int]:
-    """Run the worker for `ticks` ticks (calling `between` after each); the ticks that reconciled."""
+    client: Client | None = None,
+    clock: Ticks | None = None,
+) -> Ticks:
+    """Run the worker for `ticks` ticks, calling `between` at each tick it sleeps through (a sleep
+    ends early once its wake-up is set, as the real one does)."""
     body: dict[str, Any] = {"metadata": {"namespace": "default", "name": "m", "uid": "u1", "resourceVersion": "1"}}
-    view, wakeups, stopped = View(), Wakeups(), Stopped()
-    reconciled: list[int] = []
-    slept = 0
+    view, wakeups, stopped, run = View(), Wakeups(), Stopped(), clock or Ticks()
+    interval = min(OperatorConfig().resync_seconds, OperatorConfig().status_poll_seconds)
 
     async def fake_reconcile(*_: Any, **__: Any) -> reconcile.Result:
-        reconciled.append(slept)
+        run.reconciled.append(run.now)
         return result or reconcile.Result({}, (), ())
 
-    async def fake_sleep(stopped_: Any, wake: Any, seconds: float) -> None:
-        nonlocal slept
-        between(slept, body, view, wakeups)
-        slept += 1
-        stopped.flag = slept >= ticks
+    async def fake_sleep(wake: asyncio.Event, seconds: float) -> None:
+        run.wakeups += 1
+        for _ in range(max(1, math.ceil(seconds / interval - 1e-9))):
+            between(run.now, body, view, wakeups)
+            run.now += 1
+            stopped.flag = run.now >= ticks
+            if wake.is_set() or stopped.flag:
+                return
 
     monkeypatch.setattr(reconcile, "reconcile", fake_reconcile)
     monkeypatch.setattr(worker, "_sleep", fake_sleep)
+    monkeypatch.setattr(worker, "_monotonic", lambda: run.now * interval)
     coroutine = worker.run(
         body,  # type: ignore[arg-type]
-        Client(),  # type: ignore[arg-type]
+        client or Client(),  # type: ignore[arg-type]
         view,
         OperatorConfig(),
         wakeups,
@@ -100,31 +123,68 @@ def run_ticks(
         logging.getLogger("test"),
     )
     asyncio.run(coroutine)
-    return reconciled
+    return run
 
 
-def test_a_settled_resource_is_reconciled_once_then_only_every_max_skipped_ticks(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    every = worker.MAX_SKIPPED_TICKS + 1
-    assert run_ticks(monkeypatch, 3 * every) == [0, every, 2 * every]
+def test_a_settled_resource_sleeps_until_its_forced_reconcile(monkeypatch: pytest.MonkeyPatch) -> None:
+    every = worker.FORCED_RECONCILE_TICKS
+    run = run_ticks(monkeypatch, 3 * every)
+    assert run.reconciled == [0, every, 2 * every]
+    # After each reconcile: one tick to find nothing changed, then one sleep until the next.
+    assert run.wakeups == 3 * 2
 
 
-def test_a_wake_up_a_new_resource_version_or_pods_bring_the_reconcile_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wake_up_a_change_of_the_resource_or_pods_bring_the_reconcile_back(monkeypatch: pytest.MonkeyPatch) -> None:
     def between(tick: int, body: dict[str, Any], view: View, wakeups: Wakeups) -> None:
+        if tick == 0:
+            wakeups.saw_resource(OWNER, body["metadata"])  # the resource's first event
         if tick == 2:
-            wakeups.wake(OWNER)  # a child or pod changed
-        if tick == 4:
-            body["metadata"]["resourceVersion"] = "2"  # the resource changed (a spec, a label, our status)
-        if tick == 6:
-            view.pod_list = [{"metadata": {"name": "m-pod"}}]  # pods: their reports are polled every tick
+            wakeups.wake(OWNER)  # a child changed
+        if tick == 4:  # a label: the resource's event handler wakes the worker
+            body["metadata"] |= {"resourceVersion": "2", "labels": {"team": "a"}}
+            wakeups.saw_resource(OWNER, body["metadata"])
+        if tick == 6:  # pods: their event wakes the worker, and their reports are polled every tick
+            view.pod_list = [{"metadata": {"name": "m-pod"}}]
+            wakeups.wake(OWNER)
 
-    assert run_ticks(monkeypatch, 10, between) == [0, 3, 5, 7, 8, 9]
+    run = run_ticks(monkeypatch, 10, between)
+    assert run.reconciled == [0, 3, 5, 7, 8, 9]
 
 
 def test_a_tick_that_changed_something_is_never_skipped_after(monkeypatch: pytest.MonkeyPatch) -> None:
     patching = reconcile.Result({"observedGeneration": 1}, (), ())
-    assert run_ticks(monkeypatch, 4, result=patching) == [0, 1, 2, 3]
+    assert run_ticks(monkeypatch, 4, result=patching).reconciled == [0, 1, 2, 3]
+
+
+class Discovering(Client):
+    """An API server where the PodMonitor CRD is installed at tick `installed_at`; answers kept `ttl` ticks."""
+
+    def __init__(self, clock: Ticks, installed_at: int, ttl: int) -> None:
+        self.clock, self.installed_at, self.ttl = clock, installed_at, ttl
+        self.answers: dict[Resource, tuple[bool, int]] = {}
+
+    def served_now(self, resource: Resource) -> bool | None:
+        answer = self.answers.get(resource)
+        return answer[0] if answer and self.clock.now < answer[1] + self.ttl else None
+
+    async def serves(self, resource: Resource) -> bool:
+        served = resource.plural == "podmonitors" and self.clock.now >= self.installed_at
+        self.answers[resource] = (served, self.clock.now)
+        return served
+
+    def discovery_due_in(self) -> float:
+        interval = min(OperatorConfig().resync_seconds, OperatorConfig().status_poll_seconds)
+        oldest = min(at for _, at in self.answers.values())
+        return max(0, oldest + self.ttl - self.clock.now) * interval
+
+
+def test_a_crd_installed_while_the_worker_sleeps_is_seen_when_the_answers_are_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Ticks()
+    run = run_ticks(monkeypatch, 10, client=Discovering(clock, installed_at=5, ttl=4), clock=clock)
+    # Asked at 0 (due at 4: still not served, asked again, due at 8): the PodMonitor's API at 8.
+    assert run.reconciled == [0, 8]
 
 
 def test_held_events_keep_the_ticks_coming_until_they_are_posted() -> None:
@@ -138,16 +198,49 @@ def test_held_events_keep_the_ticks_coming_until_they_are_posted() -> None:
     assert not limiter.holds("a")
 
 
-def test_only_a_new_generation_of_the_resource_wakes_its_worker() -> None:
+def test_only_a_change_the_worker_reads_wakes_it() -> None:
     wakeups = Wakeups()
     wake = wakeups.for_owner(OWNER)
-    wakeups.saw_generation(OWNER, 1)  # the first event: the worker's first tick reads it anyway
-    wakeups.saw_generation(OWNER, 1)  # our status write, a label: same generation
+    meta: dict[str, Any] = {"generation": 1, "resourceVersion": "1", "labels": {"a": "1"}}
+    wakeups.saw_resource(OWNER, meta)  # the first event: the worker's first tick reads it anyway
+    # Our status write, kopf's finalizer: a new resourceVersion, nothing the worker reads.
+    wakeups.saw_resource(OWNER, meta | {"resourceVersion": "2", "finalizers": ["f"]})
     assert not wake.is_set()
-    wakeups.saw_generation(OWNER, 2)  # a spec change
-    assert wake.is_set()
-    wake.clear()
-    wakeups.saw_generation(OWNER, 2, deleted=True)
-    assert OWNER not in wakeups.generations
-    wakeups.saw_generation(OWNER, 1)  # a new resource of the same name starts afresh
+    for change in ({"generation": 2}, {"labels": {"a": "2"}}, {"annotations": {"x": "again"}}):
+        meta |= change
+        wakeups.saw_resource(OWNER, meta)
+        assert wake.is_set(), change
+        wake.clear()
+    wakeups.saw_resource(OWNER, meta, deleted=True)
+    assert OWNER not in wakeups.seen
+    wakeups.saw_resource(OWNER, {"generation": 1})  # a new resource of the same name starts afresh
     assert not wake.is_set()
+
+
+def test_kopfs_stop_wakes_a_sleeping_worker_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Stopper:
+        def __init__(self) -> None:
+            self.event = asyncio.Event()
+
+        def __bool__(self) -> bool:
+            return self.event.is_set()
+
+        async def wait(self) -> None:
+            await self.event.wait()
+
+    async def fake_reconcile(*_: Any, **__: Any) -> reconcile.Result:
+        reconciled.set()
+        return reconcile.Result({}, (), ())
+
+    async def scenario() -> None:
+        body = {"metadata": {"namespace": "default", "name": "m", "uid": "u1", "resourceVersion": "1"}}
+        hour = OperatorConfig(resync_seconds=3600, status_poll_seconds=3600)
+        args = (View(), hour, Wakeups(), Collector(), stopper, logging.getLogger("test"))
+        running = asyncio.create_task(worker.run(body, Client(), *args))  # type: ignore[arg-type]
+        await asyncio.wait_for(reconciled.wait(), 5)
+        stopper.event.set()  # the resource is deleted, the operator pauses or stops
+        await asyncio.wait_for(running, 5)  # not the hour it was sleeping for
+
+    reconciled, stopper = asyncio.Event(), Stopper()
+    monkeypatch.setattr(reconcile, "reconcile", fake_reconcile)
+    asyncio.run(scenario())
