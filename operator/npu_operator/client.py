@@ -158,7 +158,10 @@ class KubeClient:
             host=info.server.rstrip("/"),
             # kopf's header: Bearer token or basic auth, whichever the login found.
             api_key={"authorization": auth} if (auth := info.as_http_headers().get("Authorization")) else None,
-            client_session_kwargs={"connector": connector},
+            # Proxies and .netrc from the environment as kopf's own session takes them (kopf's
+            # default: not at all). kubernetes.aio trusts the environment by default, and aiohttp
+            # then looks both up in a thread for every request.
+            client_session_kwargs={"connector": connector, "trust_env": info.trust_env},
         )
         api = k8s.ApiClient(configuration)
         return api, DynamicClient(api), connector  # type: ignore[no-untyped-call]

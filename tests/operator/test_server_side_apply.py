@@ -9,6 +9,7 @@ Simplified (see npu_sandbox.fields): lists are atomic; the status subresource is
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from typing import Any
 
@@ -102,5 +103,24 @@ async def test_the_discovery_says_when_its_answers_are_due_again(cluster: LocalC
         assert client.discovery_due_in() == math.inf  # nothing kept: nothing to ask again
         await client.serves(pod_monitors)
         assert 29.0 < client.discovery_due_in() <= 30.0
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("trust_env", [False, True])
+async def test_the_environments_proxy_is_used_as_kopfs_connection_says(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, trust_env: bool
+) -> None:
+    # A proxy nobody listens on: the request only reaches the API server without it.
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    info = dataclasses.replace(connection_info(kopf.OperatorSettings()), trust_env=trust_env)
+    client = KubeClient(lambda: info)
+    try:
+        if trust_env:
+            with pytest.raises(ApiError, match="Cannot connect"):
+                await client.get(SERVICES, "default", "absent")
+        else:
+            assert await client.get(SERVICES, "default", "absent") is None
     finally:
         await client.close()
