@@ -31,6 +31,21 @@ RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
 REPORTING_COMPONENT = "npu-operator"
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff base, kept by nobody: it serves only create/update handlers, which this operator
+    has none of (a change wakes the worker through `follow_changes`). kopf still builds one on every
+    event of every resource: the default deep-copies the body and reads an annotation each time."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return {}
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        pass
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
     config: OperatorConfig = memo.config
@@ -38,6 +53,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     logging.getLogger("kopf.objects").addFilter(watches.quiet_wakeups)
     # kopf's one piece of bookkeeping on the resource (the daemon's finalizer) under our prefix.
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    settings.persistence.diffbase_storage = NoDiffBase()
     # Peering: replicas with the same name never act together; the highest priority acts, so a
     # random one per start makes a fresh replica take over cleanly from a vanished one.
     settings.peering.name = config.peering_name
