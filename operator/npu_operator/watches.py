@@ -83,9 +83,12 @@ class Wakeups:
 
     events: dict[OwnerKey, asyncio.Event] = dataclasses.field(default_factory=dict)
     seen: dict[OwnerKey, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    deleted: set[str] = dataclasses.field(default_factory=set)  # uids whose DELETED event came
 
     def for_owner(self, key: OwnerKey) -> asyncio.Event:
-        return self.events.setdefault(key, asyncio.Event())
+        """A new worker's wake-up (a resource re-created under the same name gets its own)."""
+        self.events[key] = event = asyncio.Event()
+        return event
 
     def wake(self, key: OwnerKey) -> None:
         event = self.events.get(key)
@@ -94,18 +97,24 @@ class Wakeups:
 
     def saw_resource(self, key: OwnerKey, metadata: Mapping[str, Any], *, deleted: bool = False) -> None:
         """Wake the resource's worker when what it reads of the resource besides the status (its
-        generation, labels and annotations: `read_by_worker`) differs from what was seen before."""
+        generation, labels and annotations: `read_by_worker`) differs from what was seen before,
+        and when the resource is deleted (the worker then exits: kopf keeps no finalizer to stop it)."""
         if deleted:
             self.seen.pop(key, None)
+            self.deleted.add(str(metadata.get("uid", "")))
+            self.wake(key)
             return
         read = read_by_worker(metadata)
         if self.seen.setdefault(key, read) != read:
             self.seen[key] = read
             self.wake(key)
 
-    def forget(self, key: OwnerKey) -> None:
-        self.events.pop(key, None)
-        self.seen.pop(key, None)
+    def forget(self, key: OwnerKey, uid: str, event: asyncio.Event) -> None:
+        """The worker of `uid` has exited: its wake-up goes, unless a newer worker's took its place."""
+        self.deleted.discard(uid)
+        if self.events.get(key) is event:
+            del self.events[key]
+            self.seen.pop(key, None)
 
 
 def read_by_worker(metadata: Mapping[str, Any]) -> tuple[Any, ...]:

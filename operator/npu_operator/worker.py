@@ -8,7 +8,8 @@ resource reads only kopf's caches: it costs no request to the API server. Once a
 changed nothing and nothing it reads can change without a wake-up (`quiet_inputs`), the worker
 sleeps until it is woken, its forced reconcile is due or the optional APIs' answers are asked
 again: a quiet resource costs no CPU between them.
-It never dies on an error: transient API errors and bugs are logged, counted and retried with
+It exits when kopf stops it or when its resource's DELETED event comes (`Wakeups.deleted`). It
+never dies on an error: transient API errors and bugs are logged, counted and retried with
 backoff; a spec that cannot be served is reported once and then left alone until it changes.
 """
 
@@ -100,11 +101,12 @@ async def run(
     events = EventLimiter()  # a burst of Events becomes one, per reason
     quiet: tuple[Any, ...] | None = None  # the inputs of the last reconcile, when it changed nothing
     forced_at = 0.0  # while the inputs stay `quiet`, the next reconcile comes at this time
-    # kopf's stop (deletion, pause, shutdown) wakes the worker: one waiter for its whole life.
+    # kopf's stop (shutdown, a peering pause, a deletion that waits for others' finalizers) wakes
+    # the worker: one waiter for its whole life. The resource's DELETED event wakes it too.
     stopping = asyncio.ensure_future(stopped.wait())
     stopping.add_done_callback(lambda _: wake.set())
     try:
-        while not stopped:
+        while not stopped and uid not in wakeups.deleted:
             inputs = await quiet_inputs(body, known_status, client, view, events)
             now = _monotonic()
             if quiet is not None and quiet == inputs and not wake.is_set() and now < forced_at:
@@ -148,9 +150,11 @@ async def run(
                 metrics.RECONCILE_DURATION.labels(outcome).observe(elapsed)
             delay = backoff_seconds(interval, failures) if failures else interval
             await _sleep(wake, delay)
+        if uid in wakeups.deleted:
+            logger.info("the resource is deleted: its worker exits")
     finally:
         stopping.cancel()
-        wakeups.forget(owner)
+        wakeups.forget(owner, uid, wake)
         collector.forget(uid)
 
 

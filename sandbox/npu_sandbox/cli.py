@@ -13,7 +13,8 @@
    the npu_graph_* series and the alerts pending or firing;
 6. `helm upgrade` with a changed value (the operator's pod rolls, the model keeps serving) and
    `helm uninstall` (the operator goes; the CRDs and the NPUInference stay, as the chart documents),
-   then the resource deleted with its finalizer removed by hand, as the chart's NOTES say;
+   then the resource deleted without the operator (nothing holds it: no finalizer), as the chart's
+   NOTES say;
 7. every process stopped on exit, Ctrl-C included.
 """
 
@@ -252,7 +253,7 @@ async def run(
                 "uninstall": await uninstall_operator(cluster, helm, operator_kubelet, kubelet, namespace, name),
                 "operator_pids": [p.process.pid for p in operator_kubelet.stopped if p.process is not None],
             }
-            summary["deletion"] = await delete_resource(cluster, kubelet, namespace, name, operator=False)
+            summary["deletion"] = await delete_resource(cluster, kubelet, namespace, name)
             return summary
         finally:
             heading("cleaning up")
@@ -829,18 +830,11 @@ async def kill_worker_engine(
     }
 
 
-async def delete_resource(
-    cluster: LocalCluster, kubelet: LocalKubelet, namespace: str, name: str, *, operator: bool = True
-) -> dict[str, Any]:
-    """`kubectl delete npuinf NAME`: every child, pod and process goes (owner references, the kubelet).
-
-    Without the operator (uninstalled), its finalizer is removed first, as the chart's NOTES say."""
+async def delete_resource(cluster: LocalCluster, kubelet: LocalKubelet, namespace: str, name: str) -> dict[str, Any]:
+    """`kubectl delete npuinf NAME`: every child, pod and process goes (owner references, the kubelet),
+    with or without the operator: it keeps no finalizer on the resource."""
     pids = [pod.process.pid for pod in kubelet.pods if pod.process is not None]
     began = time.monotonic()
-    if not operator:
-        patch = '[{"op":"remove","path":"/metadata/finalizers"}]'
-        heading(f"kubectl patch npuinf {name} -n {namespace} --type=json -p '{patch}'  (no operator: its finalizer)")
-        await cluster.patch(crd.API_VERSION, crd.PLURAL, namespace, name, {"metadata": {"finalizers": None}})
     heading(f"kubectl delete npuinf {name}")
     await cluster.delete(crd.API_VERSION, crd.PLURAL, namespace, name)
     kinds = (

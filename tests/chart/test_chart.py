@@ -407,10 +407,10 @@ def notes(values: dict[str, Any] | None, tmp_path: Path) -> str:
     return result.stdout.split("NOTES:", 1)[1]
 
 
-def test_notes_say_to_delete_npuinferences_before_uninstalling(tmp_path: Path) -> None:
+def test_notes_say_how_npuinferences_are_deleted_around_an_uninstall(tmp_path: Path) -> None:
     text = notes(None, tmp_path)
-    assert "delete every NPUInference first" in text
-    assert "inference.npu.dev/finalizer" in text
+    assert "Uninstalling leaves the NPUInferences serving" in text and "keeps no finalizer" in text
+    assert "inference.npu.dev/finalizer" in text and "remove it by hand" in text
     assert "kubectl get npuinf" in text
     assert "every namespace" in text
 

@@ -11,8 +11,9 @@ import asyncio
 import dataclasses
 from typing import Any
 
+import kopf
 import pytest
-from npu_operator import crd
+from npu_operator import crd, handlers
 from npu_operator.api import condition
 from npu_sandbox.cluster import ApiRejected, LocalCluster
 
@@ -308,18 +309,39 @@ async def test_pod_monitor_without_its_api_is_noted_in_the_status(operator: Loca
     assert "monitoring.coreos.com/v1 API is not installed" in condition(obj, "Degraded")["message"]
 
 
-async def test_deleting_the_resource_collects_its_children(operator: LocalCluster) -> None:
+async def test_deleting_the_resource_collects_its_children_and_ends_its_worker(
+    operator: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
     await operator.apply_npu_inference(manifest())
-    await wait_condition(operator, "tiny-llama", "Progressing", "True")
+    obj = await wait_condition(operator, "tiny-llama", "Progressing", "True")
+    assert "finalizers" not in obj["metadata"]  # nothing holds a deletion back, even without the operator
     await operator.delete(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama")
+    assert await operator.get(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama") is None  # at once
 
-    async def all_gone() -> bool:
-        return (
-            await operator.get(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama") is None
-            and await child(operator, "apps/v1", "deployments", "tiny-llama") is None
-        )
+    async def children_gone_and_worker_ended() -> bool:
+        ended = any("its worker exits" in record.getMessage() for record in caplog.records)
+        return ended and await child(operator, "apps/v1", "deployments", "tiny-llama") is None
 
-    await operator.wait_for(all_gone, what="the resource (after kopf releases its finalizer) and its children")
+    await operator.wait_for(children_gone_and_worker_ended, what="the children and the resource's worker")
+
+
+async def test_the_finalizer_an_earlier_operator_left_is_removed(operator: LocalCluster) -> None:
+    old = manifest()
+    old["metadata"]["finalizers"] = [f"{crd.GROUP}/finalizer"]
+    await operator.apply_npu_inference(old)
+
+    async def released() -> Any:
+        obj = await operator.get(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama")
+        return obj if obj is not None and not obj["metadata"].get("finalizers") else None
+
+    await operator.wait_for(released, what="kopf removing the finalizer")
+    await operator.delete(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama")
+    assert await operator.get(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama") is None
+
+
+def test_a_kopf_whose_registry_is_unknown_is_refused_with_a_message() -> None:
+    with pytest.raises(RuntimeError, match="the daemon's finalizer cannot be switched off"):
+        handlers.without_finalizer(handlers.keep_reconciled, kopf.OperatorRegistry())
 
 
 async def set_nodes(cluster: LocalCluster, nodes: int) -> None:

@@ -203,7 +203,7 @@ def test_only_a_change_the_worker_reads_wakes_it() -> None:
     wake = wakeups.for_owner(OWNER)
     meta: dict[str, Any] = {"generation": 1, "resourceVersion": "1", "labels": {"a": "1"}}
     wakeups.saw_resource(OWNER, meta)  # the first event: the worker's first tick reads it anyway
-    # Our status write, kopf's finalizer: a new resourceVersion, nothing the worker reads.
+    # Our status write, someone's finalizer: a new resourceVersion, nothing the worker reads.
     wakeups.saw_resource(OWNER, meta | {"resourceVersion": "2", "finalizers": ["f"]})
     assert not wake.is_set()
     for change in ({"generation": 2}, {"labels": {"a": "2"}}, {"annotations": {"x": "again"}}):
@@ -211,10 +211,11 @@ def test_only_a_change_the_worker_reads_wakes_it() -> None:
         wakeups.saw_resource(OWNER, meta)
         assert wake.is_set(), change
         wake.clear()
-    wakeups.saw_resource(OWNER, meta, deleted=True)
-    assert OWNER not in wakeups.seen
-    wakeups.saw_resource(OWNER, {"generation": 1})  # a new resource of the same name starts afresh
-    assert not wake.is_set()
+    wakeups.saw_resource(OWNER, meta | {"uid": "u1"}, deleted=True)
+    assert wake.is_set() and wakeups.deleted == {"u1"} and OWNER not in wakeups.seen  # the worker exits
+    new = wakeups.for_owner(OWNER)
+    wakeups.saw_resource(OWNER, {"generation": 1, "uid": "u2"})  # a new resource of the same name starts afresh
+    assert not new.is_set()
 
 
 def test_kopfs_stop_wakes_a_sleeping_worker_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,3 +245,27 @@ def test_kopfs_stop_wakes_a_sleeping_worker_at_once(monkeypatch: pytest.MonkeyPa
     reconciled, stopper = asyncio.Event(), Stopper()
     monkeypatch.setattr(reconcile, "reconcile", fake_reconcile)
     asyncio.run(scenario())
+
+
+def test_the_resources_deletion_ends_its_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # kopf keeps no finalizer on the resource: nothing but the DELETED event tells the worker.
+    seen: list[Wakeups] = []
+
+    def between(tick: int, body: dict[str, Any], view: View, wakeups: Wakeups) -> None:
+        seen.append(wakeups)
+        if tick == 3:
+            wakeups.saw_resource(OWNER, body["metadata"], deleted=True)
+
+    run = run_ticks(monkeypatch, 20, between)
+    assert run.reconciled == [0] and run.now == 4  # woken, and gone without another reconcile
+    assert seen[-1].events == {} and seen[-1].deleted == set()
+
+
+def test_a_resource_recreated_under_the_same_name_keeps_its_wake_up() -> None:
+    wakeups = Wakeups()
+    old = wakeups.for_owner(OWNER)
+    wakeups.saw_resource(OWNER, {"uid": "u1"}, deleted=True)
+    new = wakeups.for_owner(OWNER)  # the new resource's worker starts before the old one exits
+    wakeups.forget(OWNER, "u1", old)
+    wakeups.wake(OWNER)
+    assert new.is_set() and old is not new and wakeups.deleted == set()

@@ -63,7 +63,7 @@ def operator_requests(namespace: str, cluster_wide: bool) -> list[tuple[str, str
     requests: set[tuple[str, str, str, str, str]] = set()
     for group, plural, registry in _handled():
         requests |= {("list", group, plural, "", watch_in), ("watch", group, plural, "", watch_in)}
-        if registry in ("_spawning", "_changing"):  # kopf's finalizer and progress annotations
+        if registry in ("_spawning", "_changing"):  # kopf's finalizer (added, or removed where not required)
             requests.add(("patch", group, plural, "", namespace))
     for kind in children.KINDS:  # client.KubeClient: apply (create or patch), get, delete
         resource = kind.resource
