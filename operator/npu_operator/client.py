@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -139,11 +138,13 @@ class KubeClient:
         timeout: float = 30.0,
         discovery_seconds: float = 300.0,
         connections: int = 100,
+        on_served_change: Callable[[], None] = lambda: None,
     ) -> None:
         self._login = login
         self._timeout = timeout
         self._connections = connections
         self._discovery_seconds = discovery_seconds
+        self._on_served_change = on_served_change
         self._discovered: dict[Resource, tuple[bool, float]] = {}
         self._discovering: dict[Resource, asyncio.Future[bool]] = {}
         self._relogin = asyncio.Lock()
@@ -264,18 +265,12 @@ class KubeClient:
             return cached[0]
         return None
 
-    def discovery_due_in(self) -> float:
-        """Seconds until the first answer `served_now` keeps is asked again (inf while none is kept)."""
-        if not self._discovered:
-            return math.inf
-        oldest = min(at for _, at in self._discovered.values())
-        return max(0.0, oldest + self._discovery_seconds - time.monotonic())
-
     async def serves(self, resource: Resource) -> bool:
         """Whether the API server offers this resource (e.g. PodMonitors of monitoring.coreos.com/v1).
 
-        Asked once per `discovery_seconds` for the whole operator, not once per reconcile: a CRD
-        installed later is noticed within that time.
+        Asked once per `discovery_seconds` for the whole operator, not once per reconcile, by the
+        first caller after that time: an answer that differs from the one before (a CRD installed
+        or removed) calls `on_served_change`.
         """
         if (known := self.served_now(resource)) is not None:
             return known
@@ -295,5 +290,8 @@ class KubeClient:
                 raise
             listing = None
         served = any(item.get("name") == resource.plural for item in (listing or {}).get("resources", []))
+        before = self._discovered.get(resource)
         self._discovered[resource] = (served, now)
+        if before is not None and before[0] != served:
+            self._on_served_change()
         return served

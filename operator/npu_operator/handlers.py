@@ -83,7 +83,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     crd.load_crd()
     memo.wakeups = watches.Wakeups()
     memo.seen_children = watches.SeenChildren()
-    memo.client = client.KubeClient(lambda: client.connection_info(settings, logger))
+    memo.client = client.KubeClient(
+        lambda: client.connection_info(settings, logger), on_served_change=memo.wakeups.wake_all
+    )
     memo.collector = ReportCollector(
         concurrency=config.status_concurrency,
         timeout=config.status_timeout_seconds,

@@ -95,6 +95,11 @@ class Wakeups:
         if event is not None:  # no worker (yet): its first tick reads the latest state anyway
             event.set()
 
+    def wake_all(self) -> None:
+        """Every worker: what all of them read has changed (an optional API is served or no longer is)."""
+        for event in self.events.values():
+            event.set()
+
     def saw_resource(self, key: OwnerKey, metadata: Mapping[str, Any], *, deleted: bool = False) -> None:
         """Wake the resource's worker when what it reads of the resource besides the status (its
         generation, labels and annotations: `read_by_worker`) differs from what was seen before,

@@ -6,8 +6,8 @@ transitions imply, then sleeps until the next tick or until a handler wakes it (
 spec, labels or annotations, of one of its children or pods: see `watches`). A tick of a settled
 resource reads only kopf's caches: it costs no request to the API server. Once a reconcile
 changed nothing and nothing it reads can change without a wake-up (`quiet_inputs`), the worker
-sleeps until it is woken, its forced reconcile is due or the optional APIs' answers are asked
-again: a quiet resource costs no CPU between them.
+sleeps until it is woken or its forced reconcile is due: a quiet resource costs no CPU between
+them.
 It exits when kopf stops it or when its resource's DELETED event comes (`Wakeups.deleted`). It
 never dies on an error: transient API errors and bugs are logged, counted and retried with
 backoff; a spec that cannot be served is reported once and then left alone until it changes.
@@ -110,9 +110,9 @@ async def run(
             inputs = await quiet_inputs(body, known_status, client, view, events)
             now = _monotonic()
             if quiet is not None and quiet == inputs and not wake.is_set() and now < forced_at:
-                # Nothing it reads changes unnoticed before the forced reconcile except the optional
-                # APIs (a CRD installed meanwhile): their answers are read again once they are due.
-                await _sleep(wake, min(forced_at - now, max(interval, client.discovery_due_in())))
+                # Nothing it reads changes without waking it (an optional API served or no longer
+                # served wakes every worker: `KubeClient.serves`), so it sleeps until it is woken.
+                await _sleep(wake, forced_at - now)
                 continue
             # Read before the wake-up is cleared: what changes from here on is read by the reconcile
             # (a different key then only costs one more reconcile) or wakes the next tick.

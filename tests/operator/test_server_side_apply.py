@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 from typing import Any
 
 import kopf
@@ -95,14 +94,18 @@ async def test_concurrent_callers_share_one_discovery_request(cluster: LocalClus
         await client.close()
 
 
-async def test_the_discovery_says_when_its_answers_are_due_again(cluster: LocalCluster) -> None:
-    # A quiet worker sleeps until then: a CRD installed meanwhile is seen within discovery_seconds.
+async def test_a_discovery_answer_that_changed_is_announced(cluster: LocalCluster) -> None:
+    # The operator wakes every worker then: a quiet worker sleeps until something wakes it.
     pod_monitors = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
-    client = KubeClient(lambda: connection_info(kopf.OperatorSettings()), discovery_seconds=30.0)
+    changes: list[bool] = []
+    login = lambda: connection_info(kopf.OperatorSettings())  # noqa: E731
+    client = KubeClient(login, discovery_seconds=0.0, on_served_change=lambda: changes.append(True))
     try:
-        assert client.discovery_due_in() == math.inf  # nothing kept: nothing to ask again
-        await client.serves(pod_monitors)
-        assert 29.0 < client.discovery_due_in() <= 30.0
+        assert await client.serves(pod_monitors) is False
+        assert await client.serves(pod_monitors) is False and changes == []  # asked again: the same answer
+        cluster.emulator.serve_pod_monitors()  # the prometheus-operator's CRDs are installed
+        assert await client.serves(pod_monitors) is True and changes == [True]
+        assert await client.serves(pod_monitors) is True and changes == [True]
     finally:
         await client.close()
 

@@ -41,9 +41,6 @@ class Client:
     async def serves(self, resource: Resource) -> bool:
         return False
 
-    def discovery_due_in(self) -> float:
-        return math.inf
-
     async def patch_status(self, resource: Resource, namespace: str, name: str, patch: Any) -> dict[str, Any]:
         return {"status": patch}
 
@@ -88,12 +85,11 @@ def run_ticks(
     between: Callable[[int, dict[str, Any], View, Wakeups], None] = lambda *_: None,
     result: reconcile.Result | None = None,
     client: Client | None = None,
-    clock: Ticks | None = None,
 ) -> Ticks:
     """Run the worker for `ticks` ticks, calling `between` at each tick it sleeps through (a sleep
     ends early once its wake-up is set, as the real one does)."""
     body: dict[str, Any] = {"metadata": {"namespace": "default", "name": "m", "uid": "u1", "resourceVersion": "1"}}
-    view, wakeups, stopped, run = View(), Wakeups(), Stopped(), clock or Ticks()
+    view, wakeups, stopped, run = View(), Wakeups(), Stopped(), Ticks()
     interval = min(OperatorConfig().resync_seconds, OperatorConfig().status_poll_seconds)
 
     async def fake_reconcile(*_: Any, **__: Any) -> reconcile.Result:
@@ -156,35 +152,21 @@ def test_a_tick_that_changed_something_is_never_skipped_after(monkeypatch: pytes
     assert run_ticks(monkeypatch, 4, result=patching).reconciled == [0, 1, 2, 3]
 
 
-class Discovering(Client):
-    """An API server where the PodMonitor CRD is installed at tick `installed_at`; answers kept `ttl` ticks."""
+def test_an_optional_api_served_later_wakes_every_sleeping_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    served = False
 
-    def __init__(self, clock: Ticks, installed_at: int, ttl: int) -> None:
-        self.clock, self.installed_at, self.ttl = clock, installed_at, ttl
-        self.answers: dict[Resource, tuple[bool, int]] = {}
+    class Discovering(Client):
+        def served_now(self, resource: Resource) -> bool | None:
+            return served and resource.plural == "podmonitors"
 
-    def served_now(self, resource: Resource) -> bool | None:
-        answer = self.answers.get(resource)
-        return answer[0] if answer and self.clock.now < answer[1] + self.ttl else None
+    def between(tick: int, body: dict[str, Any], view: View, wakeups: Wakeups) -> None:
+        nonlocal served
+        if tick == 4:  # the CRD is installed; a discovery (any worker's) sees it and wakes them all
+            served = True
+            wakeups.wake_all()
 
-    async def serves(self, resource: Resource) -> bool:
-        served = resource.plural == "podmonitors" and self.clock.now >= self.installed_at
-        self.answers[resource] = (served, self.clock.now)
-        return served
-
-    def discovery_due_in(self) -> float:
-        interval = min(OperatorConfig().resync_seconds, OperatorConfig().status_poll_seconds)
-        oldest = min(at for _, at in self.answers.values())
-        return max(0, oldest + self.ttl - self.clock.now) * interval
-
-
-def test_a_crd_installed_while_the_worker_sleeps_is_seen_when_the_answers_are_due(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    clock = Ticks()
-    run = run_ticks(monkeypatch, 10, client=Discovering(clock, installed_at=5, ttl=4), clock=clock)
-    # Asked at 0 (due at 4: still not served, asked again, due at 8): the PodMonitor's API at 8.
-    assert run.reconciled == [0, 8]
+    run = run_ticks(monkeypatch, 10, between, client=Discovering())
+    assert run.reconciled == [0, 5]
 
 
 def test_held_events_keep_the_ticks_coming_until_they_are_posted() -> None:
