@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import logging
 import sys
@@ -59,8 +60,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_operator(config, verbose=args.verbose)
 
 
+# Python's default (700, 10, 10) collects the young generation every 700 allocations and, as the
+# heap grows, the whole heap again and again: at 5,000 resources 15% of the operator's CPU went to
+# the collector, mostly to full collections over kopf's bodies and indexes and the desired
+# manifests, which live as long as their resource and are freed by reference counting, not by it.
+GC_THRESHOLDS: Final = (50_000, 20, 10)
+
+
+def long_lived_heap() -> None:
+    """Tell the collector that the operator's heap is long-lived: what the imports made is frozen
+    (never traversed again), and collections come once per 50,000 allocations, not 700."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run_operator(config: OperatorConfig, *, verbose: bool = False) -> int:
     import npu_operator.handlers  # noqa: F401  (registers the handlers)
+
+    long_lived_heap()
 
     if verbose:  # the startup handler sets the level from the config: one place decides it
         config = dataclasses.replace(config, log_level="DEBUG")
