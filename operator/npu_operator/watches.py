@@ -106,8 +106,9 @@ class Wakeups:
         and when the resource is deleted (the worker then exits: kopf keeps no finalizer to stop it)."""
         if deleted:
             self.seen.pop(key, None)
-            self.deleted.add(str(metadata.get("uid", "")))
-            self.wake(key)
+            if key in self.events:  # a worker to tell (its exit forgets the uid again)
+                self.deleted.add(str(metadata.get("uid", "")))
+                self.wake(key)
             return
         read = read_by_worker(metadata)
         if self.seen.setdefault(key, read) != read:

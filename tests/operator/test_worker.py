@@ -195,6 +195,9 @@ def test_only_a_change_the_worker_reads_wakes_it() -> None:
         wake.clear()
     wakeups.saw_resource(OWNER, meta | {"uid": "u1"}, deleted=True)
     assert wake.is_set() and wakeups.deleted == {"u1"} and OWNER not in wakeups.seen  # the worker exits
+    wakeups.forget(OWNER, "u1", wake)
+    wakeups.saw_resource(("default", "gone"), {"uid": "u0"}, deleted=True)  # no worker: nothing kept
+    assert wakeups.deleted == set()
     new = wakeups.for_owner(OWNER)
     wakeups.saw_resource(OWNER, {"generation": 1, "uid": "u2"})  # a new resource of the same name starts afresh
     assert not new.is_set()
