@@ -52,13 +52,14 @@ async def quiet_inputs(
     view: LiveView,
     events: EventLimiter,
 ) -> tuple[Any, ...] | None:
-    """What a tick of this resource reads that can change without waking its worker, or None when
-    a tick reads more than that. Two ticks with the same key and no wake-up between them decide
-    the same, so the second is skipped.
+    """The key of what a tick of this resource reads, or None when a tick reads what can change
+    without any wake-up (the clock, the runtimes' reports). Two ticks with the same key and no
+    wake-up between them decide the same, so the second is skipped and the worker sleeps on.
 
-    A tick reads: the resource (its resourceVersion changes with every write, ours included), our
-    status as last written (`known_status`), its children and pods (a change wakes the worker),
-    the optional APIs served (part of the key), the clock and the runtimes' reports. The clock
+    A tick reads: the resource (a change of what it reads wakes the worker; its resourceVersion,
+    in the key, changes with every write, ours included), our status as last written
+    (`known_status`), its children and pods (a change wakes the worker), the optional APIs served
+    (in the key; a changed answer wakes every worker), the clock and the runtimes' reports. The clock
     matters only for a condition that changes (then its inputs changed) and for graph downgrades
     that age out; the reports only when there are pods to poll; held Events wait for their window.
     """
@@ -72,6 +73,12 @@ async def quiet_inputs(
     except ApiError:
         return None
     return (meta.get("resourceVersion"), served, tuple(sorted(refused.items())))
+
+
+def tick_seconds(config: OperatorConfig) -> float:
+    """A tick reads kopf's caches (no request) and the runtimes' reports that are due, so it comes
+    as often as the more frequent of the two settings asks."""
+    return min(config.resync_seconds, config.status_poll_seconds)
 
 
 def utc_now() -> str:
@@ -90,9 +97,7 @@ async def run(
 ) -> None:
     uid = body["metadata"]["uid"]
     owner = (body["metadata"]["namespace"], body["metadata"]["name"])
-    # A tick reads kopf's caches (no request) and the runtimes' reports that are due, so it comes
-    # as often as the more frequent of the two settings asks.
-    interval = min(config.resync_seconds, config.status_poll_seconds)
+    interval = tick_seconds(config)
     wake = wakeups.for_owner(owner)
     cache = DesiredCache()
     # The status as this worker last wrote it: the live body may lag behind our own writes.

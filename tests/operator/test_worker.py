@@ -90,7 +90,7 @@ def run_ticks(
     ends early once its wake-up is set, as the real one does)."""
     body: dict[str, Any] = {"metadata": {"namespace": "default", "name": "m", "uid": "u1", "resourceVersion": "1"}}
     view, wakeups, stopped, run = View(), Wakeups(), Stopped(), Ticks()
-    interval = min(OperatorConfig().resync_seconds, OperatorConfig().status_poll_seconds)
+    interval = worker.tick_seconds(OperatorConfig())
 
     async def fake_reconcile(*_: Any, **__: Any) -> reconcile.Result:
         run.reconciled.append(run.now)
