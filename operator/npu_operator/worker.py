@@ -30,7 +30,7 @@ from npu_operator.config import OperatorConfig, backoff_seconds
 from npu_operator.event_limiter import EventLimiter
 from npu_operator.reconcile import DesiredCache, LiveView
 from npu_operator.runtime_reports import ReportCollector
-from npu_operator.watches import Wakeups
+from npu_operator.watches import Wakeups, read_by_worker
 
 
 def describe(exc: BaseException) -> str:
@@ -56,8 +56,9 @@ async def quiet_inputs(
     without any wake-up (the clock, the runtimes' reports). Two ticks with the same key and no
     wake-up between them decide the same, so the second is skipped and the worker sleeps on.
 
-    A tick reads: the resource (a change of what it reads wakes the worker; its resourceVersion,
-    in the key, changes with every write, ours included), our status as last written
+    A tick reads: the resource's spec and metadata (what of them it reads, `read_by_worker`, is in
+    the key, and a change of it wakes the worker; our own status writes change only its
+    resourceVersion, so their echo costs no reconcile), our status as last written
     (`known_status`), its children and pods (a change wakes the worker), the optional APIs served
     (in the key; a changed answer wakes every worker), the clock and the runtimes' reports. The clock
     matters only for a condition that changes (then its inputs changed) and for graph downgrades
@@ -72,7 +73,7 @@ async def quiet_inputs(
         served, refused = await reconcile.served_kinds(client)
     except ApiError:
         return None
-    return (meta.get("resourceVersion"), served, tuple(sorted(refused.items())))
+    return (read_by_worker(meta), served, tuple(sorted(refused.items())))
 
 
 def tick_seconds(config: OperatorConfig) -> float:

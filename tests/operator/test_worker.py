@@ -85,6 +85,7 @@ def run_ticks(
     between: Callable[[int, dict[str, Any], View, Wakeups], None] = lambda *_: None,
     result: reconcile.Result | None = None,
     client: Client | None = None,
+    during: Callable[[int, dict[str, Any]], None] = lambda *_: None,
 ) -> Ticks:
     """Run the worker for `ticks` ticks, calling `between` at each tick it sleeps through (a sleep
     ends early once its wake-up is set, as the real one does)."""
@@ -94,6 +95,7 @@ def run_ticks(
 
     async def fake_reconcile(*_: Any, **__: Any) -> reconcile.Result:
         run.reconciled.append(run.now)
+        during(run.now, body)
         return result or reconcile.Result({}, (), ())
 
     async def fake_sleep(wake: asyncio.Event, seconds: float) -> None:
@@ -145,6 +147,16 @@ def test_a_wake_up_a_change_of_the_resource_or_pods_bring_the_reconcile_back(mon
 
     run = run_ticks(monkeypatch, 10, between)
     assert run.reconciled == [0, 3, 5, 7, 8, 9]
+
+
+def test_the_echo_of_our_own_status_write_costs_no_reconcile(monkeypatch: pytest.MonkeyPatch) -> None:
+    def echo(tick: int, body: dict[str, Any]) -> None:
+        # The event of an earlier status write arrives while the reconcile runs: a new
+        # resourceVersion and nothing the worker reads (no wake-up: `Wakeups.saw_resource`).
+        body["metadata"] = body["metadata"] | {"resourceVersion": str(tick + 2)}
+
+    every = worker.FORCED_RECONCILE_TICKS
+    assert run_ticks(monkeypatch, 2 * every, during=echo).reconciled == [0, every]
 
 
 def test_a_tick_that_changed_something_is_never_skipped_after(monkeypatch: pytest.MonkeyPatch) -> None:
