@@ -6,7 +6,11 @@ kopf keeps one watch per kind in `children.KINDS` (objects labelled as ours) and
   children and pods there (`WatchedView`), with no request to the API server (someone else's
   object under a child's name is not labelled as ours, so it is not seen: `reconcile` creates
   children with an unforced apply, which such an object answers with 409);
-- an event handler that wakes the owner's worker (`Wakeups.wake`); the worker stays the only
+- a wake-up of the owner's worker (`Wakeups.wake`) on each change: from the indexer itself for
+  an object that changed (kopf stores what the indexer returns before anything else runs, so the
+  woken worker reads the new object), and from an event handler for one that is deleted (kopf
+  drops it from the index without calling the indexer). One handler per event, not two: kopf's
+  handler machinery, not our code, is most of what an event costs. The worker stays the only
   writer of the status.
 Children of an optional kind (PodMonitor, LeaderWorkerSet) are kept by their event handler in
 `SeenChildren` instead of a kopf index: kopf holds every worker back until each index has been
@@ -197,17 +201,24 @@ def essentials(body: Mapping[str, Any], *, pod: bool = False) -> dict[str, Any]:
 
 # The indexers are async although they never wait: kopf runs a sync handler in a thread of its
 # executor (kopf/_core/actions/invocation.py, invoke), a thread hop and a copied context for every
-# child and pod event (three to five per resource as it settles).
+# child and pod event (three to five per resource as it settles). Never waiting is also what lets
+# them wake the owner: kopf stores their answer in the index (kopf/_core/engines/indexing.py,
+# index_resource: `indexers.replace` right after the handlers ran) before the event loop can run
+# the woken worker.
 async def _index_child(
-    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, memo: Any, **_: Any
 ) -> dict[OwnerKey, Any]:
-    return {owner_key(namespace, labels): essentials(body)}
+    key = owner_key(namespace, labels)
+    memo.wakeups.wake(key)
+    return {key: essentials(body)}
 
 
 async def _index_pod(
-    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, memo: Any, **_: Any
 ) -> dict[OwnerKey, Any]:
-    return {owner_key(namespace, labels): essentials(body, pod=True)}
+    key = owner_key(namespace, labels)
+    memo.wakeups.wake(key)
+    return {key: essentials(body, pod=True)}
 
 
 async def _index_link(
@@ -220,6 +231,11 @@ async def _index_link(
 
 async def _wake_owner(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
     memo.wakeups.wake(owner_key(namespace, labels))
+
+
+def _deleted(type: str | None, **_: Any) -> bool:
+    """The filter of the deletions' wake-up: every other event wakes the owner from its indexer."""
+    return type == "DELETED"
 
 
 async def _see_optional(
@@ -238,7 +254,8 @@ async def _see_optional(
 
 
 def quiet_wakeups(record: logging.LogRecord) -> bool:
-    """A logging filter: kopf's "Handler 'wake_for_…' succeeded." for every child and pod event is noise."""
+    """A logging filter: kopf's "Handler 'wake_for_…' succeeded." for each deletion of a child or a pod and
+    each event of an optional child is noise."""
     return not record.getMessage().startswith("Handler 'wake_for_")
 
 
@@ -262,4 +279,6 @@ def register() -> None:
 def _watch(resource: Resource, labels: Mapping[str, Any], index: str, indexer: Any) -> None:
     group, version, plural = resource.group, resource.version, resource.plural
     kopf.index(group=group, version=version, plural=plural, labels=labels, id=index)(indexer)
-    kopf.on.event(group=group, version=version, plural=plural, labels=labels, id=f"wake_for_{plural}")(_wake_owner)
+    kopf.on.event(group=group, version=version, plural=plural, labels=labels, when=_deleted, id=f"wake_for_{plural}")(
+        _wake_owner
+    )
