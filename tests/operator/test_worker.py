@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -70,6 +71,10 @@ class Collector:
         pass
 
 
+class Metadata(dict[str, Any]):
+    """The resource's metadata as a dict a weak reference can point at."""
+
+
 @dataclasses.dataclass
 class Ticks:
     """The worker run on a clock of ticks (one resync interval each): when it reconciled, how often it woke."""
@@ -89,7 +94,7 @@ def run_ticks(
 ) -> Ticks:
     """Run the worker for `ticks` ticks, calling `between` at each tick it sleeps through (a sleep
     ends early once its wake-up is set, as the real one does)."""
-    body: dict[str, Any] = {"metadata": {"namespace": "default", "name": "m", "uid": "u1", "resourceVersion": "1"}}
+    body: dict[str, Any] = {"metadata": Metadata(namespace="default", name="m", uid="u1", resourceVersion="1")}
     view, wakeups, stopped, run = View(), Wakeups(), Stopped(), Ticks()
     interval = worker.tick_seconds(OperatorConfig())
 
@@ -157,6 +162,19 @@ def test_the_echo_of_our_own_status_write_costs_no_reconcile(monkeypatch: pytest
 
     every = worker.FORCED_RECONCILE_TICKS
     assert run_ticks(monkeypatch, 2 * every, during=echo).reconciled == [0, every]
+
+
+def test_a_sleeping_worker_keeps_no_old_copy_of_its_resource(monkeypatch: pytest.MonkeyPatch) -> None:
+    replaced: list[weakref.ref[Metadata]] = []
+
+    def echo(tick: int, body: dict[str, Any]) -> None:
+        # kopf replaces its body with each event's: the reconcile's snapshot must not keep the old one.
+        replaced.append(weakref.ref(body["metadata"]))
+        body["metadata"] = Metadata(body["metadata"], resourceVersion=str(tick + 2))
+
+    alive: list[bool] = []
+    run_ticks(monkeypatch, 3, lambda *_: alive.append(replaced[0]() is not None), during=echo)
+    assert alive == [False, False, False]
 
 
 def test_a_tick_that_changed_something_is_never_skipped_after(monkeypatch: pytest.MonkeyPatch) -> None:
