@@ -1,10 +1,12 @@
 """The graph observer: a vLLM general plugin (entry point `vllm.general_plugins: npu_graph_observer`).
 
 vLLM calls `register()` in every process that loads plugins: the API server, the engine core and
-each worker. It does nothing unless `npu-runtime serve` started the engine (it sets
-NPU_GRAPH_OBSERVER_DIR), so installing this package in an engine image changes nothing for a
-plain `vllm serve`. Otherwise it arranges hooks on the classes that exist in this engine
-(`vllm_hooks`), each patched when its module is imported, and never raises.
+each worker. In each it first asks Linux for the AMX permission that vLLM's CPU kernels need and
+do not ask for (`cpu_amx`; nothing off x86-64 or without AMX). Beyond that it does nothing unless
+`npu-runtime serve` started the engine (it sets NPU_GRAPH_OBSERVER_DIR), so installing this package
+in an engine image changes nothing else for a plain `vllm serve`. Otherwise it arranges hooks on
+the classes that exist in this engine (`vllm_hooks`), each patched when its module is imported,
+and never raises.
 
 No device work and no torch/vllm imports here: those happen inside hooks, at first use.
 """
@@ -16,7 +18,7 @@ import os
 import sys
 import threading
 
-from npu_runtime import reports
+from npu_runtime import cpu_amx, reports
 from npu_runtime.observer.recorder import Recorder
 
 log = logging.getLogger("npu_runtime.observer")
@@ -45,6 +47,7 @@ def register() -> None:
         if _registered:
             return
         _registered = True
+        _request_amx_permission()
         if not enabled():
             return
         try:
@@ -63,6 +66,16 @@ def register() -> None:
             recorder.flush()
         except Exception:
             log.warning("npu graph observer: not installed; the engine runs without it", exc_info=True)
+
+
+def _request_amx_permission() -> None:
+    try:
+        outcome = cpu_amx.request_permission()
+    except Exception:
+        log.warning("AMX permission: not asked for", exc_info=True)
+        return
+    if outcome.startswith("refused"):
+        log.warning("AMX permission %s", outcome)
 
 
 def recorder() -> Recorder | None:
