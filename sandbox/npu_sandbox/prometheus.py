@@ -179,15 +179,27 @@ class LocalPrometheus:
             raise RuntimeError(f"prometheus /api/v1/{path} {dict(params or {})}: {document.get('error')}")
         return document["data"]
 
+    async def active_targets(self) -> list[dict[str, Any]]:
+        """The active targets as the API gives them (labels, health, lastScrape, lastError, ...)."""
+        active: list[dict[str, Any]] = (await self.api("targets", {"state": "active"}))["activeTargets"]
+        return active
+
     async def wait_for_scrapes_after(self, moment: float, within: float = 30.0) -> None:
-        """Until every target has been scraped after `moment` (unix time) and the rules ran again."""
+        """Until every target has been scraped successfully after `moment` (unix time) and the rules ran
+        again; PrometheusUnavailable naming the targets not scraped, and why, if that takes over `within`."""
         deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            active = (await self.api("targets", {"state": "active"}))["activeTargets"]
-            scraped = [t for t in active if _unix(t["lastScrape"]) > moment]
-            if active and len(scraped) == len(active):
+        while True:
+            active = await self.active_targets()
+            behind = [t for t in active if _unix(t["lastScrape"]) <= moment or t["health"] != "up"]
+            if active and not behind:
                 await asyncio.sleep(2 * SCRAPE_INTERVAL_SECONDS)  # one more rule evaluation
                 return
+            if time.monotonic() >= deadline:
+                raise PrometheusUnavailable(
+                    f"no successful scrape of every target within {within:g}s: "
+                    + ("; ".join(describe_target(t) for t in behind) or "no active target")
+                    + f" (log {self.log_path})"
+                )
             await asyncio.sleep(0.5)
 
     async def stop(self, grace: float = 10.0) -> int | None:
@@ -211,6 +223,13 @@ def _unix(rfc3339: str) -> float:
         return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0
+
+
+def describe_target(target: Mapping[str, Any]) -> str:
+    """One target's state in a line: its URL, health, last scrape's duration and error."""
+    error = target.get("lastError") or "no error"
+    duration = float(target.get("lastScrapeDuration") or 0.0)
+    return f"{target['scrapeUrl']} {target['health']} (last scrape {duration:.1f}s, {error})"
 
 
 def pod_targets(pod: Mapping[str, Any], ports: Mapping[str, int]) -> list[tuple[list[str], dict[str, str]]]:
