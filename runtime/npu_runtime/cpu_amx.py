@@ -31,7 +31,7 @@ def advertised(cpuinfo: str) -> bool:
     return any(line.startswith("flags") and "amx_tile" in line.split() for line in cpuinfo.splitlines())
 
 
-def _read_cpuinfo() -> str:
+def read_cpuinfo() -> str:
     try:
         return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -49,16 +49,14 @@ def request_permission(
     *,
     machine: str | None = None,
     system: str = sys.platform,
-    cpuinfo: Callable[[], str] = _read_cpuinfo,
+    cpuinfo: Callable[[], str] = read_cpuinfo,
     arch_prctl: Callable[[int, int], int] = _arch_prctl,
-) -> str:
-    """Ask Linux for the AMX tile-data permission where the CPU has AMX; what happened, in words."""
-    machine = machine or platform.machine()
-    if system != "linux" or machine != "x86_64":
-        return f"not needed on {system}/{machine}"
-    if not advertised(cpuinfo()):
-        return "not needed: the CPU has no AMX"
+) -> str | None:
+    """Ask Linux for the AMX tile-data permission where the CPU has AMX: None when granted or not
+    needed, else why it was refused."""
+    if system != "linux" or (machine or platform.machine()) != "x86_64" or not advertised(cpuinfo()):
+        return None
     result = arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
     if result != 0:
         return f"refused (arch_prctl ARCH_REQ_XCOMP_PERM: errno {-result}); bfloat16 CPU attention will fail"
-    return "granted"
+    return None

@@ -70,12 +70,12 @@ def register() -> None:
 
 def _request_amx_permission() -> None:
     try:
-        outcome = cpu_amx.request_permission()
+        refusal = cpu_amx.request_permission()
     except Exception:
         log.warning("AMX permission: not asked for", exc_info=True)
         return
-    if outcome.startswith("refused"):
-        log.warning("AMX permission %s", outcome)
+    if refusal:
+        log.warning("AMX permission %s", refusal)
 
 
 def recorder() -> Recorder | None:
