@@ -27,9 +27,10 @@ for _part in ("operator", "runtime"):
         sys.path.insert(0, str(ROOT / _part))
 
 import yaml  # noqa: E402
-from npu_operator import children, reconcile  # noqa: E402
-from npu_operator.api import parse_spec  # noqa: E402
-from npu_operator.config import OperatorConfig  # noqa: E402
+from npu_operator.api.config import OperatorConfig  # noqa: E402
+from npu_operator.api.spec import parse_spec  # noqa: E402
+from npu_operator.children import kinds as children  # noqa: E402
+from npu_operator.controller import desired as reconcile  # noqa: E402
 
 SANDBOX_MODELS = ("/tmp/npu-sandbox/models",)  # the example's hostPath source, allowed as the sandbox does
 

@@ -132,7 +132,7 @@ def _percentile(values: list[float], fraction: float) -> float:
 
 
 async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
-    from npu_operator import crd
+    from npu_operator.api import crd
     from npu_sandbox.cluster import LocalCluster
 
     async with LocalCluster() as cluster:
@@ -225,7 +225,7 @@ async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, 
 
 async def _latencies(cluster: Any, names: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
     """Seconds from a child's change to the resource's status showing it, one sample per name."""
-    from npu_operator import crd
+    from npu_operator.api import crd
     from npu_sandbox.kubelet import replica_set_owner
 
     emulator = cluster.emulator
@@ -271,9 +271,9 @@ async def _latencies(cluster: Any, names: list[str], args: argparse.Namespace) -
 
 
 def _pod_labels(name: str) -> dict[str, str]:
-    from npu_operator import builders
+    from npu_operator.kube import names as kube_names
 
-    return builders.selector_labels(name)
+    return kube_names.selector_labels(name)
 
 
 def report(rows: list[dict[str, Any]], label: str) -> None:
@@ -301,10 +301,12 @@ def serve_floor() -> None:
     import logging
 
     import kopf
-    from npu_operator import builders, children, crd
-    from npu_operator.api import parse_spec
-    from npu_operator.client import KubeClient, connection_info
-    from npu_operator.config import OperatorConfig
+    from npu_operator.api import crd
+    from npu_operator.api.config import OperatorConfig
+    from npu_operator.api.spec import parse_spec
+    from npu_operator.children import kinds as children
+    from npu_operator.children import workloads
+    from npu_operator.kube.client import KubeClient, connection_info
 
     config = OperatorConfig()
 
@@ -327,7 +329,7 @@ def serve_floor() -> None:
     async def create_children(body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         spec = parse_spec(body.get("spec", {}))
-        made = [builders.build_deployment(name, namespace, spec, config), builders.build_service(name, namespace)]
+        made = [workloads.build_deployment(name, namespace, spec, config), workloads.build_service(name, namespace)]
         kopf.adopt(made, owner=body)
         for child in made:
             await memo.client.apply(children.kind_of(child, name).resource, namespace, child)

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from npu_operator import crd
+from npu_operator.api import crd
 
 TARGET = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 

@@ -6,7 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from npu_operator import metrics as operator_metrics
+from npu_operator.controller import metrics as operator_metrics
 from npu_runtime import contract
 
 from tests.design_metrics import DESIGN_DOC, DESIGN_TABLE, OPERATOR_PREFIX

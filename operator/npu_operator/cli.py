@@ -16,9 +16,11 @@ from typing import Any, Final
 import yaml
 from npu_runtime.files import FileProblem, read_text
 
-from npu_operator import builders, crd, supervision
-from npu_operator.config import ConfigError, OperatorConfig, load_config, python_log_level
-from npu_operator.reconcile import adopted_children, read_spec
+from npu_operator.api import crd
+from npu_operator.api.config import ConfigError, OperatorConfig, load_config, python_log_level
+from npu_operator.children.kinds import Capabilities
+from npu_operator.controller import supervision
+from npu_operator.controller.desired import adopted_children, read_spec
 
 # Children rendered off-cluster have no owner uid yet: the API server assigns it.
 PLACEHOLDER_UID: Final = "00000000-0000-0000-0000-000000000000"
@@ -47,9 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INVALID
     if args.command == "render":
         capabilities = (
-            builders.Capabilities.everything()
+            Capabilities.everything()
             if args.all_apis
-            else builders.Capabilities(
+            else Capabilities(
                 pod_monitor=args.pod_monitor_api,
                 scaled_object=args.keda_api,
                 inference_pool=args.inference_pool_api,
@@ -76,7 +78,7 @@ def long_lived_heap() -> None:
 
 
 def run_operator(config: OperatorConfig, *, verbose: bool = False) -> int:
-    import npu_operator.handlers  # noqa: F401  (registers the handlers)
+    import npu_operator.controller.handlers  # noqa: F401  (registers the handlers)
 
     long_lived_heap()
 
@@ -87,7 +89,7 @@ def run_operator(config: OperatorConfig, *, verbose: bool = False) -> int:
     return asyncio.run(supervision.run_supervised(config, liveness_endpoint=liveness))
 
 
-def _render(path: Path, output: str, config: OperatorConfig, capabilities: builders.Capabilities) -> int:
+def _render(path: Path, output: str, config: OperatorConfig, capabilities: Capabilities) -> int:
     try:
         documents = [doc for doc in yaml.safe_load_all(read_text(path)) if doc is not None]
     except FileProblem as exc:

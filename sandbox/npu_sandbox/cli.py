@@ -36,10 +36,9 @@ from typing import Any, Final
 
 import aiohttp
 import yaml
-from npu_operator import crd
-from npu_operator.api import is_true
-from npu_operator.builders import LWS_API_VERSION, LWS_WORKER_INDEX_LABEL
-from npu_operator.disaggregation import DS_API_VERSION, ROLE_LABEL
+from npu_operator.api import crd
+from npu_operator.kube.names import DS_API_VERSION, LWS_API_VERSION, LWS_WORKER_INDEX_LABEL, ROLE_LABEL
+from npu_operator.kube.objects import is_true
 
 from npu_sandbox import printer
 from npu_sandbox import prometheus as prom

@@ -19,9 +19,9 @@ from typing import Any, Self
 import aiohttp
 import kmock
 import yaml
-from npu_operator import crd
-from npu_operator.client import Resource
-from npu_operator.config import OperatorConfig
+from npu_operator.api import crd
+from npu_operator.api.config import OperatorConfig
+from npu_operator.kube.client import Resource
 
 from npu_sandbox.emulator import KubeEmulator
 
@@ -158,8 +158,8 @@ class LocalCluster:
         it is alone in its process; the API stays here and the two talk only over HTTP. It runs
         under the same supervisor as in production (`npu_operator.supervision.run_supervised`).
         """
-        import npu_operator.handlers  # noqa: F401  (registers the handlers)
-        from npu_operator import supervision
+        import npu_operator.controller.handlers  # noqa: F401  (registers the handlers)
+        from npu_operator.controller import supervision
 
         if self._operator is not None:
             raise RuntimeError("the operator is already running")

@@ -36,7 +36,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from npu_operator.worker import utc_now
+from npu_operator.kube.objects import utc_now
 
 from npu_sandbox.cluster import ApiRejected, LocalCluster
 

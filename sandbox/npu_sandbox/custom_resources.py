@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from npu_operator.worker import utc_now
+from npu_operator.kube.objects import utc_now
 
 VERBS = frozenset({"list", "watch", "get", "create", "patch", "update", "delete"})
 

@@ -36,8 +36,8 @@ import jsonpatch
 import jsonpointer
 import kmock
 from kmock._internal import dicts, enums, rendering
-from npu_operator import crd
-from npu_operator.worker import utc_now
+from npu_operator.api import crd
+from npu_operator.kube.objects import utc_now
 
 from npu_sandbox import custom_resources, fields, kube_protobuf, openapi, openapi_v2_proto, printer, rbac
 

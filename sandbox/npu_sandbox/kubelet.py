@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
 import aiohttp
-from npu_operator.builders import CONTAINER_NAME
-from npu_operator.worker import utc_now
+from npu_operator.kube.names import CONTAINER_NAME
+from npu_operator.kube.objects import utc_now
 from npu_runtime.contract import parse_serve_args, serve_argv
 from npu_runtime.routing.router import parse_route_args, route_argv
 

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import aiohttp
 import yaml
-from npu_operator import builders
+from npu_operator.kube import names as builders
 
 from npu_sandbox.install import CHART, HelmFailed, helm_binary
 from npu_sandbox.kubelet import die_with_parent

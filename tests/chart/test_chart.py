@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
-from npu_operator import builders, children, client
-from npu_operator.api import parse_spec
-from npu_operator.config import OperatorConfig, load_config
+from npu_operator import topologies
+from npu_operator.api.config import OperatorConfig, load_config
+from npu_operator.api.spec import parse_spec
+from npu_operator.children import kinds as children
+from npu_operator.children import kinds as children_kinds
+from npu_operator.kube import client, names
 
 from tests.chart import monitoring
 from tests.chart.helm import (
@@ -429,7 +432,9 @@ def operator_children() -> list[JSON]:
     """What the operator applies for the 7B example, PodMonitor included."""
     manifest = yaml.safe_load((ROOT / "examples" / "qwen2.5-7b-910b.yaml").read_text(encoding="utf-8"))
     spec = parse_spec(manifest["spec"])
-    return builders.build_children("qwen", "llm", spec, OperatorConfig(), builders.Capabilities(pod_monitor=True))
+    return topologies.build_children(
+        "qwen", "llm", spec, OperatorConfig(), children_kinds.Capabilities(pod_monitor=True)
+    )
 
 
 def test_inference_pod_monitor_selects_the_operators_pods_on_their_ports(tmp_path: Path) -> None:
@@ -449,7 +454,7 @@ def test_both_inference_pod_monitors_give_series_the_same_labels(tmp_path: Path)
     operator_monitor = one(operator_children(), "PodMonitor")
     monitoring.validate(operator_monitor)
     assert chart_monitor["spec"]["podTargetLabels"] == operator_monitor["spec"]["podTargetLabels"]
-    assert operator_monitor["spec"]["podTargetLabels"] == [builders.NAME_LABEL]
+    assert operator_monitor["spec"]["podTargetLabels"] == [names.NAME_LABEL]
 
     def endpoints(monitor: JSON) -> list[tuple[str, str, str]]:
         return sorted(

@@ -68,7 +68,7 @@ def test_the_issues_panels_are_there(board: dict[str, Any]) -> None:
 
 def test_the_rank_panels_split_by_the_podmonitors_rank_labels(board: dict[str, Any]) -> None:
     """`group` and `node_rank`: the target labels the PodMonitors' relabelings give LeaderWorkerSet pods."""
-    from npu_operator import builders
+    from npu_operator.kube import names as builders
 
     by_title = {panel["title"]: panel for panel in panels(board)}
     for title in ("Replay latency p99 per rank", "Graph-mode downgrades per rank"):

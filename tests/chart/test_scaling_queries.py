@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from npu_operator import builders, scaling
-from npu_operator.config import OperatorConfig
-from npu_operator.reconcile import adopted_children, read_spec
+from npu_operator.api.config import OperatorConfig
+from npu_operator.children import kinds as builders
+from npu_operator.children import scaling
+from npu_operator.controller.desired import adopted_children, read_spec
 
 from tests.operator.conftest import example
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from npu_operator import crd
+from npu_operator.api import crd
 
 from tests.operator.conftest import EXAMPLES, example
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_operator import crd
-from npu_operator.api import is_true
+from npu_operator.api import crd
+from npu_operator.kube.objects import is_true
 from npu_sandbox.cluster import LocalCluster
 
 

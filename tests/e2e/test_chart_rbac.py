@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_operator import crd
+from npu_operator.api import crd
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.install import CHART, Helm, HelmFailed, helm_binary
 

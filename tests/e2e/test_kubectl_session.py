@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import yaml
 from kmock import resource
-from npu_operator import crd
-from npu_operator.config import OperatorConfig
+from npu_operator.api import crd
+from npu_operator.api.config import OperatorConfig
 from npu_sandbox.cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]

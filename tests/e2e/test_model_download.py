@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_operator import crd
-from npu_operator.api import condition
-from npu_operator.config import OperatorConfig
+from npu_operator.api import crd
+from npu_operator.api.config import OperatorConfig
+from npu_operator.kube.objects import condition
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.kubelet import LocalKubelet
 from npu_sandbox.local_hub import LocalHub, Repo

@@ -11,7 +11,7 @@ One run (two engines, twice) is shared by the tests of this module.
 from __future__ import annotations
 
 import pytest
-from npu_operator import aggregate
+from npu_operator.status import findings as aggregate
 
 from tests.e2e.conftest import SandboxRun, run_sandbox
 from tests.e2e.test_sandbox import processes_mentioning

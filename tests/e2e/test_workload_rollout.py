@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from npu_operator import crd
+from npu_operator.api import crd
 from npu_sandbox import prometheus
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.emulator import KubeEmulator

@@ -20,7 +20,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from npu_operator import builders
+from npu_operator.children import workloads
+from npu_operator.kube import names as kube_names
 from npu_runtime import engines
 from packaging.requirements import Requirement
 
@@ -182,11 +183,11 @@ def test_runtime_keeps_the_base_images_entrypoint(stages: dict[str, Stage]) -> N
 
 def test_the_operator_passes_runtime_flags_as_args_after_the_same_command() -> None:
     import yaml
-    from npu_operator.api import parse_spec
-    from npu_operator.config import OperatorConfig
+    from npu_operator.api.config import OperatorConfig
+    from npu_operator.api.spec import parse_spec
 
     manifest = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
-    deployment = builders.build_deployment("x", "ns", parse_spec(manifest["spec"]), OperatorConfig())
+    deployment = workloads.build_deployment("x", "ns", parse_spec(manifest["spec"]), OperatorConfig())
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert "command" not in container
     assert container["args"][:2] == ["npu-runtime", "serve"]
@@ -229,7 +230,10 @@ def test_the_chart_runs_the_operator_image_with_its_command(stages: dict[str, St
 
 
 def test_images_expose_the_ports_the_pods_use(stages: dict[str, Stage]) -> None:
-    assert stages["runtime"].only("EXPOSE").arguments.split() == [str(builders.HTTP_PORT), str(builders.METRICS_PORT)]
+    assert stages["runtime"].only("EXPOSE").arguments.split() == [
+        str(kube_names.HTTP_PORT),
+        str(kube_names.METRICS_PORT),
+    ]
     assert stages["operator"].only("EXPOSE").arguments.split() == ["8080", "8081"]
 
 
@@ -258,7 +262,7 @@ def test_the_build_context_holds_what_the_wheel_stage_copies(stages: dict[str, S
         for source in sources:
             assert source in allowed and (ROOT / source).exists(), source
     # The operator package's CRD is a symlink into crds/: the context must hold its target.
-    link = ROOT / "operator" / "npu_operator" / "crd.yaml"
+    link = ROOT / "operator" / "npu_operator" / "api" / "crd.yaml"
     assert link.resolve().relative_to(ROOT).parts[0] in allowed
 
 
@@ -269,7 +273,7 @@ import importlib.util, io, contextlib
 absent = [m for m in ("torch", "torch_npu", "vllm", "transformers", "celpy", "kmock", "npu_sandbox")
           if importlib.util.find_spec(m) is not None]
 assert not absent, f"outside the operator's dependency set but importable: {absent}"
-import npu_operator.handlers  # kopf, aiohttp, prometheus_client: what `npu-operator run` loads
+import npu_operator.controller.handlers  # kopf, aiohttp, prometheus_client: what `npu-operator run` loads
 from npu_operator.cli import main
 raise SystemExit(main(["render", "-f", sys.argv[1]]))
 """

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from npu_operator.config import OperatorConfig
+from npu_operator.api.config import OperatorConfig
 from npu_sandbox.cluster import LocalCluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from npu_operator.aggregate import PodReport, graph_status, new_downgrades, pod_findings, termination_cause
-from npu_operator.report_schema import RuntimeReport, parse_report
+from npu_operator.status.findings import PodReport, pod_findings, termination_cause
+from npu_operator.status.graph import graph_status, new_downgrades
+from npu_operator.status.reports import RuntimeReport, parse_report
 
 NOW, LATER = "2026-12-01T00:00:00Z", "2026-12-01T01:00:00Z"
 CPU_DOWNGRADE = {
@@ -244,7 +245,7 @@ def test_an_unknown_runtime_failure_does_not_hide_a_known_termination_message() 
 
 
 def test_every_runtime_failure_reason_has_a_condition() -> None:
-    from npu_operator.aggregate import FAILURE_CONDITIONS
+    from npu_operator.status.findings import FAILURE_CONDITIONS
     from npu_runtime.serving.failures import REASONS
 
     assert set(FAILURE_CONDITIONS) == set(REASONS)

@@ -10,10 +10,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from npu_operator import builders
-from npu_operator.api import parse_spec
-from npu_operator.config import OperatorConfig
-from npu_operator.reconcile import adopted_children
+from npu_operator.api.config import OperatorConfig
+from npu_operator.api.spec import parse_spec
+from npu_operator.children import engine_pod, workloads
+from npu_operator.children import kinds as children_kinds
+from npu_operator.controller.desired import adopted_children
+from npu_operator.kube import names
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, parse_serve_args
 
 from tests.operator import ds_schema, lws_schema
@@ -39,7 +41,7 @@ def expand(args: list[str], env: dict[str, str]) -> list[str]:
 def render(manifest: dict[str, Any], pod_monitor: bool = True) -> list[dict[str, Any]]:
     manifest["metadata"].setdefault("uid", "11111111-2222-3333-4444-555555555555")
     spec = parse_spec(manifest["spec"])
-    return adopted_children(manifest, spec, CONFIG, builders.Capabilities(pod_monitor=pod_monitor))
+    return adopted_children(manifest, spec, CONFIG, children_kinds.Capabilities(pod_monitor=pod_monitor))
 
 
 def dump(children: list[dict[str, Any]]) -> str:
@@ -65,7 +67,7 @@ def test_rendering_is_byte_identical_across_runs(name: str) -> None:
 @pytest.mark.parametrize("name", EXAMPLE_FILES)
 def test_children_pass_kubernetes_own_schemas(name: str) -> None:
     for child in render(example(name), pod_monitor=False):
-        if child["kind"] == builders.LWS_KIND:  # not a Kubernetes built-in: its own project's checks
+        if child["kind"] == names.LWS_KIND:  # not a Kubernetes built-in: its own project's checks
             lws_schema.validate(child)
         elif child["kind"] == "DisaggregatedSet":
             ds_schema.validate(child)
@@ -77,13 +79,13 @@ def test_children_pass_kubernetes_own_schemas(name: str) -> None:
 def test_runtime_parses_the_rendered_args_back_to_the_spec(name: str) -> None:
     manifest = example(name)
     spec = parse_spec(manifest["spec"])
-    deployment = builders.build_deployment("x", "ns", spec, CONFIG)
+    deployment = workloads.build_deployment("x", "ns", spec, CONFIG)
     args = expand(deployment["spec"]["template"]["spec"]["containers"][0]["args"], LWS_POD_ENV)
     assert args[:2] == ["npu-runtime", "serve"]
     options = parse_serve_args(args[2:])
     assert options.model == spec.model.path
     assert options.served_model_name == spec.model.name
-    assert options.port == builders.HTTP_PORT and options.metrics_port == builders.METRICS_PORT
+    assert options.port == names.HTTP_PORT and options.metrics_port == names.METRICS_PORT
     assert options.plan.graph_mode == spec.graph.mode
     assert options.plan.capture_sizes == spec.graph.capture_sizes
     assert options.plan.stream_budget == spec.graph.stream_budget
@@ -100,12 +102,12 @@ def test_runtime_parses_the_rendered_args_back_to_the_spec(name: str) -> None:
     if spec.npu.nodes > 1:
         assert (options.node_rank, options.data_parallel_address) == (1, LWS_POD_ENV["LWS_LEADER_ADDRESS"])
     assert options.extra_engine_args == spec.engine.extra_args
-    assert options.shutdown_timeout < builders.TERMINATION_GRACE_SECONDS
+    assert options.shutdown_timeout < engine_pod.TERMINATION_GRACE_SECONDS
 
 
 def test_npus_are_requested_as_an_extended_resource_in_requests_and_limits() -> None:
     spec = parse_spec(example("qwen2.5-32b-tp4.yaml")["spec"])
-    container = builders.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0]
+    container = workloads.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["huawei.com/Ascend910"] == 4
     assert container["resources"]["requests"]["huawei.com/Ascend910"] == 4
     assert "command" not in container, "the vllm-ascend entrypoint must stay: args only"
@@ -113,7 +115,7 @@ def test_npus_are_requested_as_an_extended_resource_in_requests_and_limits() -> 
 
 def test_cpu_replicas_request_no_npu() -> None:
     spec = parse_spec(example("sandbox-cpu.yaml")["spec"])
-    container = builders.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0]
+    container = workloads.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0]
     assert not any("/" in key for key in container["resources"].get("limits", {}))
 
 
@@ -121,7 +123,7 @@ def test_user_env_overrides_the_recommended_ascend_env() -> None:
     manifest = example("qwen2.5-7b-910b.yaml")
     manifest["spec"]["engine"]["env"] = [{"name": "TASK_QUEUE_ENABLE", "value": "2"}]
     spec = parse_spec(manifest["spec"])
-    env = builders.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0]["env"]
+    env = workloads.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0]["env"]
     values = {var["name"]: var.get("value") for var in env}
     assert values["TASK_QUEUE_ENABLE"] == "2"
     assert set(ASCEND_RECOMMENDED_ENV) <= set(values)
@@ -148,14 +150,14 @@ def test_operator_labels_win_over_user_pod_labels() -> None:
     manifest = example("qwen2.5-7b-910b.yaml")
     manifest["spec"]["template"]["metadata"] = {"labels": {"inference.npu.dev/name": "other", "team": "a"}}
     spec = parse_spec(manifest["spec"])
-    labels = builders.build_deployment("qwen", "ns", spec, CONFIG)["spec"]["template"]["metadata"]["labels"]
+    labels = workloads.build_deployment("qwen", "ns", spec, CONFIG)["spec"]["template"]["metadata"]["labels"]
     assert labels["inference.npu.dev/name"] == "qwen"
     assert labels["team"] == "a"
 
 
 def test_startup_probe_covers_the_startup_timeout() -> None:
     spec = parse_spec(example("qwen2.5-32b-tp4.yaml")["spec"])
-    probe = builders.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0][
+    probe = workloads.build_deployment("x", "ns", spec, CONFIG)["spec"]["template"]["spec"]["containers"][0][
         "startupProbe"
     ]
     assert probe["periodSeconds"] * probe["failureThreshold"] >= spec.engine.startup_timeout_seconds
@@ -201,7 +203,7 @@ def test_a_hub_source_downloads_in_an_init_container_the_runtime_parses() -> Non
         "https://m.example",
     )
     assert str(args.cache) == "/models" and str(args.link) == "/var/run/npu-model/model"
-    assert args.status_port == builders.METRICS_PORT
+    assert args.status_port == names.METRICS_PORT
     # The early plan gets exactly the serving container's planner flags.
     serve = parse_serve_args(pod_spec["containers"][0]["args"][2:])
     plan = plan_parser().parse_args(["--model", "x", *args.plan])
@@ -223,15 +225,15 @@ def test_the_token_reaches_the_download_from_the_secret_only() -> None:
     manifest = _hub_manifest(modelScope={"repository": "org/model", "tokenSecretRef": {"name": "ms-secret"}})
     pod_spec = _pod_spec(manifest)
     (init,) = pod_spec["initContainers"]
-    token = next(var for var in init["env"] if var["name"] == builders.TOKEN_ENV)
+    token = next(var for var in init["env"] if var["name"] == engine_pod.TOKEN_ENV)
     assert token == {"name": "NPU_MODEL_TOKEN", "valueFrom": {"secretKeyRef": {"name": "ms-secret", "key": "token"}}}
-    assert not any(var["name"] == builders.TOKEN_ENV for var in pod_spec["containers"][0]["env"])
+    assert not any(var["name"] == engine_pod.TOKEN_ENV for var in pod_spec["containers"][0]["env"])
     assert "ms-secret" not in " ".join(init["args"])
 
 
 def test_the_cache_claim_is_built_only_when_asked_and_never_owned() -> None:
     spec = parse_spec(_hub_manifest()["spec"])
-    claim = builders.build_cache_claim("llm", spec)
+    claim = workloads.build_cache_claim("llm", spec)
     assert claim is not None
     assert claim["metadata"]["name"] == "model-cache" and "ownerReferences" not in claim["metadata"]
     assert claim["spec"] == {
@@ -242,8 +244,8 @@ def test_the_cache_claim_is_built_only_when_asked_and_never_owned() -> None:
     kubernetes_validate.validate(claim, KUBERNETES_VERSION, strict=True)
     without = _hub_manifest()
     del without["spec"]["model"]["cache"]["create"]
-    assert builders.build_cache_claim("llm", parse_spec(without["spec"])) is None
-    assert builders.build_cache_claim("llm", parse_spec(example("qwen2.5-7b-910b.yaml")["spec"])) is None
+    assert workloads.build_cache_claim("llm", parse_spec(without["spec"])) is None
+    assert workloads.build_cache_claim("llm", parse_spec(example("qwen2.5-7b-910b.yaml")["spec"])) is None
 
 
 @pytest.mark.parametrize("name", EXAMPLE_FILES)

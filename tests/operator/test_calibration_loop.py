@@ -14,8 +14,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from npu_operator import calibration, children, crd, watches
-from npu_operator.api import condition
+from npu_operator.api import crd
+from npu_operator.children import kinds as children
+from npu_operator.controller import watches
+from npu_operator.kube.objects import condition
+from npu_operator.status import calibration
 from npu_sandbox.cluster import LocalCluster
 
 from tests.operator.test_faults import (

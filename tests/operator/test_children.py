@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from npu_operator import children
-from npu_operator.children import DIGEST_ANNOTATION, plan, stamped, taken_fields
-from npu_operator.client import FIELD_MANAGER
+from npu_operator.children import kinds as children
+from npu_operator.children.kinds import DIGEST_ANNOTATION, plan, stamped, taken_fields
+from npu_operator.kube.client import FIELD_MANAGER
 
 DESIRED: dict[str, Any] = {
     "apiVersion": "v1",
@@ -151,7 +151,7 @@ def test_a_child_name_stays_a_dns_label_however_long_the_owner() -> None:
 
 
 def test_the_watch_cache_keeps_managed_fields_only_when_another_manager_wrote_the_child() -> None:
-    from npu_operator.watches import essentials
+    from npu_operator.controller.watches import essentials
 
     manifest = stamped(DESIRED)
     hand_edit = {"manager": "kubectl-edit", "operation": "Update",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from npu_operator.api import extended_resource_problem, parse_spec, validate_spec
-from npu_operator.config import ConfigError, OperatorConfig, load_config
+from npu_operator.api.config import ConfigError, OperatorConfig, load_config
+from npu_operator.api.spec import parse_spec
+from npu_operator.api.validation import extended_resource_problem, validate_spec
 
 from tests.operator.conftest import example
 

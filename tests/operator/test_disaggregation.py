@@ -18,9 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_operator import aggregate, builders, children, crd, disaggregation, reconcile, report_schema, status
-from npu_operator.api import parse_spec, validate_spec
-from npu_operator.config import OperatorConfig
+from npu_operator import topologies
+from npu_operator.api import crd
+from npu_operator.api import roles as api_roles
+from npu_operator.api import spec as api_spec
+from npu_operator.api.config import OperatorConfig
+from npu_operator.api.spec import parse_spec
+from npu_operator.api.validation import validate_spec
+from npu_operator.children import disaggregated, engine_pod
+from npu_operator.children import kinds as children
+from npu_operator.controller import desired as controller_desired
+from npu_operator.controller import reconcile
+from npu_operator.kube import names as kube_names
+from npu_operator.status import findings as aggregate
+from npu_operator.status import reports as report_schema
+from npu_operator.status import resource
+from npu_operator.status import resource as status
+from npu_operator.topologies import disaggregated as topologies_disaggregated
 from npu_runtime import kv_transfer
 from npu_runtime.contract import parse_serve_args
 from npu_runtime.planner.plan import make_plan
@@ -61,7 +75,7 @@ def qwen3_235b_pd() -> dict[str, Any]:
 
 def roles(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     spec = parse_spec(manifest["spec"])
-    ds = disaggregation.build_disaggregated_set("x", "ns", spec, CONFIG)
+    ds = disaggregated.build_disaggregated_set("x", "ns", spec, CONFIG)
     return {role["name"]: role["spec"] for role in ds["spec"]["roles"]}
 
 
@@ -88,7 +102,7 @@ def test_the_example_is_a_disaggregated_set_the_lws_api_accepts() -> None:
     assert crd.validate(manifest) == []
     spec = parse_spec(manifest["spec"])
     assert validate_spec(spec) == []
-    ds = disaggregation.build_disaggregated_set("deepseek-r1-pd", "llm", spec, CONFIG)
+    ds = disaggregated.build_disaggregated_set("deepseek-r1-pd", "llm", spec, CONFIG)
     ds_schema.validate(ds)
     assert [role["name"] for role in ds["spec"]["roles"]] == ["prefill", "decode"]
 
@@ -129,10 +143,10 @@ def test_each_role_runs_serve_with_its_own_settings_and_the_connectors_rules() -
 def test_each_role_gets_the_host_network_settings_the_connector_needs() -> None:
     for role, lws in roles(example(EXAMPLE)).items():
         pod = lws["leaderWorkerTemplate"]["workerTemplate"]
-        assert pod["metadata"]["labels"][disaggregation.ROLE_LABEL] == role
+        assert pod["metadata"]["labels"][kube_names.ROLE_LABEL] == role
         env = {var["name"]: var for var in container(lws)["env"]}
         assert env["HCCL_IF_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-        assert {env[key]["value"] for key in builders.SOCKET_IFNAME_ENV} == {builders.POD_INTERFACE}
+        assert {env[key]["value"] for key in engine_pod.SOCKET_IFNAME_ENV} == {engine_pod.POD_INTERFACE}
         hccn = {"name": "hccn-conf", "hostPath": {"path": "/etc/hccn.conf", "type": "File"}}
         assert hccn in pod["spec"]["volumes"]
         assert {"name": "hccn-conf", "mountPath": "/etc/hccn.conf", "readOnly": True} in container(lws)["volumeMounts"]
@@ -142,18 +156,18 @@ def test_each_role_gets_the_host_network_settings_the_connector_needs() -> None:
 
 def test_the_router_is_the_resources_endpoint_and_reaches_each_roles_leaders() -> None:
     spec = parse_spec(example(EXAMPLE)["spec"])
-    made = disaggregation.build_children("x", "ns", spec, CONFIG, True)
+    made = disaggregated.build_children("x", "ns", spec, CONFIG, True)
     built = {(c["kind"], c["metadata"]["name"]): c for c in made}
     router = built[("Deployment", "x")]
     args = router["spec"]["template"]["spec"]["containers"][0]["args"]
     options = parse_route_args(args[2:])
     assert args[:2] == ["npu-runtime", "route"]
     assert options.prefill == ("http://x-prefill.ns.svc:8000",) and options.decode == ("http://x-decode.ns.svc:8000",)
-    assert built[("Service", "x")]["spec"]["selector"][disaggregation.ROLE_LABEL] == "router"
-    assert router["spec"]["selector"]["matchLabels"][disaggregation.ROLE_LABEL] == "router"
+    assert built[("Service", "x")]["spec"]["selector"][kube_names.ROLE_LABEL] == "router"
+    assert router["spec"]["selector"]["matchLabels"][kube_names.ROLE_LABEL] == "router"
     for role in ("prefill", "decode"):
         selector = built[("Service", f"x-{role}")]["spec"]["selector"]
-        assert selector[disaggregation.ROLE_LABEL] == role and selector[builders.LWS_WORKER_INDEX_LABEL] == "0"
+        assert selector[kube_names.ROLE_LABEL] == role and selector[kube_names.LWS_WORKER_INDEX_LABEL] == "0"
     services = {kind.child_name("x") for kind in (children.SERVICE, children.PREFILL_SERVICE, children.DECODE_SERVICE)}
     assert {name for kind, name in built if kind == "Service"} == services
 
@@ -162,7 +176,7 @@ def test_scaled_to_zero_both_roles_are_zero() -> None:
     manifest = example(EXAMPLE)
     manifest["spec"]["replicas"] = 0
     spec = parse_spec(manifest["spec"])
-    ds = disaggregation.build_disaggregated_set("x", "ns", spec, CONFIG)
+    ds = disaggregated.build_disaggregated_set("x", "ns", spec, CONFIG)
     ds_schema.validate(ds)
     assert [role["spec"]["replicas"] for role in ds["spec"]["roles"]] == [0, 0]
 
@@ -194,7 +208,7 @@ def test_the_default_kv_port_is_above_the_range_for_the_most_npus_per_node() -> 
     manifest = example(EXAMPLE)
     del manifest["spec"]["disaggregation"]["connector"]["port"]
     spec = parse_spec(manifest["spec"])
-    assert disaggregation.kv_transfer(spec, "decode").port == 36000 and validate_spec(spec) == []
+    assert api_roles.kv_transfer(spec, "decode").port == 36000 and validate_spec(spec) == []
 
 
 def test_an_owned_flag_in_the_prefill_extra_args_names_the_field() -> None:
@@ -216,11 +230,11 @@ def test_without_the_disaggregated_set_api_nothing_is_built_and_the_reason_is_gi
     manifest = example(EXAMPLE)
     manifest["metadata"]["uid"] = "u1"
     served = frozenset({"LeaderWorkerSet", "PodMonitor"})
-    desired = reconcile.desired_state(manifest, CONFIG, served)
+    desired = controller_desired.desired_state(manifest, CONFIG, served)
     assert desired.manifests == {}
     assert desired.blocked is not None and desired.blocked[0] == status.DS_NOT_INSTALLED
     assert "disaggregatedset.x-k8s.io/v1" in desired.blocked[1]
-    with_api = reconcile.desired_state(manifest, CONFIG, served | {"DisaggregatedSet"})
+    with_api = controller_desired.desired_state(manifest, CONFIG, served | {"DisaggregatedSet"})
     assert with_api.blocked is None
     keys = ["Deployment", "DisaggregatedSet", "Service", "Service-decode", "Service-prefill"]
     assert sorted(with_api.manifests) == keys
@@ -230,8 +244,8 @@ def test_without_the_disaggregated_set_api_nothing_is_built_and_the_reason_is_gi
 def role_plans(manifest: dict[str, Any], model: str) -> dict[str, Any]:
     spec = parse_spec(manifest["spec"])
     plans = {}
-    for role in disaggregation.ROLES:
-        options = builders.plan_options(disaggregation.role_spec(spec, role))
+    for role in api_roles.ROLES:
+        options = api_spec.plan_options(api_roles.role_spec(spec, role))
         plans[role] = make_plan(options, A3_NODE, load_model(model), environ=POD_ENV).to_dict()
     return plans
 
@@ -270,7 +284,7 @@ def role_lws(role: str, uid: str, owner: str = "ds-uid", created: str = "2026-01
             "name": f"x-0-{uid}-{role}",
             "uid": uid,
             "creationTimestamp": created,
-            "labels": {disaggregation.DS_ROLE_LABEL: role},
+            "labels": {kube_names.DS_ROLE_LABEL: role},
             "ownerReferences": [{"kind": "DisaggregatedSet", "uid": owner, "controller": True}],
         },
         "status": status,
@@ -283,24 +297,26 @@ ROUTER_READY: JSON = {"status": {"readyReplicas": 1}}
 def test_the_roles_counts_come_from_the_role_leader_worker_sets_and_none_is_ready_without_a_ready_prefill() -> None:
     ds: JSON = {"metadata": {"name": "x", "uid": "ds-uid", "generation": 3}}
     foreign = role_lws("decode", "f1", owner="someone", replicas=9, readyReplicas=9)
-    roles = disaggregation.role_workloads([foreign], "ds-uid")
+    roles = topologies_disaggregated.role_workloads([foreign], "ds-uid")
     assert roles == {"prefill": [], "decode": []}  # a copied label makes nothing ours
-    assert disaggregation.workload_view(ds, roles, ROUTER_READY)["status"]["observedGeneration"] == 0, (
+    assert topologies_disaggregated.workload_view(ds, roles, ROUTER_READY)["status"]["observedGeneration"] == 0, (
         "no role made yet"
     )
     prefill = role_lws("prefill", "p1", replicas=2, readyReplicas=0, updatedReplicas=2)
     decode = role_lws("decode", "d1", replicas=1, readyReplicas=1, updatedReplicas=1)
-    roles = disaggregation.role_workloads([foreign, prefill, decode], "ds-uid")
-    view = disaggregation.workload_view(ds, roles, ROUTER_READY)["status"]
+    roles = topologies_disaggregated.role_workloads([foreign, prefill, decode], "ds-uid")
+    view = topologies_disaggregated.workload_view(ds, roles, ROUTER_READY)["status"]
     assert (view["replicas"], view["updatedReplicas"], view["readyReplicas"]) == (1, 1, 0)
     prefill["status"]["readyReplicas"] = 1
-    view = disaggregation.workload_view(ds, roles, ROUTER_READY)["status"]
+    view = topologies_disaggregated.workload_view(ds, roles, ROUTER_READY)["status"]
     assert (view["readyReplicas"], view["observedGeneration"]) == (1, 3)
-    assert disaggregation.workload_view(ds, roles, {"status": {}})["status"]["readyReplicas"] == 0, "no router"
+    assert topologies_disaggregated.workload_view(ds, roles, {"status": {}})["status"]["readyReplicas"] == 0, (
+        "no router"
+    )
     # A rollout: the newer revision's LeaderWorkerSet counts as updated, both count as replicas.
     newer = role_lws("decode", "d2", created="2026-01-02T00:00:00Z", replicas=1, readyReplicas=0, updatedReplicas=0)
-    roles = disaggregation.role_workloads([prefill, decode, newer], "ds-uid")
-    view = disaggregation.workload_view(ds, roles, ROUTER_READY)["status"]
+    roles = topologies_disaggregated.role_workloads([prefill, decode, newer], "ds-uid")
+    view = topologies_disaggregated.workload_view(ds, roles, ROUTER_READY)["status"]
     assert (view["replicas"], view["updatedReplicas"], view["readyReplicas"]) == (2, 0, 1)
 
 
@@ -309,7 +325,7 @@ def pod(name: str, owner_uid: str, group: int = 0, node: int = 0) -> JSON:
         "metadata": {
             "name": name,
             "uid": f"uid-{name}",
-            "labels": {builders.LWS_GROUP_INDEX_LABEL: str(group), builders.LWS_WORKER_INDEX_LABEL: str(node)},
+            "labels": {kube_names.LWS_GROUP_INDEX_LABEL: str(group), kube_names.LWS_WORKER_INDEX_LABEL: str(node)},
             "ownerReferences": [{"uid": owner_uid, "controller": True}],
         }
     }
@@ -331,7 +347,7 @@ def test_each_roles_pods_are_those_whose_chain_leads_to_its_leader_worker_set() 
         pod("d-0-1", "uid-d-0-workers", node=1),
         pod("o-0", "uid-o-sts"),  # someone else's, with our labels
     ]
-    found = disaggregation.role_pods(pods, links, roles)
+    found = topologies_disaggregated.role_pods(pods, links, roles)
     assert {role: [p["metadata"]["name"] for p in found[role]] for role in found} == {
         "prefill": ["p-0"],
         "decode": ["d-0", "d-0-1"],
@@ -360,14 +376,16 @@ def test_status_graph_has_each_roles_own_graph_and_the_decode_mode_on_top() -> N
             reports("d-0-1", "NONE", (0, 1), downgrades=[downgrade]),
         ],
     }
-    graph = disaggregation.graph_status(spec, by_role, {}, now="2026-01-01T00:00:00Z", same_generation=True)
+    graph = topologies_disaggregated.roles_graph_status(
+        spec, by_role, {}, now="2026-01-01T00:00:00Z", same_generation=True
+    )
     assert graph["requestedMode"] == "FULL_DECODE_ONLY" and graph["effectiveMode"] == "NONE"  # the worst decode rank
     prefill, decode = graph["roles"]["prefill"], graph["roles"]["decode"]
     assert (prefill["requestedMode"], prefill["effectiveMode"]) == ("NONE", "NONE")
     assert decode["rankModes"] == {"FULL_DECODE_ONLY": "0:0", "NONE": "0:1"}
     assert [d["reason"] for d in decode["downgrades"]] == ["CaptureFailed"] and "downgrades" not in prefill
     # One Event for the role that downgraded, naming the role, group and node.
-    events = reconcile.graph_events({}, decode, "role decode, ")
+    events = resource.graph_events({}, decode, "role decode, ")
     assert [e.message.split(":")[0] for e in events] == ["role decode, group 0 node 1 (pod d-0-1)"]
     result_events = [
         e for e in reconcile._result({}, {"graph": graph}, ()).events if e.reason == status.GRAPH_MODE_DOWNGRADED
@@ -383,7 +401,7 @@ def role_containers(built: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every child with a pod template, a DisaggregatedSet's roles as LeaderWorkerSets."""
     found: list[dict[str, Any]] = []
     for child in built:
-        if child["kind"] == disaggregation.DS_KIND:
+        if child["kind"] == kube_names.DS_KIND:
             found += [{"spec": role["spec"]} for role in child["spec"]["roles"]]
         else:
             found.append(child)
@@ -403,17 +421,17 @@ def test_no_disaggregation_field_is_expanded_by_the_kubelet() -> None:
             node = node[key]
         test_security.set_leaf(changed["spec"]["disaggregation"], path, node + "$(LEAK)$$(LEAK2)")
         try:
-            built = builders.build_children("m", "ns", parse_spec(changed["spec"]), CONFIG)
+            built = topologies.build_children("m", "ns", parse_spec(changed["spec"]), CONFIG)
         except (ValueError, KeyError, TypeError):
             continue
         for value in test_security.container_strings(role_containers(built)):
             names, passed = test_security.kubelet_references(value)
-            assert names <= {*test_security.OPERATOR_REFERENCES, disaggregation.POD_NAME_ENV}, (path, value)
+            assert names <= {*test_security.OPERATOR_REFERENCES, api_roles.POD_NAME_ENV}, (path, value)
             if "$(LEAK)$$(LEAK2)" in passed:
                 reaching.add(".".join(str(key) for key in path if not isinstance(key, int)))
     assert {"prefill.extraArgs", "prefill.env.value", "connector.extraConfig.mooncake_protocol"} <= reaching
     # The engine_id is the one reference of ours in the connector's settings, and it still expands.
-    built = builders.build_children("m", "ns", parse_spec(manifest["spec"]), CONFIG)
+    built = topologies.build_children("m", "ns", parse_spec(manifest["spec"]), CONFIG)
     args = role_containers(built)[1]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"]
     config = json.loads(args[args.index("--kv-transfer-config") + 1])
     assert config["engine_id"] == "$(POD_NAME)" and config["kv_connector_extra_config"]["mooncake_protocol"] == "ascend"
@@ -424,7 +442,7 @@ def test_the_pod_template_policy_covers_the_prefill_env_and_p_d_refuses_autoscal
     secret = {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
     manifest["spec"]["disaggregation"]["prefill"]["env"] = [secret]
     manifest["metadata"]["uid"] = "u1"
-    _, problems = reconcile.read_spec(manifest, CONFIG)
+    _, problems = controller_desired.read_spec(manifest, CONFIG)
     assert [p.field for p in problems] == ["spec.disaggregation.prefill.env[0].valueFrom.secretKeyRef"]
     manifest = example(EXAMPLE)
     manifest["spec"]["routing"] = {"failureMode": "FailOpen"}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from npu_operator.event_limiter import EventLimiter
-from npu_operator.status import Event
+from npu_operator.controller.event_limiter import EventLimiter
+from npu_operator.status.resource import Event
 
 
 def downgrade(i: int) -> Event:

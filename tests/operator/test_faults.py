@@ -21,11 +21,11 @@ import aiohttp.web
 import kopf
 import pytest
 from kmock._internal import enums, rendering
-from npu_operator import crd
-from npu_operator.api import condition
-from npu_operator.client import NPU_INFERENCES, ApiError, KubeClient
-from npu_operator.config import OperatorConfig
-from npu_operator.worker import describe
+from npu_operator.api import crd
+from npu_operator.api.config import OperatorConfig
+from npu_operator.controller.worker import describe
+from npu_operator.kube.client import NPU_INFERENCES, ApiError, KubeClient
+from npu_operator.kube.objects import condition
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.emulator import KubeEmulator
 from npu_sandbox.kubelet import replica_set_owner

@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from npu_operator import crd
-from npu_operator.api import condition
+from npu_operator.api import crd
+from npu_operator.kube.objects import condition
 from npu_sandbox.cluster import LocalCluster
 
 from tests.operator.test_faults import CONFIG, HOSTILE, FakeRuntimes, report

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from npu_operator import aggregate
-from npu_operator.aggregate import PodReport
-from npu_operator.api import HubSource
-from npu_operator.model_status import model_status, progress_text
-from npu_operator.report_schema import RuntimeReport, parse_report
+from npu_operator.api.spec import HubSource
+from npu_operator.status import findings as aggregate
+from npu_operator.status.findings import PodReport
+from npu_operator.status.model import model_status, progress_text
+from npu_operator.status.reports import RuntimeReport, parse_report
 
 HUB = HubSource("huggingface", "org/model", None, (), (), None, None)
 COMMIT = "c" * 40

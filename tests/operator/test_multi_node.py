@@ -11,9 +11,13 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from npu_operator import builders, crd
-from npu_operator.api import parse_spec, validate_spec
-from npu_operator.config import OperatorConfig
+from npu_operator import topologies
+from npu_operator.api import crd
+from npu_operator.api.config import OperatorConfig
+from npu_operator.api.spec import parse_spec
+from npu_operator.api.validation import validate_spec
+from npu_operator.children import engine_pod, workloads
+from npu_operator.kube import names
 from npu_runtime.contract import parse_serve_args
 from npu_runtime.planner.plan import make_plan, node_engine_args
 from npu_runtime.planner.probe import DeviceInfo
@@ -35,7 +39,7 @@ def two_node_spec() -> Any:
 def test_the_two_node_example_is_a_leader_worker_set_group_of_two() -> None:
     spec = two_node_spec()
     assert (spec.npu.nodes, spec.npu.count, spec.parallelism.data, spec.parallelism.expert) == (2, 8, 4, True)
-    children = builders.build_children("r1", "llm", spec, CONFIG)
+    children = topologies.build_children("r1", "llm", spec, CONFIG)
     kinds = [child["kind"] for child in children]
     assert kinds[:2] == ["LeaderWorkerSet", "Service"] and "Deployment" not in kinds
     lws = children[0]
@@ -43,7 +47,7 @@ def test_the_two_node_example_is_a_leader_worker_set_group_of_two() -> None:
     assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
     assert lws["spec"]["startupPolicy"] == "LeaderCreated"
     # Only leaders serve the API.
-    assert children[1]["spec"]["selector"][builders.LWS_WORKER_INDEX_LABEL] == "0"
+    assert children[1]["spec"]["selector"][names.LWS_WORKER_INDEX_LABEL] == "0"
     container = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["huawei.com/Ascend910"] == 8  # per node
     env = {var["name"]: var for var in container["env"]}
@@ -52,11 +56,11 @@ def test_the_two_node_example_is_a_leader_worker_set_group_of_two() -> None:
 
 
 def test_the_lws_schema_check_can_fail() -> None:
-    lws = builders.build_leader_worker_set("r1", "llm", two_node_spec(), CONFIG)
+    lws = workloads.build_leader_worker_set("r1", "llm", two_node_spec(), CONFIG)
     lws["spec"]["leaderWorkerTemplate"]["size"] = 0
     with pytest.raises(jsonschema.ValidationError):
         lws_schema.validate(lws)
-    lws = builders.build_leader_worker_set("r1", "llm", two_node_spec(), CONFIG)
+    lws = workloads.build_leader_worker_set("r1", "llm", two_node_spec(), CONFIG)
     lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "x"
     with pytest.raises(Exception, match="containerPort"):
         lws_schema.validate(lws)
@@ -66,7 +70,7 @@ def test_the_lws_schema_check_can_fail() -> None:
 def test_each_pod_starts_the_engine_for_its_own_node(index: str, role: str) -> None:
     """The operator's args, expanded as the kubelet does, parsed by the runtime, planned by it."""
     spec = two_node_spec()
-    lws = builders.build_leader_worker_set("r1", "llm", spec, CONFIG)
+    lws = workloads.build_leader_worker_set("r1", "llm", spec, CONFIG)
     args = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"]
     options = parse_serve_args(expand(args, {**LWS_POD_ENV, "LWS_WORKER_INDEX": index})[2:])
     assert options.node_rank == int(index)
@@ -104,17 +108,17 @@ def test_additional_config_reaches_the_engine_as_json() -> None:
     manifest = example(TWO_NODES)
     manifest["spec"]["engine"]["additionalConfig"] = {"ascend_compilation_config": {"enable_npugraph_ex": True}}
     spec = parse_spec(manifest["spec"])
-    options = parse_serve_args(expand(builders.runtime_args(spec), LWS_POD_ENV)[2:])
+    options = parse_serve_args(expand(engine_pod.runtime_args(spec), LWS_POD_ENV)[2:])
     assert options.additional_config is not None
     assert json.loads(options.additional_config) == {"ascend_compilation_config": {"enable_npugraph_ex": True}}
 
 
 def test_one_node_replicas_keep_their_deployment_and_args() -> None:
     spec = parse_spec(example("qwen2.5-7b-910b.yaml")["spec"])
-    children = builders.build_children("q", "ns", spec, CONFIG)
+    children = topologies.build_children("q", "ns", spec, CONFIG)
     assert children[0]["kind"] == "Deployment"
-    assert builders.LWS_WORKER_INDEX_LABEL not in children[1]["spec"]["selector"]
-    assert "--nodes" not in builders.runtime_args(spec)
+    assert names.LWS_WORKER_INDEX_LABEL not in children[1]["spec"]["selector"]
+    assert "--nodes" not in engine_pod.runtime_args(spec)
 
 
 INVALID_LAYOUTS: list[tuple[dict[str, Any], str]] = [

@@ -13,8 +13,9 @@ from typing import Any
 
 import kopf
 import pytest
-from npu_operator import crd, handlers
-from npu_operator.api import condition
+from npu_operator.api import crd
+from npu_operator.controller import handlers
+from npu_operator.kube.objects import condition
 from npu_sandbox.cluster import ApiRejected, LocalCluster
 
 from tests.operator.conftest import TEST_CONFIG, example

@@ -11,7 +11,8 @@ import argparse
 from typing import Any
 
 import pytest
-from npu_operator.api import FLAGS_OWNED_BY_FIELDS, engine_flag, owned_flag, parse_spec, validate_spec
+from npu_operator.api.spec import parse_spec
+from npu_operator.api.validation import FLAGS_OWNED_BY_FIELDS, engine_flag, owned_flag, validate_spec
 
 from tests.operator.conftest import example
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from npu_operator.ownership import owned_pods, rank_of
+from npu_operator.kube.ownership import owned_pods, rank_of
 
 
 def obj(uid: str, owner: str | None = None, *, controller: bool = True) -> dict[str, Any]:

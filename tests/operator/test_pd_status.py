@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from npu_operator.api import condition
+from npu_operator.kube.objects import condition
 from npu_sandbox import controllers, disaggregated
 from npu_sandbox.cluster import LocalCluster
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from npu_operator import aggregate, reconcile, status
-from npu_operator.aggregate import PodReport, compact_ranks, graph_status, group_findings, rank_view, worst_mode
-from npu_operator.api import parse_spec
-from npu_operator.report_schema import parse_report
+from npu_operator.api.spec import parse_spec
+from npu_operator.controller import reconcile
+from npu_operator.status import findings as status_findings
+from npu_operator.status import graph as status_graph
+from npu_operator.status import resource as status
+from npu_operator.status.findings import PodReport, group_findings
+from npu_operator.status.graph import compact_ranks, graph_status, rank_view, worst_mode
+from npu_operator.status.reports import parse_report
 
 from tests.operator.conftest import example
 from tests.operator.test_report_schema import GRAPH_BYTES_BOUND, _adversarial_report
@@ -99,7 +103,7 @@ def test_ranks_as_compact_text() -> None:
     assert compact_ranks([*whole, (63, 0), (63, 2), (63, 3)], 4) == "0-62:* 63:0,2-3"
     assert compact_ranks([(0, 0), (0, 1), (2, 0), (2, 1), (3, 1)], 2) == "0:* 2:* 3:1"
     scattered = compact_ranks([(g, 1) for g in range(0, 2000, 2)], 4)
-    assert len(scattered) <= aggregate.MAX_RANKS_TEXT and scattered.endswith(" …")
+    assert len(scattered) <= status_graph.MAX_RANKS_TEXT and scattered.endswith(" …")
 
 
 def test_a_64_group_4_node_resource_at_every_limit_stays_small() -> None:
@@ -114,12 +118,12 @@ def test_a_64_group_4_node_resource_at_every_limit_stays_small() -> None:
             reports.append(PodReport(name, parse_report(document), rank=(group, node)))
     first = graph_status("FULL_DECODE_ONLY", reports[:128], {}, now=NOW, same_generation=True, nodes=4)
     graph = graph_status("FULL_DECODE_ONLY", reports, first, now=NOW, same_generation=True, nodes=4)
-    graph["restartingGroups"] = list(range(aggregate.MAX_GROUPS_LISTED))
+    graph["restartingGroups"] = list(range(status_findings.MAX_GROUPS_LISTED))
     size = len(json.dumps(graph, ensure_ascii=False).encode())
     print(f"status.graph of 64 groups x 4 nodes, every field at its limit: {size} bytes")
     assert size <= GRAPH_BYTES_BOUND
-    assert graph["rankCount"] == 256 and len(graph["ranks"]) == aggregate.MAX_RANKS_LISTED
-    assert len(graph["rankModes"]) == aggregate.MAX_MODES
+    assert graph["rankCount"] == 256 and len(graph["ranks"]) == status_graph.MAX_RANKS_LISTED
+    assert len(graph["rankModes"]) == status_graph.MAX_MODES
     view = rank_view(reports, 4)
     assert len(json.dumps(view).encode()) < GRAPH_BYTES_BOUND // 2
     # As DeepSeek-R1 on 64 groups of 4 nodes would report it, one node of one group downgraded.
@@ -157,19 +161,19 @@ def test_a_restarted_worker_marks_its_group_restarting_until_the_new_group_serve
     )
 
     serving = group_findings([lws_pod(0, 0), lws_pod(0, 1)], [], 2, {})
-    assert serving == aggregate.GroupFindings()
-    conditions = {c.type: c for c in status.assess(spec, status.Observed(deployment=lws, groups=serving))}
+    assert serving == status_findings.GroupFindings()
+    conditions = {c.type: c for c in status.assess(spec, status.Observed(workload=lws, groups=serving))}
     assert conditions["Ready"].status and conditions["Ready"].reason == "Serving"
 
     restarting = group_findings([lws_pod(0, 0), killed], [], 2, {})
     assert list(restarting.restarting) == [0] and "EngineExited" in restarting.restarting[0]
-    conditions = {c.type: c for c in status.assess(spec, status.Observed(deployment=lws, groups=restarting))}
+    conditions = {c.type: c for c in status.assess(spec, status.Observed(workload=lws, groups=restarting))}
     assert (conditions["Ready"].status, conditions["Ready"].reason) == (False, "GroupRestarting")
     assert (conditions["Progressing"].status, conditions["Progressing"].reason) == (True, "GroupRestarting")
     assert "group 0: pod r1-0-1 (node 1) restarted (EngineExited" in conditions["Progressing"].message
 
     # The old group is gone; the new leader is up, its worker not ready yet: still the same restart.
-    remembered = {"restartingGroups": aggregate.restarting_groups(restarting)}
+    remembered = {"restartingGroups": status_findings.restarting_groups(restarting)}
     again = group_findings([lws_pod(0, 0), lws_pod(0, 1, ready=False)], [], 2, remembered)
     assert list(again.restarting) == [0] and "1/2 pods ready" in again.restarting[0]
     deleting = group_findings([lws_pod(0, 0, deletionTimestamp=NOW)], [], 2, {})
@@ -179,7 +183,7 @@ def test_a_restarted_worker_marks_its_group_restarting_until_the_new_group_serve
     assert group_findings([], [], 2, remembered, replicas=0).restarting == {}  # scaled away: not coming back
 
     back = group_findings([lws_pod(0, 0), lws_pod(0, 1)], [], 2, remembered)
-    conditions = {c.type: c for c in status.assess(spec, status.Observed(deployment=lws, groups=back))}
+    conditions = {c.type: c for c in status.assess(spec, status.Observed(workload=lws, groups=back))}
     assert conditions["Ready"].status and conditions["Progressing"].reason == "RolloutComplete"
 
 

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npu_operator import aggregate
-from npu_operator.aggregate import PodReport, graph_status, pod_findings
-from npu_operator.report_schema import MAX_MESSAGE, parse_report
+from npu_operator.status import graph as aggregate
+from npu_operator.status.findings import PodReport, pod_findings
+from npu_operator.status.graph import graph_status
+from npu_operator.status.reports import MAX_MESSAGE, parse_report
 
 NOW = "2026-12-01T00:00:00Z"
 # The largest status.graph the fold may produce, whatever the pods report (see worst_case_graph).

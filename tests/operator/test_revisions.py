@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from npu_operator import crd, revisions
-from npu_operator.aggregate import PodReport
-from npu_operator.api import condition
-from npu_operator.config import OperatorConfig
-from npu_operator.reconcile import Desired, desired_state
-from npu_operator.report_schema import parse_report
+from npu_operator.api import crd
+from npu_operator.api.config import OperatorConfig
+from npu_operator.controller.desired import Desired, desired_state
+from npu_operator.kube.objects import condition
+from npu_operator.status import revisions
+from npu_operator.status.findings import PodReport
+from npu_operator.status.reports import parse_report
 from npu_sandbox import controllers
 from npu_sandbox.cluster import LocalCluster
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp.web
 import pytest
-from npu_operator.runtime_reports import ReportCollector, runtime_address
+from npu_operator.status.collector import ReportCollector, runtime_address
 
 
 class Clock:

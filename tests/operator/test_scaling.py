@@ -11,11 +11,15 @@ import pytest
 import yaml
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from npu_operator import builders, children, crd, routing, scaling
-from npu_operator.api import AutoscalingSpec, parse_spec
-from npu_operator.config import OperatorConfig
-from npu_operator.reconcile import adopted_children, desired_state, read_spec
-from npu_operator.status import Observed, compute_status
+from npu_operator.api import crd
+from npu_operator.api import spec as api_spec
+from npu_operator.api.config import OperatorConfig
+from npu_operator.api.spec import AutoscalingSpec, parse_spec
+from npu_operator.children import kinds, routing, scaling
+from npu_operator.children import kinds as children
+from npu_operator.controller.desired import adopted_children, desired_state, read_spec
+from npu_operator.kube import names
+from npu_operator.status.resource import Observed, compute_status
 from npu_runtime.contract import PlanOptions
 from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.plan import largest_decode_batch
@@ -32,11 +36,11 @@ QWEN = "qwen2.5-7b-910b.yaml"
 DEEPSEEK = "deepseek-r1-w8a8-2node.yaml"
 
 
-def render(manifest: dict[str, Any], capabilities: builders.Capabilities | None = None) -> list[dict[str, Any]]:
+def render(manifest: dict[str, Any], capabilities: kinds.Capabilities | None = None) -> list[dict[str, Any]]:
     manifest["metadata"].setdefault("uid", UID)
     spec, problems = read_spec(manifest, CONFIG)
     assert spec is not None and not problems, problems
-    return adopted_children(manifest, spec, CONFIG, capabilities or builders.Capabilities.everything())
+    return adopted_children(manifest, spec, CONFIG, capabilities or kinds.Capabilities.everything())
 
 
 def of_kind(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -87,7 +91,7 @@ def test_a_multi_node_pool_and_scale_selector_pick_the_leaders_only() -> None:
     """A replica of two nodes is one group: one leader serves its API and counts as the replica."""
     manifest = example(DEEPSEEK)
     objects = render(manifest)
-    leaders = {**builders.selector_labels("deepseek-r1"), builders.LWS_WORKER_INDEX_LABEL: "0"}
+    leaders = {**names.selector_labels("deepseek-r1"), names.LWS_WORKER_INDEX_LABEL: "0"}
     assert of_kind(objects, "InferencePool")["spec"]["selector"]["matchLabels"] == leaders
     assert of_kind(objects, "Service", "deepseek-r1")["spec"]["selector"] == leaders
     spec = parse_spec(manifest["spec"])
@@ -101,7 +105,7 @@ def test_a_multi_node_pool_and_scale_selector_pick_the_leaders_only() -> None:
 def test_a_one_node_scale_selector_picks_every_pod() -> None:
     spec = parse_spec(example(QWEN)["spec"])
     status = compute_status("qwen25-7b", "llm", 1, spec, Observed(), {}, "2026-01-01T00:00:00Z")
-    assert status["selector"] == builders.selector_string("qwen25-7b")
+    assert status["selector"] == names.selector_string("qwen25-7b")
     assert "worker-index" not in status["selector"]
 
 
@@ -195,7 +199,7 @@ def test_explicit_capture_sizes_lower_the_target() -> None:
     manifest["spec"]["graph"]["captureSizes"] = [1, 2, 4, 8, 16]
     spec = parse_spec(manifest["spec"])
     assert spec.autoscaling is not None
-    target = scaling.targets(spec.autoscaling, scaling.capacity(spec, builders.plan_options(spec)))
+    target = scaling.targets(spec.autoscaling, scaling.capacity(spec, api_spec.plan_options(spec)))
     assert (target.capacity.largest_batch, target.running) == (16, 12)
     assert "largest captured decode batch (16 requests per DP rank)" in target.reason
 

@@ -17,16 +17,19 @@ from typing import Any
 
 import pytest
 import yaml
-from npu_operator import builders, cli
-from npu_operator.api import owned_flag, parse_spec, validate_spec
-from npu_operator.config import ConfigError, OperatorConfig, load_config
-from npu_operator.policy import policy_problems
-from npu_operator.reconcile import desired_state, read_spec
+from npu_operator import cli, topologies
+from npu_operator.api.config import ConfigError, OperatorConfig, load_config
+from npu_operator.api.policy import policy_problems
+from npu_operator.api.spec import parse_spec
+from npu_operator.api.validation import owned_flag, validate_spec
+from npu_operator.children import engine_pod
+from npu_operator.controller.desired import desired_state, read_spec
+from npu_operator.kube import names as kube_names
 
 from tests.operator.conftest import example
 
 CONFIG = OperatorConfig()
-OPERATOR_REFERENCES = {builders.LWS_LEADER_ADDRESS, builders.LWS_WORKER_INDEX}
+OPERATOR_REFERENCES = {kube_names.LWS_LEADER_ADDRESS, kube_names.LWS_WORKER_INDEX}
 
 
 def kubelet_references(value: str) -> tuple[set[str], str]:
@@ -114,7 +117,7 @@ def test_no_field_of_the_spec_is_expanded_by_the_kubelet(name: str) -> None:
             node = node[key]
         set_leaf(changed["spec"], path, node + "$(LEAK)$$(LEAK2)")
         try:
-            children = builders.build_children("m", "ns", parse_spec(changed["spec"]), CONFIG)
+            children = topologies.build_children("m", "ns", parse_spec(changed["spec"]), CONFIG)
         except (ValueError, KeyError, TypeError):
             continue  # a value no builder accepts (an enum, a size): it reaches no container
         for value in container_strings(children):
@@ -135,7 +138,7 @@ def test_no_field_of_the_spec_is_expanded_by_the_kubelet(name: str) -> None:
 
 def test_the_operators_own_references_still_expand() -> None:
     spec = parse_spec(example("deepseek-r1-w8a8-2node.yaml")["spec"])
-    children = builders.build_children("m", "ns", spec, CONFIG)
+    children = topologies.build_children("m", "ns", spec, CONFIG)
     names = set().union(*(kubelet_references(value)[0] for value in container_strings(children)))
     assert names == OPERATOR_REFERENCES
 
@@ -283,7 +286,7 @@ def test_a_token_goes_to_a_plain_http_endpoint_only_when_the_resource_says_so() 
     hub["sendTokenOverHTTP"] = True
     spec = parse_spec(manifest["spec"])
     assert validate_spec(spec) == []
-    assert "--send-token-over-http" in builders.fetch_args(spec)
+    assert "--send-token-over-http" in engine_pod.fetch_args(spec)
 
 
 def test_an_additional_config_larger_than_one_argument_should_be_is_refused() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 import pytest
-from npu_operator.client import FIELD_MANAGER, ApiError, KubeClient, Resource, connection_info
+from npu_operator.kube.client import FIELD_MANAGER, ApiError, KubeClient, Resource, connection_info
 from npu_sandbox.cluster import LocalCluster
 
 SERVICES = Resource("", "v1", "services", "Service")

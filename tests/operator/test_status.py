@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from npu_operator import status
-from npu_operator.api import SpecError, parse_spec
+from npu_operator.api.spec import SpecError, parse_spec
+from npu_operator.status import resource as status
 
 from tests.operator.conftest import example
 
@@ -44,25 +44,25 @@ def test_no_deployment_yet_is_pending_and_progressing() -> None:
 
 
 def test_all_replicas_ready_and_updated_is_ready() -> None:
-    found = status.assess(SPEC, status.Observed(deployment=deployment(ready=2)))
+    found = status.assess(SPEC, status.Observed(workload=deployment(ready=2)))
     assert by_type(found)["Ready"].reason == "Serving"
     assert by_type(found)["Progressing"].reason == "RolloutComplete"
     assert status.summarize(found, created=True) == ("Ready", "")
 
 
 def test_a_deployment_that_has_not_seen_its_new_generation_is_still_rolling_out() -> None:
-    found = by_type(status.assess(SPEC, status.Observed(deployment=deployment(ready=2, generation=2, observed=1))))
+    found = by_type(status.assess(SPEC, status.Observed(workload=deployment(ready=2, generation=2, observed=1))))
     assert found["Ready"].status is False
     assert found["Progressing"].reason == "RollingOut"
 
 
 def test_old_pods_still_running_keep_it_progressing() -> None:
-    found = by_type(status.assess(SPEC, status.Observed(deployment=deployment(ready=2, replicas=3))))
+    found = by_type(status.assess(SPEC, status.Observed(workload=deployment(ready=2, replicas=3))))
     assert found["Progressing"].status is True
 
 
 def test_partially_ready() -> None:
-    found = by_type(status.assess(SPEC, status.Observed(deployment=deployment(ready=1))))
+    found = by_type(status.assess(SPEC, status.Observed(workload=deployment(ready=1))))
     assert (found["Ready"].reason, found["Ready"].message) == ("PartiallyReady", "1/2 replicas ready")
 
 
@@ -73,7 +73,7 @@ def test_progress_deadline_exceeded_is_degraded() -> None:
             {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "too slow"}
         ],
     )
-    found = status.assess(SPEC, status.Observed(deployment=stuck))
+    found = status.assess(SPEC, status.Observed(workload=stuck))
     assert by_type(found)["Degraded"] == status.Condition("Degraded", True, "ProgressDeadlineExceeded", "too slow")
     assert status.summarize(found, created=True) == ("Degraded", "ProgressDeadlineExceeded")
 
@@ -85,12 +85,12 @@ def test_replica_failure_is_degraded() -> None:
             {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "exceeded quota"}
         ],
     )
-    assert by_type(status.assess(SPEC, status.Observed(deployment=failing)))["Degraded"].reason == "ReplicaFailure"
+    assert by_type(status.assess(SPEC, status.Observed(workload=failing)))["Degraded"].reason == "ReplicaFailure"
 
 
 def test_scaled_to_zero_is_ready() -> None:
     zero = parse_spec({**example("qwen2.5-7b-910b.yaml")["spec"], "replicas": 0})
-    found = by_type(status.assess(zero, status.Observed(deployment=deployment(ready=0, updated=0, replicas=0))))
+    found = by_type(status.assess(zero, status.Observed(workload=deployment(ready=0, updated=0, replicas=0))))
     assert (found["Ready"].status, found["Ready"].reason) == (True, "ScaledToZero")
 
 
@@ -106,10 +106,10 @@ def test_transition_time_moves_only_when_the_status_flips() -> None:
 
 def test_events_come_from_transitions_only() -> None:
     before = status.merge_conditions(
-        [], status.assess(SPEC, status.Observed(deployment=deployment(ready=0))), now=T0, generation=1
+        [], status.assess(SPEC, status.Observed(workload=deployment(ready=0))), now=T0, generation=1
     )
     after = status.merge_conditions(
-        before, status.assess(SPEC, status.Observed(deployment=deployment(ready=2))), now=T1, generation=1
+        before, status.assess(SPEC, status.Observed(workload=deployment(ready=2))), now=T1, generation=1
     )
     assert status.transition_events(before, after) == [status.Event("Normal", "Ready", "2/2 replicas serving")]
     assert status.transition_events(after, after) == []

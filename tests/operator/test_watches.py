@@ -13,8 +13,10 @@ from typing import Any
 
 import kopf
 from kopf._core.engines import indexing
-from npu_operator import builders, children, watches
-from npu_operator.watches import Wakeups
+from npu_operator.children import kinds as children
+from npu_operator.controller import watches
+from npu_operator.controller.watches import Wakeups
+from npu_operator.kube import names as builders
 
 OWNER = ("default", "m")
 DEPLOYMENT = children.DEPLOYMENT.resource
@@ -82,7 +84,7 @@ def test_a_child_change_wakes_its_owner_after_kopf_indexed_it() -> None:
 
 def test_an_indexed_kinds_event_handler_runs_only_for_a_deletion() -> None:
     # Every other event wakes the owner from the indexer: kopf would run a second handler for nothing.
-    from npu_operator import handlers  # noqa: F401  (registers the watches with kopf's default registry)
+    from npu_operator.controller import handlers  # noqa: F401  (registers the watches with kopf's default registry)
 
     indexed = {kind.resource.plural for kind in children.KINDS if not kind.optional} | {"pods"}
     wakes = {

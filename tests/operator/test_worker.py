@@ -11,13 +11,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
-from npu_operator import reconcile, worker
-from npu_operator.children import ChildKind
-from npu_operator.client import Resource
-from npu_operator.config import OperatorConfig
-from npu_operator.event_limiter import EventLimiter
-from npu_operator.status import Event
-from npu_operator.watches import Wakeups
+from npu_operator.api.config import OperatorConfig
+from npu_operator.children.kinds import ChildKind
+from npu_operator.controller import reconcile, worker
+from npu_operator.controller.event_limiter import EventLimiter
+from npu_operator.controller.watches import Wakeups
+from npu_operator.kube.client import Resource
+from npu_operator.status.resource import Event
 
 OWNER = ("default", "m")
 

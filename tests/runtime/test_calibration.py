@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_operator import calibration as operator_calibration
-from npu_operator.report_schema import parse_report
+from npu_operator.kube import names
+from npu_operator.status import calibration as status_calibration
+from npu_operator.status.reports import parse_report
 from npu_runtime.contract import PlanError, PlanOptions
 from npu_runtime.planner import calibration
 from npu_runtime.planner.plan import make_plan, plan_for
@@ -196,35 +197,35 @@ def test_operator_keeps_only_known_bounded_figures() -> None:
     assert report.calibration is not None
     assert report.calibration.measured == {"graph_bytes": 7}
     assert parse_report({"calibration": {"key": "x"}}).calibration is None
-    assert operator_calibration.ratios(operator_calibration.parse_section(section_doc()) or _never()) == {
+    assert status_calibration.ratios(status_calibration.parse_section(section_doc()) or _never()) == {
         "weights_bytes": 1.05
     }
 
 
 def test_a_report_for_another_layout_is_ignored() -> None:
-    section = operator_calibration.parse_section(section_doc("tp8-pp1-dp2-ep16-nodes1"))
+    section = status_calibration.parse_section(section_doc("tp8-pp1-dp2-ep16-nodes1"))
     assert section is not None
-    assert operator_calibration.merge_record(None, section, (4, 1, 4, 1)) is None
+    assert status_calibration.merge_record(None, section, (4, 1, 4, 1)) is None
 
 
 def test_a_failure_only_lowers_the_cap_and_a_new_key_starts_afresh() -> None:
-    failed = operator_calibration.parse_section(
+    failed = status_calibration.parse_section(
         section_doc(capture_failure={"size": 32, "error_class": "GraphCaptureOutOfMemory"})
     )
     assert failed is not None
-    record = operator_calibration.merge_record(None, failed, (4, 1, 4, 1))
+    record = status_calibration.merge_record(None, failed, (4, 1, 4, 1))
     assert record is not None and record["capture_failure"]["size"] == 32
-    bigger = operator_calibration.parse_section(
+    bigger = status_calibration.parse_section(
         section_doc(capture_failure={"size": 64, "error_class": "GraphCaptureOutOfMemory"})
     )
     assert bigger is not None
-    again = operator_calibration.merge_record(record, bigger, (4, 1, 4, 1))
+    again = status_calibration.merge_record(record, bigger, (4, 1, 4, 1))
     assert again is not None and again["capture_failure"]["size"] == 32  # a later lie cannot raise it
     other_key = section_doc()
     other_key["key"] = {**other_key["key"], "engine": "vllm-next"}
-    fresh_section = operator_calibration.parse_section(other_key)
+    fresh_section = status_calibration.parse_section(other_key)
     assert fresh_section is not None
-    fresh = operator_calibration.merge_record(again, fresh_section, (4, 1, 4, 1))
+    fresh = status_calibration.merge_record(again, fresh_section, (4, 1, 4, 1))
     assert fresh is not None and fresh["capture_failure"] is None
     # The stored record is one the runtime accepts.
     parsed = calibration.parse_record(json.loads(json.dumps(fresh)))
@@ -233,9 +234,9 @@ def test_a_failure_only_lowers_the_cap_and_a_new_key_starts_afresh() -> None:
 
 def test_the_configmap_holds_the_record_under_the_resource_name() -> None:
     record = {"schema": 1, "key": {}, "measured": {}, "capture_failure": None}
-    cm = operator_calibration.configmap("r1", "ns", {"inference.npu.dev/name": "r1"}, record)
+    cm = status_calibration.configmap("r1", "ns", {"inference.npu.dev/name": "r1"}, record)
     assert cm["metadata"]["name"] == "r1-calibration"
-    assert json.loads(cm["data"][operator_calibration.RECORD_FILE]) == record
+    assert json.loads(cm["data"][names.RECORD_FILE]) == record
 
 
 def _never() -> Any:

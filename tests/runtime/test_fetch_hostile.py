@@ -23,10 +23,11 @@ from typing import Any
 
 import filelock
 import pytest
-from npu_operator import builders, revisions
-from npu_operator.aggregate import PodReport
-from npu_operator.api import NPUInferenceSpec, parse_spec
-from npu_operator.report_schema import parse_report
+from npu_operator.api.spec import NPUInferenceSpec, parse_spec
+from npu_operator.children import engine_pod as builders
+from npu_operator.status import revisions
+from npu_operator.status.findings import PodReport
+from npu_operator.status.reports import parse_report
 from npu_runtime.fetch import download as fetch
 from npu_runtime.fetch import layout
 from npu_runtime.serving import failures

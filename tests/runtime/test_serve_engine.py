@@ -95,8 +95,9 @@ def test_the_engines_measurements_become_the_next_pods_plan(planned: ServeRun, t
     # the record the ConfigMap holds -> the next pod's plan.
     import json
 
-    from npu_operator import calibration as operator_calibration
-    from npu_operator.report_schema import parse_report
+    from npu_operator.kube import names
+    from npu_operator.status import calibration as status_calibration
+    from npu_operator.status.reports import parse_report
     from npu_runtime.contract import PlanOptions
     from npu_runtime.planner.plan import plan_for
 
@@ -106,9 +107,9 @@ def test_the_engines_measurements_become_the_next_pods_plan(planned: ServeRun, t
     assert section.measured["kv_cache_bytes"] == 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1, measured by the worker
     # The CPU build's runner has no model_memory_usage: weights are measured on NPU/CUDA only.
     assert "weights_bytes" not in section.measured
-    record = operator_calibration.merge_record(None, section, (1, 1, 1, 1))
+    record = status_calibration.merge_record(None, section, (1, 1, 1, 1))
     assert record is not None
-    path = tmp_path / operator_calibration.RECORD_FILE
+    path = tmp_path / names.RECORD_FILE
     path.write_text(json.dumps(record))
     options = PlanOptions(max_num_seqs=4, max_model_len=512, calibration=str(path))
     model = planned.argv[planned.argv.index("--model") + 1]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from npu_operator import builders
-from npu_operator.api import parse_spec
+from npu_operator.api.spec import parse_spec
+from npu_operator.children import engine_pod as builders
 from npu_runtime.contract import parse_serve_args
 from npu_sandbox.kubelet import free_port
 

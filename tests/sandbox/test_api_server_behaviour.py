@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from npu_operator import crd
+from npu_operator.api import crd
 from npu_sandbox import openapi_v2_proto
 from npu_sandbox.cluster import LocalCluster
 

@@ -27,7 +27,7 @@ import aiohttp
 import kubernetes_validate
 import pytest
 import yaml
-from npu_operator import crd
+from npu_operator.api import crd
 from npu_sandbox.cluster import ApiRejected, LocalCluster, kopf_peering_crd
 from npu_sandbox.install import CHART, Helm, HelmFailed, helm_binary
 

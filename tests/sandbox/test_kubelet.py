@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_operator import builders
-from npu_operator.api import parse_spec
-from npu_operator.config import OperatorConfig
+from npu_operator.api.config import OperatorConfig
+from npu_operator.api.spec import parse_spec
+from npu_operator.children import engine_pod, workloads
+from npu_operator.kube import names
 from npu_sandbox import lws
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.controllers import POD_TEMPLATE_HASH, pod_ready
@@ -91,11 +92,11 @@ async def test_a_deployment_scales_out_and_in_through_the_scale_subresource(
     node: tuple[LocalCluster, LocalKubelet],
 ) -> None:
     cluster, kubelet = node
-    await cluster.create(builders.build_deployment(NAME, NS, spec(), CONFIG), "deployments")
+    await cluster.create(workloads.build_deployment(NAME, NS, spec(), CONFIG), "deployments")
     (first,) = await ready_pods(cluster, 1, kubelet)
     # The Pod object says where its ports are on this machine; the process answers there.
     ports = {p["name"]: p["containerPort"] for p in first["spec"]["containers"][0]["ports"]}
-    assert ports["metrics"] == kubelet.pods[0].ports["metrics"] != builders.METRICS_PORT
+    assert ports["metrics"] == kubelet.pods[0].ports["metrics"] != names.METRICS_PORT
 
     await cluster.patch("apps/v1", "deployments", NS, NAME, {"spec": {"replicas": 3}}, subresource="scale")
     await ready_pods(cluster, 3, kubelet)
@@ -120,14 +121,14 @@ async def test_a_changed_template_rolls_out_one_old_pod_down_then_one_new_up(
     node: tuple[LocalCluster, LocalKubelet],
 ) -> None:
     cluster, kubelet = node
-    deployment = builders.build_deployment(NAME, NS, spec(replicas=2), CONFIG)
+    deployment = workloads.build_deployment(NAME, NS, spec(replicas=2), CONFIG)
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     await cluster.create(deployment, "deployments")
     old = await ready_pods(cluster, 2, kubelet)
     old_hash = old[0]["metadata"]["labels"][POD_TEMPLATE_HASH]
     old_pids = [pod.process.pid for pod in kubelet.pods if pod.process is not None]
 
-    changed = builders.build_deployment(NAME, NS, spec(replicas=2, engine={"maxNumSeqs": 4}), CONFIG)
+    changed = workloads.build_deployment(NAME, NS, spec(replicas=2, engine={"maxNumSeqs": 4}), CONFIG)
     await cluster.patch("apps/v1", "deployments", NS, NAME, {"spec": {"template": changed["spec"]["template"]}})
     seen: list[tuple[int, int, int]] = []  # (old pods, new pods, ready pods)
 
@@ -161,7 +162,7 @@ async def test_deleting_the_workload_deletes_its_pods_and_stops_their_processes(
     node: tuple[LocalCluster, LocalKubelet],
 ) -> None:
     cluster, kubelet = node
-    await cluster.create(builders.build_deployment(NAME, NS, spec(replicas=2), CONFIG), "deployments")
+    await cluster.create(workloads.build_deployment(NAME, NS, spec(replicas=2), CONFIG), "deployments")
     await ready_pods(cluster, 2, kubelet)
     pids = [pod.process.pid for pod in kubelet.pods if pod.process is not None]
     await cluster.delete("apps/v1", "deployments", NS, NAME)
@@ -174,7 +175,7 @@ async def test_deleting_the_workload_deletes_its_pods_and_stops_their_processes(
 
 
 def two_node_set() -> dict[str, Any]:
-    return builders.build_leader_worker_set(
+    return workloads.build_leader_worker_set(
         NAME, NS, spec(npu={"count": 0, "nodes": 2}, parallelism={"data": 2}), CONFIG
     )
 
@@ -244,7 +245,7 @@ async def test_a_container_that_cannot_start_says_so_and_the_kubelet_goes_on(
     node: tuple[LocalCluster, LocalKubelet],
 ) -> None:
     cluster, kubelet = node
-    broken = builders.build_deployment("broken", NS, spec(), CONFIG)
+    broken = workloads.build_deployment("broken", NS, spec(), CONFIG)
     broken["spec"]["template"]["spec"]["containers"][0]["args"] = ["no-such-command-here", "--flag"]
     await cluster.create(broken, "deployments")
 
@@ -255,7 +256,7 @@ async def test_a_container_that_cannot_start_says_so_and_the_kubelet_goes_on(
 
     waiting = await cluster.wait_for(refused, within=10, what="RunContainerError")
     assert "no-such-command-here" in waiting["message"]
-    await cluster.create(builders.build_deployment(NAME, NS, spec(), CONFIG), "deployments")
+    await cluster.create(workloads.build_deployment(NAME, NS, spec(), CONFIG), "deployments")
 
     async def served() -> bool:
         return any(p.name.startswith(f"{NAME}-") and p.ready.is_set() for p in kubelet.pods)
@@ -269,10 +270,10 @@ async def test_a_config_map_volume_is_projected_when_the_pod_starts_and_an_optio
     """The calibration record's volume (optional): no ConfigMap yet, an empty directory; once the
     operator wrote it, the next pod that starts finds its keys as files where --calibration points."""
     cluster, kubelet = node
-    await cluster.create(builders.build_deployment(NAME, NS, spec(), CONFIG), "deployments")
+    await cluster.create(workloads.build_deployment(NAME, NS, spec(), CONFIG), "deployments")
     await ready_pods(cluster, 1, kubelet)
     (first,) = kubelet.pods
-    assert list(first.volume_paths()[builders.CALIBRATION_VOLUME].iterdir()) == []
+    assert list(first.volume_paths()[engine_pod.CALIBRATION_VOLUME].iterdir()) == []
     record = '{"schema": 1}'
     config_map = {
         "apiVersion": "v1",
@@ -284,7 +285,7 @@ async def test_a_config_map_volume_is_projected_when_the_pod_starts_and_an_optio
     await cluster.patch("apps/v1", "deployments", NS, NAME, {"spec": {"replicas": 2}}, subresource="scale")
     await ready_pods(cluster, 2, kubelet)
     (second,) = [pod for pod in kubelet.pods if pod.uid != first.uid]
-    directory = second.volume_paths()[builders.CALIBRATION_VOLUME]
+    directory = second.volume_paths()[engine_pod.CALIBRATION_VOLUME]
     assert (directory / "record.json").read_text(encoding="utf-8") == record
     args = second.command(second.container, {}, second.volume_paths())
     assert args[args.index("--calibration") + 1] == str(directory / "record.json")

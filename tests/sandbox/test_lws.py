@@ -11,9 +11,9 @@ import hashlib
 from typing import Any
 
 import pytest
-from npu_operator import builders
-from npu_operator.api import parse_spec
-from npu_operator.config import OperatorConfig
+from npu_operator.api.config import OperatorConfig
+from npu_operator.api.spec import parse_spec
+from npu_operator.children import workloads as builders
 from npu_sandbox import lws
 from npu_sandbox.controllers import stateful_pod
 

@@ -17,10 +17,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import kopf
-import npu_operator.handlers  # noqa: F401  (registers the handlers)
+import npu_operator.controller.handlers  # noqa: F401  (registers the handlers)
 import pytest
 from kopf._cogs.structs import references
-from npu_operator import children, client
+from npu_operator.children import kinds as children
+from npu_operator.kube import client
 from npu_sandbox import rbac
 
 from tests.chart.helm import NAMESPACE, RELEASE, render

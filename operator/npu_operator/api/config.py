@@ -1,0 +1,241 @@
+"""The operator's own settings: environment variables over an optional YAML file, checked at startup.
+
+Every setting has one key in the file (camelCase) and one variable (NPU_OPERATOR_ + upper snake
+case); the variable wins. A bad value stops the operator with a message naming the key and
+where it came from, before any resource is touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from npu_operator.api.validation import extended_resource_problem
+
+CONFIG_FILE_VARIABLE: Final = "NPU_OPERATOR_CONFIG"
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names it and its source."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorConfig:
+    # The runtime image for resources that do not set spec.engine.image.
+    runtime_image: str = "ghcr.io/npu-inference/npu-runtime:0.1.0"
+    # The extended resource for resources that do not set spec.npu.resourceName.
+    npu_resource_name: str = "huawei.com/Ascend910"
+    # Namespaces to watch; empty means the whole cluster.
+    namespaces: tuple[str, ...] = ()
+    log_level: str = "INFO"
+    # How often every resource's children and status are checked again, in seconds.
+    resync_seconds: float = 30.0
+    # How often the runtimes' /status reports are read, and how many reads at once (operator-wide).
+    status_poll_seconds: float = 15.0
+    status_concurrency: int = 16
+    status_timeout_seconds: float = 3.0
+    # Peering: replicas with the same peering name never act together; the highest priority acts.
+    peering_name: str = "npu-operator"
+    standalone: bool = False
+    # The operator's own endpoints: kopf's liveness probe and Prometheus metrics (0 disables each).
+    health_port: int = 8081
+    metrics_port: int = 8080
+    # spec.autoscaling: the Prometheus KEDA queries, unless the resource names one.
+    prometheus_address: str = "http://prometheus-operated.monitoring.svc:9090"
+    # spec.routing: the endpoint picker's image, llm-d's router EPP (the image the Gateway API
+    # Inference Extension points to since v1.6.0), pinned to a release.
+    picker_image: str = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.9.0"
+    # How much of a pod an NPUInference may shape (npu_operator.policy; docs/security.md):
+    # Restricted refuses what widens a pod's privileges beyond these lists; Permissive leaves it
+    # to the cluster's Pod Security admission.
+    pod_template_policy: str = "Restricted"
+    # Registries (host or host/path) spec.engine.image may name; the runtime image is always allowed.
+    allowed_registries: tuple[str, ...] = ("ghcr.io/npu-inference",)
+    allowed_priority_classes: tuple[str, ...] = ()
+    # Node directories a hostPath model source may lie under (none: hostPath sources are refused).
+    allowed_host_paths: tuple[str, ...] = ()
+    allow_service_account_token: bool = False
+
+
+def _positive_float(text: Any) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _positive_int(text: Any) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _port(text: Any) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"must be a port number (0 disables), got {text!r}")
+    return value
+
+
+def _boolean(text: Any) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"must be true or false, got {text!r}")
+
+
+def _non_empty(text: Any) -> str:
+    value = str(text).strip()
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+def _url(text: Any) -> str:
+    value = _non_empty(text)
+    if not value.startswith(("http://", "https://")) or any(c.isspace() for c in value):
+        raise ValueError(f"must be an http:// or https:// URL, got {text!r}")
+    return value
+
+
+def _resource_name(text: Any) -> str:
+    value = _non_empty(text)
+    if problem := extended_resource_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+def _namespaces(value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else str(value).split(",")
+    names = tuple(str(item).strip() for item in items if str(item).strip())
+    for name in names:
+        if not _NAMESPACE.match(name):
+            raise ValueError(f"{name!r} is not a namespace name")
+    return names
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else str(value).split(",")
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
+def _registries(value: Any) -> tuple[str, ...]:
+    names = _strings(value)
+    for name in names:
+        if not re.match(r"^[a-z0-9]([-a-z0-9.:]*[a-z0-9])?(/[a-z0-9]([-a-z0-9._]*[a-z0-9])?)*/?$", name):
+            raise ValueError(f"{name!r} is not a registry (host[:port][/path])")
+    return names
+
+
+def _host_paths(value: Any) -> tuple[str, ...]:
+    paths = _strings(value)
+    for path in paths:
+        if not path.startswith("/") or ".." in path.split("/") or path.rstrip("/") == "":
+            raise ValueError(f"{path!r} must be an absolute directory other than / (without '..')")
+    return paths
+
+
+def _policy(text: Any) -> str:
+    value = str(text).strip()
+    if value not in ("Restricted", "Permissive"):
+        raise ValueError(f"must be Restricted or Permissive, got {text!r}")
+    return value
+
+
+def _log_level(text: Any) -> str:
+    value = str(text).strip().upper()
+    if value not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(f"must be DEBUG, INFO, WARNING or ERROR, got {text!r}")
+    return value
+
+
+_PARSERS: Final[dict[str, Callable[[Any], Any]]] = {
+    "runtime_image": _non_empty,
+    "npu_resource_name": _resource_name,
+    "namespaces": _namespaces,
+    "log_level": _log_level,
+    "resync_seconds": _positive_float,
+    "status_poll_seconds": _positive_float,
+    "status_concurrency": _positive_int,
+    "status_timeout_seconds": _positive_float,
+    "peering_name": _non_empty,
+    "standalone": _boolean,
+    "health_port": _port,
+    "metrics_port": _port,
+    "prometheus_address": _url,
+    "picker_image": _non_empty,
+    "pod_template_policy": _policy,
+    "allowed_registries": _registries,
+    "allowed_priority_classes": _strings,
+    "allowed_host_paths": _host_paths,
+    "allow_service_account_token": _boolean,
+}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def env_variable(field: str) -> str:
+    return "NPU_OPERATOR_" + field.upper()
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> OperatorConfig:
+    """Read the file named by NPU_OPERATOR_CONFIG (if any), then the variables; raise ConfigError."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, tuple[Any, str]] = {}
+    if path := environ.get(CONFIG_FILE_VARIABLE):
+        for key, value in _read_file(Path(path)).items():
+            raw[key] = (value, f"{path}: {_camel(key)}")
+    for field in _PARSERS:
+        if (value := environ.get(env_variable(field))) is not None:
+            raw[field] = (value, env_variable(field))
+    values: dict[str, Any] = {}
+    for field, (value, source) in raw.items():
+        try:
+            values[field] = _PARSERS[field](value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    return OperatorConfig(**values)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"{CONFIG_FILE_VARIABLE}={path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping of settings")
+    known = {_camel(field): field for field in _PARSERS}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return {known[key]: value for key, value in data.items()}
+
+
+def python_log_level(config: OperatorConfig) -> int:
+    return int(logging.getLevelName(config.log_level))
+
+
+MAX_BACKOFF_SECONDS: Final = 300.0
+
+
+def backoff_seconds(interval: float, failures: int) -> float:
+    """The wait after `failures` failures in a row: the interval, doubled per failure, at most 5 min."""
+    return float(min(interval * 2 ** max(failures - 1, 0), MAX_BACKOFF_SECONDS))

@@ -1,0 +1,193 @@
+"""Prefill/decode disaggregation: the children of a resource with `spec.disaggregation` (pure builders).
+
+The resource's own workload fields describe the decode role; `spec.disaggregation.prefill` adds a
+prefill role. Both roles are one `DisaggregatedSet` (kubernetes-sigs/lws v0.10.0,
+api/disaggregatedset/v1/disaggregatedset_types.go: `spec.roles[]`, each a name plus a
+LeaderWorkerSetTemplateSpec, at least two, rolled out together; its controller makes one
+LeaderWorkerSet per role, pkg/controllers/disaggregatedset/lws_manager.go). Each role's template
+is the LeaderWorkerSet `workloads` makes for a multi-node replica, built from that role's spec
+(`api.roles.role_spec`), so a role can span nodes, plus:
+
+- `--kv-transfer-config` for the role (`npu_runtime.kv_transfer`): kv_role producer (prefill) or
+  consumer (decode), the connector's kv_port, an engine_id unique per pod (the pod's name; vLLM
+  appends `_dp<rank>` per data-parallel rank) and both roles' mirrored dp/tp sizes;
+- what the connector needs of the host network, as vllm-ascend's P/D tutorial sets it up: the
+  NPUs' `/etc/hccn.conf` (hostPath, read-only; only with NPUs) and HCCL_IF_IP (the pod's IP),
+  GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME, HCCL_SOCKET_IFNAME (the pod's interface);
+- a role label, so that `<name>-prefill` and `<name>-decode` Services reach each role's leaders.
+
+In front of them, the router (`npu-runtime route`) is the resource's Deployment, and the
+resource's Service `<name>` selects it: the endpoint a client uses does not change when a resource
+becomes disaggregated. The DisaggregatedSet's own headless Services are named after its
+LeaderWorkerSets' revision hashes (service_manager.go, `buildService`: `<lws>-prv`), which cannot
+be known here, hence the role Services of ours.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+from npu_runtime.routing.router import RouterOptions, route_argv
+
+from npu_operator.api.config import OperatorConfig
+from npu_operator.api.roles import POD_NAME_ENV, ROLES, kv_transfer, role_spec
+from npu_operator.api.spec import NPUInferenceSpec
+from npu_operator.children import engine_pod, kinds, workloads
+from npu_operator.kube import names
+from npu_operator.kube.names import DS_API_VERSION, DS_KIND, ROLE_LABEL, ROUTER
+
+JSON = dict[str, Any]
+
+ROUTER_CONTAINER: Final = "router"
+HCCN_CONF: Final = "/etc/hccn.conf"
+HCCN_VOLUME: Final = "hccn-conf"
+
+
+def build_children(
+    name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig, pod_monitor: bool
+) -> list[JSON]:
+    """The router (Deployment), the roles (DisaggregatedSet), the Services; in apply order."""
+    children = [
+        build_router(name, namespace, spec, config),
+        build_disaggregated_set(name, namespace, spec, config),
+        _service(name, namespace, ROUTER, name),
+        *(_service(name, namespace, role, role_service_name(name, role)) for role in ROLES),
+    ]
+    if spec.pod_monitor.enabled and pod_monitor:
+        children.append(workloads.build_pod_monitor(name, namespace, spec))
+    return children
+
+
+def build_disaggregated_set(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
+    return {
+        "apiVersion": DS_API_VERSION,
+        "kind": DS_KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": names.labels(name)},
+        "spec": {"roles": [_role(name, namespace, spec, role, config) for role in ROLES]},
+    }
+
+
+def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: OperatorConfig) -> JSON:
+    rspec = role_spec(spec, role)
+    lws_spec = workloads.build_leader_worker_set(name, namespace, rspec, config)["spec"]
+    template = lws_spec["leaderWorkerTemplate"]["workerTemplate"]
+    template["metadata"]["labels"] = names.sorted_mapping({**template["metadata"]["labels"], ROLE_LABEL: role})
+    pod = template["spec"]
+    container = pod["containers"][0]
+    # The args are already literals for the kubelet (`engine_pod.kubelet_literal`); so is this one,
+    # but for the engine_id `$(POD_NAME)`, which the kubelet is meant to expand.
+    transfer = kv_transfer(spec, role)
+    literal = {**_literal_json(transfer.to_config()), "engine_id": transfer.engine_id}
+    arg = json.dumps(literal, sort_keys=True, separators=(",", ":"))
+    container["args"] = _with_serve_flags(container["args"], ["--kv-transfer-config", arg])
+    env = {var["name"]: var for var in container["env"]}
+    defaults: dict[str, JSON] = {
+        POD_NAME_ENV: {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # The variables vllm-ascend's P/D tutorial exports on every prefill and decode node.
+        **engine_pod.host_network_env(),
+    }
+    env = {**defaults, **env}
+    container["env"] = [env[key] for key in sorted(env)]
+    if rspec.npu.count > 0:  # the NPUs' network configuration, which Mooncake's Ascend transport reads
+        pod["volumes"].append({"name": HCCN_VOLUME, "hostPath": {"path": HCCN_CONF, "type": "File"}})
+        container["volumeMounts"].append({"name": HCCN_VOLUME, "mountPath": HCCN_CONF, "readOnly": True})
+    # The controller puts the role template's metadata on the role's LeaderWorkerSet (lws_manager.go,
+    # Create: mergeLabels(config.ObjectMeta.Labels, ...)), and LeaderWorkerSet copies its labels onto
+    # its StatefulSets: with ours they are watched, and the status loop follows the chain.
+    return {
+        "name": role,
+        "metadata": {"labels": names.sorted_mapping({**names.labels(name), ROLE_LABEL: role})},
+        "spec": lws_spec,
+    }
+
+
+def _literal_json(value: Any) -> Any:
+    """`value` (a user's JSON) with every string in it a literal for the kubelet."""
+    if isinstance(value, str):
+        return engine_pod.kubelet_literal(value)
+    if isinstance(value, Mapping):
+        return {engine_pod.kubelet_literal(str(key)): _literal_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_literal_json(item) for item in value]
+    return value
+
+
+def role_service_name(name: str, role: str) -> str:
+    """The Service of a role's leaders, which the router calls (`<name>-prefill`, `<name>-decode`)."""
+    return (kinds.PREFILL_SERVICE if role == "prefill" else kinds.DECODE_SERVICE).child_name(name)
+
+
+def _with_serve_flags(args: list[str], flags: list[str]) -> list[str]:
+    """`npu-runtime serve` args with `flags` added before the engine's extra arguments (`--`)."""
+    cut = args.index("--") if "--" in args else len(args)
+    return [*args[:cut], *flags, *args[cut:]]
+
+
+def router_options(name: str, namespace: str, spec: NPUInferenceSpec) -> RouterOptions:
+    assert spec.disaggregation is not None
+    router = spec.disaggregation.router
+    url = {role: f"http://{role_service_name(name, role)}.{namespace}.svc:{names.HTTP_PORT}" for role in ROLES}
+    return RouterOptions(
+        prefill=(url["prefill"],),
+        decode=(url["decode"],),
+        port=names.HTTP_PORT,
+        metrics_port=names.METRICS_PORT,
+        timeout=float(router.timeout_seconds),
+        retries=router.retries,
+    )
+
+
+def build_router(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
+    """The router's Deployment: `npu-runtime route` from the runtime image, behind the resource's Service."""
+    assert spec.disaggregation is not None
+    selector = {**names.selector_labels(name), ROLE_LABEL: ROUTER}
+    options = router_options(name, namespace, spec)
+    container: JSON = {
+        "name": ROUTER_CONTAINER,
+        "image": spec.engine.image or config.runtime_image,
+        "args": [engine_pod.kubelet_literal(arg) for arg in ["npu-runtime", "route", *route_argv(options)]],
+        "ports": [
+            {"name": "http", "containerPort": names.HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        # Ready when both roles have an engine that answers /health.
+        "readinessProbe": engine_pod.probe("/readyz", period=engine_pod.PROBE_PERIOD_SECONDS, failures=3),
+        "livenessProbe": engine_pod.probe("/healthz", period=engine_pod.PROBE_PERIOD_SECONDS, failures=4),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": copy.deepcopy(engine_pod.RUNTIME_SECURITY_CONTEXT),
+    }
+    if spec.engine.image_pull_policy:
+        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    pod_spec: JSON = {
+        "containers": [container],
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    if spec.template.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": secret} for secret in spec.template.image_pull_secrets]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": names.labels(name)},
+        "spec": {
+            "replicas": spec.disaggregation.router.replicas,
+            "selector": {"matchLabels": names.sorted_mapping(selector)},
+            "template": {
+                "metadata": {"labels": names.sorted_mapping({**names.labels(name), ROLE_LABEL: ROUTER})},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def _service(name: str, namespace: str, role: str, service_name: str) -> JSON:
+    """The router's Service (the resource's endpoint) or a role's: its engines' leaders (worker index 0)."""
+    service = workloads.build_service(name, namespace, leaders_only=role != ROUTER)
+    service["metadata"]["name"] = service_name
+    service["spec"]["selector"] = names.sorted_mapping({**service["spec"]["selector"], ROLE_LABEL: role})
+    return service

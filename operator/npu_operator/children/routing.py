@@ -1,0 +1,284 @@
+"""spec.routing: an InferencePool of the serving pods, its endpoint picker, and optionally an HTTPRoute.
+
+The pool is the Gateway API Inference Extension's `InferencePool` (inference.networking.k8s.io/v1,
+kubernetes-sigs/gateway-api-inference-extension v1.6.0, config/crd/bases/
+inference.networking.k8s.io_inferencepools.yaml): `selector.matchLabels` picks the pods that serve
+the API (the leaders of multi-node replicas: a worker runs headless DP ranks and has no API),
+`targetPorts` their OpenAI port, and `endpointPickerRef` (optional in the schema, always set here)
+the picker's Service and gRPC port.
+
+The picker is llm-d's router endpoint picker (llm-d/llm-d-router v0.9.0, which the inference
+extension's README points to for "EPP and associated APIs"). One per resource, because a picker
+serves exactly one pool (`--pool-name`); it is named `<resource>-epp` and owned by the resource, so
+it comes and goes with it. Its objects follow llm-d's own chart (config/charts/routerlib/templates:
+_deployment.yaml for the flags, ports and gRPC probes, _rbac.yaml and llm-d-router-gateway's
+rbac.yaml for the read-only Role, _config.yaml for the EndpointPickerConfig), with less: no
+ClusterRole (its metrics endpoint runs without authentication, --metrics-endpoint-auth=false, as
+that chart renders it when auth is off), no leader election (one replica, Recreate).
+
+Its configuration keeps every pod within what it decodes in a captured graph: the
+`concurrency-detector` (pkg/epp/framework/plugins/flowcontrol/saturationdetector/concurrency) both
+filters out an endpoint with maxConcurrency x (1 + headroom) requests in flight and, as the
+saturation detector of flow control (feature gate "flowControl"), holds requests in the picker
+once the pool is full. maxConcurrency is the plan's largest captured decode batch x the DP ranks
+behind the pod, headroom 0; the in-flight counts come from `inflight-load-producer`, which the
+detector consumes. Scoring is llm-d's default (queue, KV-cache use, prefix cache).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Final
+
+import yaml
+from npu_runtime.contract import DEFAULT_PORT as HTTP_PORT
+
+from npu_operator.api import crd
+from npu_operator.api.spec import GatewayRef
+from npu_operator.children.kinds import HTTP_ROUTE, INFERENCE_POOL, PICKER_DEPLOYMENT
+
+JSON = dict[str, Any]
+
+POOL_API_VERSION: Final = "inference.networking.k8s.io/v1"
+POOL_GROUP: Final = "inference.networking.k8s.io"
+GATEWAY_GROUP: Final = "gateway.networking.k8s.io"
+# The picker's ports (llm-d-router's chart: grpc 9002 for the gateway's ext-proc calls, grpc-health
+# 9003, metrics 9090).
+PICKER_GRPC_PORT: Final = 9002
+PICKER_HEALTH_PORT: Final = 9003
+PICKER_METRICS_PORT: Final = 9090
+PICKER_CONFIG_FILE: Final = "config.yaml"
+PICKER_CONFIG_DIR: Final = "/config"
+PICKER_CONTAINER: Final = "epp"
+PICKER_APP: Final = "npu-inference-picker"
+PICKER_LABEL: Final = f"{crd.GROUP}/picker"
+# The picker's own config API (llm-d/llm-d-router apix/config/v1alpha1 EndpointPickerConfig).
+PICKER_CONFIG_API: Final = "llm-d.ai/v1alpha1"
+# Conservatively, as long as the serving pods' own grace period (llm-d's chart: "this timeout should
+# mirror the longest grace period of the pods within the pool").
+PICKER_GRACE_SECONDS: Final = 130
+DETECTOR: Final = "concurrency-detector"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """What the routing objects of one resource are made from."""
+
+    name: str
+    namespace: str
+    labels: Mapping[str, str]  # the resource's labels, for the objects themselves
+    pods: Mapping[str, str]  # the labels of the serving pods
+    max_concurrency: int  # requests per serving pod: largest captured batch x its DP ranks
+    failure_mode: str
+
+    @property
+    def picker(self) -> str:
+        return PICKER_DEPLOYMENT.child_name(self.name)
+
+
+def build_inference_pool(pool: Pool) -> JSON:
+    return {
+        "apiVersion": POOL_API_VERSION,
+        "kind": INFERENCE_POOL.kind,
+        "metadata": _metadata(pool, pool.name),
+        "spec": {
+            "selector": {"matchLabels": dict(pool.pods)},
+            "targetPorts": [{"number": HTTP_PORT}],
+            "endpointPickerRef": {
+                "group": "",
+                "kind": "Service",
+                "name": pool.picker,
+                "port": {"number": PICKER_GRPC_PORT},
+                "failureMode": pool.failure_mode,
+            },
+        },
+    }
+
+
+def picker_config(max_concurrency: int) -> JSON:
+    """The picker's EndpointPickerConfig: no pod above `max_concurrency` requests in flight."""
+    return {
+        "apiVersion": PICKER_CONFIG_API,
+        "kind": "EndpointPickerConfig",
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {"type": "inflight-load-producer"},
+            {
+                "type": DETECTOR,
+                "parameters": {"concurrencyMode": "requests", "maxConcurrency": max_concurrency, "headroom": 0},
+            },
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "prefix-cache-scorer"},
+            {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
+            {"type": "core-metrics-extractor"},
+        ],
+        "saturationDetector": {"pluginRef": DETECTOR},
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": DETECTOR},
+                    {"pluginRef": "queue-scorer", "weight": 2},
+                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                ],
+            }
+        ],
+    }
+
+
+def picker_args(pool: Pool) -> list[str]:
+    return [
+        "--pool-name",
+        pool.name,
+        "--pool-namespace",
+        pool.namespace,
+        "--pool-group",
+        POOL_GROUP,
+        "--config-file",
+        f"{PICKER_CONFIG_DIR}/{PICKER_CONFIG_FILE}",
+        "--grpc-health-port",
+        str(PICKER_HEALTH_PORT),
+        "--zap-encoder",
+        "json",
+        "--tracing=false",
+        "--metrics-endpoint-auth=false",
+    ]
+
+
+def build_picker(pool: Pool, image: str) -> list[JSON]:
+    """The picker's ServiceAccount, Role, RoleBinding, ConfigMap, Deployment and Service, in apply order."""
+    name = pool.picker
+    account: JSON = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(pool, name)}
+    role: JSON = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(pool, name),
+        # Read-only, in the resource's namespace: the pods it routes to, its pool, and the objectives and
+        # model rewrites llm-d's picker watches (llm-d-router-gateway's rbac.yaml and routerlib's _rbac.yaml).
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
+            {
+                "apiGroups": ["inference.networking.x-k8s.io", "llm-d.ai"],
+                "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+                "verbs": ["get", "list", "watch"],
+            },
+        ],
+    }
+    binding: JSON = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(pool, name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": pool.namespace}],
+    }
+    config: JSON = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(pool, name),
+        "data": {PICKER_CONFIG_FILE: yaml.safe_dump(picker_config(pool.max_concurrency), sort_keys=False)},
+    }
+    selector = {"app.kubernetes.io/name": PICKER_APP, PICKER_LABEL: pool.name}
+    grpc_probe: JSON = {"grpc": {"port": PICKER_HEALTH_PORT, "service": "inference-extension"}}
+    container: JSON = {
+        "name": PICKER_CONTAINER,
+        "image": image,
+        "args": picker_args(pool),
+        "ports": [
+            {"name": "grpc", "containerPort": PICKER_GRPC_PORT, "protocol": "TCP"},
+            {"name": "grpc-health", "containerPort": PICKER_HEALTH_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": PICKER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "env": [
+            {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "livenessProbe": {**copy.deepcopy(grpc_probe), "initialDelaySeconds": 5, "periodSeconds": 10},
+        "readinessProbe": {**copy.deepcopy(grpc_probe), "periodSeconds": 2},
+        "volumeMounts": [{"name": "config", "mountPath": PICKER_CONFIG_DIR, "readOnly": True}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "privileged": False,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    deployment: JSON = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(pool, name),
+        "spec": {
+            # One active picker: its prefix-cache and in-flight state is per process (llm-d's chart:
+            # Recreate, so the new replica takes over at once).
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": dict(selector)},
+            "template": {
+                "metadata": {"labels": {**selector, "app.kubernetes.io/instance": pool.name}},
+                "spec": {
+                    "serviceAccountName": name,
+                    "terminationGracePeriodSeconds": PICKER_GRACE_SECONDS,
+                    "enableServiceLinks": False,
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": name}}],
+                },
+            },
+        },
+    }
+    service: JSON = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(pool, name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": dict(selector),
+            "ports": [
+                {
+                    "name": "grpc",
+                    "port": PICKER_GRPC_PORT,
+                    "targetPort": "grpc",
+                    "protocol": "TCP",
+                    "appProtocol": "http2",
+                },
+                {"name": "metrics", "port": PICKER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+    return [account, role, binding, config, deployment, service]
+
+
+def build_http_route(pool: Pool, gateway: GatewayRef) -> JSON:
+    """An HTTPRoute (gateway.networking.k8s.io/v1) from the named Gateway to the pool, as the
+    inference extension's guides attach one (a backendRef of kind InferencePool)."""
+    parent: JSON = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway.name}
+    if gateway.namespace:
+        parent["namespace"] = gateway.namespace
+    if gateway.section_name:
+        parent["sectionName"] = gateway.section_name
+    return {
+        "apiVersion": f"{GATEWAY_GROUP}/v1",
+        "kind": HTTP_ROUTE.kind,
+        "metadata": _metadata(pool, pool.name),
+        "spec": {
+            "parentRefs": [parent],
+            "rules": [
+                {
+                    "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                    "backendRefs": [{"group": POOL_GROUP, "kind": INFERENCE_POOL.kind, "name": pool.name}],
+                }
+            ],
+        },
+    }
+
+
+def routing_status(pool_name: str, max_concurrency: int) -> JSON:
+    return {"inferencePool": pool_name, "maxConcurrencyPerEndpoint": max_concurrency}
+
+
+def _metadata(pool: Pool, name: str) -> JSON:
+    return {"name": name, "namespace": pool.namespace, "labels": dict(pool.labels)}

@@ -1,0 +1,306 @@
+"""spec.autoscaling: per-replica targets taken from the capture plan, and the KEDA ScaledObject that keeps them.
+
+The one number everything here follows is the largest decode batch a replica runs in a captured
+graph. Above it vLLM decodes eagerly, several times slower (vllm-ascend #16049 measured about 7.5x
+for an off-grid max_num_seqs), so an autoscaler whose per-replica target lets batches outgrow it
+throws away the graph mode the operator planned.
+
+Source of truth: the plan the runtime makes from the spec (`npu_runtime.planner.plan.
+largest_decode_batch`), never the pods' reports. The planner always keeps its ceiling when it
+thins capture sizes, so the largest captured batch depends on the spec alone: it is known before
+any pod runs, is the same for every pod, and keeps the builders pure (a manifest that moved with
+pod reports would change under a rollout). When the engines run something else (a downgrade to
+NONE, a failed capture) status.graph and its Degraded condition say so; the target is not raised
+to follow a broken engine.
+
+The ScaledObject (KEDA, kedacore/keda v2.20.2, config/crd/bases/keda.sh_scaledobjects.yaml) targets
+the NPUInference itself through its scale subresource (`scaleTargetRef` apiVersion/kind/name): KEDA's
+HPA writes spec.replicas and reads status.replicas and status.selector, which count replicas
+(LeaderWorkerSet groups for multi-node, whose selector picks the leaders, as LWS's own
+status.hpaPodSelector does). Its triggers are KEDA's Prometheus scaler (pkg/scalers/
+prometheus_scaler.go): every metadata value is a string; the query must return one element (more
+is an error, none is 0 with ignoreNullValues); with metricType AverageValue the HPA asks for
+ceil(value / threshold) replicas, so each query sums one resource's series and the threshold is
+the per-replica target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any, Final
+
+from npu_runtime.contract import PlanError, PlanOptions
+from npu_runtime.planner.plan import largest_decode_batch
+
+from npu_operator.api import crd
+from npu_operator.api.spec import AutoscalingSpec, NPUInferenceSpec, SpecError
+
+JSON = dict[str, Any]
+
+KEDA_API_VERSION: Final = "keda.sh/v1alpha1"
+SCALED_OBJECT_KIND: Final = "ScaledObject"
+# The label the PodMonitors give every series of a resource's pods (prometheus-operator's sanitized
+# form of the pod label inference.npu.dev/name, through podTargetLabels; see workloads.build_pod_monitor).
+RESOURCE_LABEL: Final = "inference_npu_dev_name"
+# vLLM's own gauges, per engine (DP rank), on the API server's /metrics (port http).
+RUNNING_METRIC: Final = "vllm:num_requests_running"
+WAITING_METRIC: Final = "vllm:num_requests_waiting"
+# llm-d's endpoint picker: requests its flow control holds (llm-d/llm-d-router v0.9.0,
+# pkg/epp/metrics/llm_d_router_metrics.go llmdFlowControlQueueSize, label inference_pool).
+PICKER_QUEUE_METRIC: Final = "llm_d_epp_flow_control_queue_size"
+
+# HPA's own bounds (k8s.io/api autoscaling/v2 HPAScalingRules): periodSeconds 1..1800,
+# stabilizationWindowSeconds 0..3600.
+MAX_POLICY_PERIOD: Final = 1800
+MAX_STABILIZATION: Final = 3600
+MIN_SCALE_DOWN_WINDOW: Final = 300  # HPA's own default for scale-down
+STARTUP_ROUNDING: Final = 60  # observed startups are kept in whole minutes: one jittery pod does not re-render
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """What one replica decodes in captured graphs, from the plan."""
+
+    largest_batch: int  # requests per DP rank in the largest captured decode graph (0: graph mode NONE)
+    data_parallel: int  # DP ranks in one replica; each schedules and decodes its own batch
+    max_num_seqs: int  # the engine's own cap per DP rank
+
+    @property
+    def per_replica(self) -> int:
+        """Requests one replica decodes at once in a graph; without graphs, the engine's own cap."""
+        return (self.largest_batch or self.max_num_seqs) * self.data_parallel
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """The per-replica targets KEDA compares with, and why they are what they are."""
+
+    running: int
+    queue: int
+    capacity: Capacity
+    reason: str
+
+
+def capacity(spec: NPUInferenceSpec, options: PlanOptions) -> Capacity:
+    """The replica's graph capacity; `options` are the spec's plan options (`api.spec.plan_options`).
+    Raises PlanError where the runtime's planner would refuse them."""
+    return Capacity(
+        largest_batch=largest_decode_batch(options),
+        data_parallel=spec.parallelism.data,
+        max_num_seqs=spec.engine.max_num_seqs,
+    )
+
+
+def targets(autoscaling: AutoscalingSpec, cap: Capacity) -> Targets:
+    """The running and queue targets per replica; never above the plan's capacity (see `spec_problems`)."""
+    where = (
+        f"the plan's largest captured decode batch ({cap.largest_batch} requests per DP rank)"
+        if cap.largest_batch
+        else f"engine.maxNumSeqs ({cap.max_num_seqs} per DP rank; graph mode NONE captures nothing)"
+    )
+    capacity_words = f"{where} x {cap.data_parallel} DP rank{'s' if cap.data_parallel != 1 else ''}"
+    if autoscaling.running_requests_per_replica is not None:
+        running = min(autoscaling.running_requests_per_replica, cap.per_replica)
+        reason = f"runningRequestsPerReplica {running} as set, within {capacity_words} = {cap.per_replica}"
+    else:
+        running = max(1, cap.per_replica * autoscaling.target_utilization // 100)
+        reason = f"{autoscaling.target_utilization}% of {capacity_words} = {cap.per_replica}"
+    queue = autoscaling.queue_depth_per_replica or running
+    return Targets(running=running, queue=queue, capacity=cap, reason=reason)
+
+
+def spec_problems(spec: NPUInferenceSpec, options: PlanOptions) -> list[SpecError]:
+    """What autoscaling and routing cannot serve although the schema lets it through, each naming its field."""
+    if spec.autoscaling is None and spec.routing is None:
+        return []
+    try:
+        cap = capacity(spec, options)
+    except PlanError as exc:
+        return [SpecError(f"spec (plan option {exc.field})", str(exc))]
+    autoscaling = spec.autoscaling
+    if autoscaling is None:
+        return []
+    problems: list[SpecError] = []
+    explicit = autoscaling.running_requests_per_replica
+    if explicit is not None and explicit > cap.per_replica:
+        problems.append(
+            SpecError(
+                "spec.autoscaling.runningRequestsPerReplica",
+                f"{explicit} is above what one replica decodes in a captured graph: the largest captured batch "
+                f"({cap.largest_batch or cap.max_num_seqs}) x {cap.data_parallel} DP ranks = {cap.per_replica}; "
+                "batches above it run eagerly, several times slower",
+            )
+        )
+    if autoscaling.min_replicas == 0 and spec.routing is None:  # the CRD's CEL rule says the same
+        problems.append(
+            SpecError("spec.autoscaling.minReplicas", "0 (scale to zero) needs spec.routing to hold requests")
+        )
+    return problems
+
+
+# -- startup -------------------------------------------------------------------------------------------
+
+
+def observed_startup_seconds(pods: Iterable[Mapping[str, Any]]) -> int | None:
+    """The longest startup (status.startTime to the Ready condition) among the ready pods, in whole
+    minutes rounded up; None when no pod is ready. Weights plus graph capture dominate it."""
+    longest: float | None = None
+    for pod in pods:
+        status = pod.get("status") or {}
+        ready = next((c for c in status.get("conditions") or () if c.get("type") == "Ready"), None)
+        if not ready or ready.get("status") != "True":
+            continue
+        started, became_ready = _time(status.get("startTime")), _time(ready.get("lastTransitionTime"))
+        if started is None or became_ready is None or became_ready < started:
+            continue
+        seconds = (became_ready - started).total_seconds()
+        longest = seconds if longest is None else max(longest, seconds)
+    if longest is None:
+        return None
+    return max(STARTUP_ROUNDING, math.ceil(longest / STARTUP_ROUNDING) * STARTUP_ROUNDING)
+
+
+def seen_startup_seconds(status: Mapping[str, Any]) -> int | None:
+    """The startup seen so far, as the resource's status keeps it (status.autoscaling.startupSeconds)."""
+    seen = (status.get("autoscaling") or {}).get("startupSeconds")
+    return seen if isinstance(seen, int) and not isinstance(seen, bool) and seen > 0 else None
+
+
+def behavior(autoscaling: AutoscalingSpec, startup: int) -> JSON:
+    """The HPA's scaling behaviour (autoscaling/v2 HorizontalPodAutoscalerBehavior), from the startup time.
+
+    Up: at most double the replicas, or add one, per startup time: the replicas asked for in the
+    last round are still loading and count as coming capacity, not as missing (AIBrix #2670's
+    cascading scale-ups, llm-d's 1 -> 50 jump), while a real surge still grows exponentially
+    (KubeAI #229's one pod at a time). Down: only after the load stayed low for twice a startup,
+    one replica a minute: removing a replica that is needed again costs a whole startup (KubeAI #67).
+    """
+    up_period = min(autoscaling.scale_up_period_seconds or startup, MAX_POLICY_PERIOD)
+    down_window = autoscaling.scale_down_stabilization_seconds
+    if down_window is None:
+        down_window = min(max(2 * startup, MIN_SCALE_DOWN_WINDOW), MAX_STABILIZATION)
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "selectPolicy": "Max",
+            "policies": [
+                {"type": "Percent", "value": 100, "periodSeconds": up_period},
+                {"type": "Pods", "value": 1, "periodSeconds": up_period},
+            ],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": down_window,
+            "selectPolicy": "Max",
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
+        },
+    }
+
+
+# -- queries -------------------------------------------------------------------------------------------
+
+
+def _matchers(name: str, namespace: str) -> str:
+    return f'namespace="{namespace}",{RESOURCE_LABEL}="{name}"'
+
+
+def running_query(name: str, namespace: str) -> str:
+    """All running requests of one resource (every pod, every DP rank): one element, KEDA's input."""
+    return f"sum({RUNNING_METRIC}{{{_matchers(name, namespace)}}})"
+
+
+def waiting_query(name: str, namespace: str) -> str:
+    """All requests waiting in the engines' queues of one resource."""
+    return f"sum({WAITING_METRIC}{{{_matchers(name, namespace)}}})"
+
+
+def picker_queue_query(name: str, namespace: str) -> str:
+    """Requests the endpoint picker holds for the resource's pool (what wakes a resource scaled to zero)."""
+    return f'sum({PICKER_QUEUE_METRIC}{{namespace="{namespace}",inference_pool="{name}"}})'
+
+
+# -- the ScaledObject ----------------------------------------------------------------------------------
+
+
+def build_scaled_object(
+    name: str,
+    namespace: str,
+    autoscaling: AutoscalingSpec,
+    cap: Capacity,
+    labels: Mapping[str, str],
+    prometheus: str,
+    startup: int,
+) -> JSON:
+    """The KEDA ScaledObject of one resource; `prometheus` is the operator's default address."""
+    target = targets(autoscaling, cap)
+    address = autoscaling.prometheus_address or prometheus
+    triggers = [
+        _trigger("running-requests", address, running_query(name, namespace), target.running),
+        _trigger("waiting-requests", address, waiting_query(name, namespace), target.queue),
+    ]
+    if autoscaling.min_replicas == 0:
+        # With no replica there are no vLLM series: the picker's held requests wake the resource.
+        triggers.append(_trigger("held-requests", address, picker_queue_query(name, namespace), target.queue))
+    down = behavior(autoscaling, startup)["scaleDown"]["stabilizationWindowSeconds"]
+    return {
+        "apiVersion": KEDA_API_VERSION,
+        "kind": SCALED_OBJECT_KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": name},
+            "minReplicaCount": autoscaling.min_replicas,
+            "maxReplicaCount": autoscaling.max_replicas,
+            "pollingInterval": autoscaling.polling_interval_seconds,
+            # Only used to go from 1 to 0 replicas (KEDA), as carefully as any other scale-down.
+            "cooldownPeriod": down,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior(autoscaling, startup)}},
+            "triggers": triggers,
+        },
+    }
+
+
+def _trigger(name: str, address: str, query: str, threshold: int) -> JSON:
+    return {
+        "type": "prometheus",
+        "name": name,
+        "metricType": "AverageValue",
+        # Every value a string: the CRD's triggers[].metadata is a map of strings.
+        "metadata": {
+            "serverAddress": address,
+            "query": query,
+            "threshold": str(threshold),
+            "activationThreshold": "0",
+            "ignoreNullValues": "true",
+        },
+    }
+
+
+def autoscaling_status(autoscaling: AutoscalingSpec, cap: Capacity, startup_seen: int | None, timeout: int) -> JSON:
+    """status.autoscaling: the targets in force and why; startupSeconds only once a startup was seen."""
+    target = targets(autoscaling, cap)
+    timing = (
+        f"scaling pace from the startup seen ({startup_seen} s)"
+        if startup_seen
+        else f"scaling pace from engine.startupTimeoutSeconds ({timeout} s) until a replica is seen starting"
+    )
+    found: JSON = {
+        "runningRequestsPerReplica": target.running,
+        "queueDepthPerReplica": target.queue,
+        "largestCapturedBatch": cap.largest_batch,
+        "dataParallelRanks": cap.data_parallel,
+        "reason": f"{target.reason}; {timing}",
+    }
+    if startup_seen:
+        found["startupSeconds"] = startup_seen
+    return found
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None

@@ -1,0 +1,75 @@
+"""The topologies a resource can have, and the one dispatcher that builds a resource's children.
+
+`of(spec)` picks the topology (`base.Topology`): disaggregated with `spec.disaggregation`, multi-node
+with `spec.npu.nodes > 1`, single-node otherwise. `build_children` is every child the resource
+should have: its topology's, plus what autoscaling and routing add in front of the serving pods.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from npu_operator.api.config import OperatorConfig
+from npu_operator.api.spec import NPUInferenceSpec, plan_options
+from npu_operator.children import routing, scaling
+from npu_operator.children.kinds import Capabilities
+from npu_operator.kube.names import labels
+from npu_operator.topologies.base import JSON, Topology
+from npu_operator.topologies.disaggregated import Disaggregated
+from npu_operator.topologies.multi_node import MultiNode
+from npu_operator.topologies.single_node import SingleNode
+
+SINGLE_NODE: Final[Topology] = SingleNode()
+MULTI_NODE: Final[Topology] = MultiNode()
+DISAGGREGATED: Final[Topology] = Disaggregated()
+
+
+def of(spec: NPUInferenceSpec) -> Topology:
+    """The topology that runs `spec`'s engines."""
+    if spec.disaggregation is not None:
+        return DISAGGREGATED
+    return MULTI_NODE if spec.npu.nodes > 1 else SINGLE_NODE
+
+
+def build_children(
+    name: str,
+    namespace: str,
+    spec: NPUInferenceSpec,
+    config: OperatorConfig,
+    capabilities: Capabilities = Capabilities.NONE,
+    startup_seconds: int | None = None,
+) -> list[JSON]:
+    """Every child the resource should have, in apply order.
+
+    The topology's workload and companions (a workload whose API is not installed is built all the
+    same: the caller reports the missing API), then the ScaledObject of spec.autoscaling and the
+    endpoint picker, InferencePool and HTTPRoute of spec.routing where `capabilities` has their APIs.
+    `startup_seconds` is the startup seen so far (status.autoscaling.startupSeconds); None: the
+    spec's startup timeout.
+    """
+    topology = of(spec)
+    children = topology.build(name, namespace, spec, config, capabilities)
+    if spec.autoscaling is None and spec.routing is None:
+        return children
+    cap = scaling.capacity(spec, plan_options(spec))
+    if spec.autoscaling is not None and capabilities.scaled_object:
+        startup = startup_seconds or spec.engine.startup_timeout_seconds
+        children.append(
+            scaling.build_scaled_object(
+                name, namespace, spec.autoscaling, cap, labels(name), config.prometheus_address, startup
+            )
+        )
+    if spec.routing is not None and capabilities.inference_pool:
+        pool = routing.Pool(
+            name=name,
+            namespace=namespace,
+            labels=labels(name),
+            pods=topology.serving_pods(name, spec),
+            max_concurrency=cap.per_replica,
+            failure_mode=spec.routing.failure_mode,
+        )
+        children += routing.build_picker(pool, config.picker_image)
+        children.append(routing.build_inference_pool(pool))
+        if spec.routing.gateway is not None and capabilities.http_route:
+            children.append(routing.build_http_route(pool, spec.routing.gateway))
+    return children
