@@ -1,6 +1,6 @@
 """Every metric the dashboard and the alerts query is one the code defines (or an allowed outside one).
 
-A renamed metric in operator/npu_operator/metrics.py or runtime/npu_runtime/metrics.py breaks
+A renamed metric in operator/npu_operator/controller/metrics.py or runtime/npu_runtime/metrics.py breaks
 these tests until the dashboard (scripts/gen_dashboard.py) and the alerts follow it; so does a
 metric name in docs/design.md's table that the dashboard does not show.
 """
@@ -23,7 +23,7 @@ from tests.chart.helm import CHART, JSON, one, render
 from tests.design_metrics import DESIGN_TABLE, OPERATOR_PREFIX
 
 DASHBOARD = CHART / "files" / "dashboards" / "npu-inference.json"
-METRICS_MODULES = ("npu_operator.metrics", "npu_runtime.metrics")
+METRICS_MODULES = ("npu_operator.controller.metrics", "npu_runtime.metrics")
 
 # The contract: docs/design.md's metric table, name -> type.
 DESIGN_METRICS = {name: kind for name, (kind, _labels) in DESIGN_TABLE.items()}
@@ -141,7 +141,7 @@ def test_every_operator_metric_the_dashboard_and_alerts_use_is_defined(rules: li
         (where, expr) for where, expr in [*dashboard_queries(), *alert_queries(rules)] if "npu_operator_" in expr
     ]
     assert queries
-    operator = metrics_contract.declared(importlib.import_module("npu_operator.metrics"))
+    operator = metrics_contract.declared(importlib.import_module("npu_operator.controller.metrics"))
     known = metrics_contract.all_series(operator) | metrics_contract.all_series({**VLLM_METRICS, **OUTSIDE_METRICS})
     problems = [p for p in unknown_names(queries, known) if "npu_operator_" in p]
     assert not problems, "\n".join(problems)
@@ -157,7 +157,7 @@ def test_every_design_metric_appears_in_the_dashboard() -> None:
 
 
 def test_the_operator_defines_its_design_metrics() -> None:
-    operator = metrics_contract.declared(importlib.import_module("npu_operator.metrics"))
+    operator = metrics_contract.declared(importlib.import_module("npu_operator.controller.metrics"))
     found = {metrics_contract.contract_name(name, kind): kind for name, kind in operator.items()}
     expected = {name: kind for name, kind in DESIGN_METRICS.items() if name.startswith(OPERATOR_PREFIX)}
     assert {name: found.get(name) for name in expected} == expected
@@ -214,7 +214,7 @@ def test_the_checker_sees_a_renamed_metric(rules: list[JSON]) -> None:
         (where, expr.replace("npu_operator_reconciles_total", "npu_operator_reconciliations_total"))
         for where, expr in alert_queries(rules)
     ]
-    operator = metrics_contract.declared(importlib.import_module("npu_operator.metrics"))
+    operator = metrics_contract.declared(importlib.import_module("npu_operator.controller.metrics"))
     problems = unknown_names(queries, metrics_contract.all_series(operator) | {"up"})
     assert any("npu_operator_reconciliations_total" in problem for problem in problems)
 
