@@ -19,7 +19,7 @@ from npu_operator.children import kinds as builders
 from npu_operator.children import scaling
 from npu_operator.controller.desired import adopted_children, read_spec
 
-from tests.operator.conftest import example
+from tests.examples import example
 
 
 def labels(namespace: str, resource: str, pod: str, engine: str) -> str:

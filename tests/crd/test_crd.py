@@ -16,7 +16,7 @@ import pytest
 import yaml
 from npu_operator.api import crd
 
-from tests.operator.conftest import EXAMPLES, example
+from tests.examples import EXAMPLES, example
 
 ROOT = Path(__file__).resolve().parents[2]
 Manifest = dict[str, Any]

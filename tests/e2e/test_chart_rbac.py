@@ -22,7 +22,7 @@ from npu_operator.api import crd
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.install import CHART, Helm, HelmFailed, helm_binary
 
-from tests.operator.conftest import TEST_CONFIG, example
+from tests.examples import TEST_CONFIG, example
 
 NAMESPACE, RELEASE = "npu-system", "npu"
 ACCOUNT = f"{RELEASE}-npu-inference-operator"

@@ -21,7 +21,7 @@ from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.kubelet import LocalKubelet
 from npu_sandbox.local_hub import LocalHub, Repo
 
-from tests.operator.conftest import example
+from tests.examples import example
 
 NS = "default"
 NAME = "tiny-llama"

@@ -22,7 +22,7 @@ from npu_operator.kube.objects import condition
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.kubelet import LocalKubelet, replica_set_owner
 
-from tests.operator.conftest import example
+from tests.examples import example
 
 NS = "default"
 NAME = "tiny-llama"

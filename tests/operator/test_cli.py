@@ -11,7 +11,7 @@ from pathlib import Path
 import kubernetes_validate
 import yaml
 
-from tests.operator.conftest import EXAMPLES
+from tests.examples import EXAMPLES
 
 
 def render(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:

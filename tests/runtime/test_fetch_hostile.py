@@ -34,7 +34,7 @@ from npu_runtime.serving import failures
 from npu_sandbox.kubelet import free_port
 from npu_sandbox.local_hub import LocalHub, Repo, RepoFile
 
-from tests.operator.conftest import example
+from tests.examples import example
 from tests.runtime.conftest import HUBS, REPO, WEIGHTS
 
 pytestmark = pytest.mark.usefixtures("quiet_hub_clients")

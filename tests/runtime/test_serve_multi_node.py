@@ -18,8 +18,8 @@ from npu_operator.children import engine_pod as builders
 from npu_runtime.contract import parse_serve_args
 from npu_sandbox.kubelet import free_port
 
-from tests.operator.conftest import example
-from tests.operator.test_builders import expand
+from tests.examples import example
+from tests.operator.children.test_workloads import expand
 from tests.runtime.serve_helpers import ServeRun
 
 READY_TIMEOUT = 280.0

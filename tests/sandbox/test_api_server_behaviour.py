@@ -19,7 +19,7 @@ from npu_operator.api import crd
 from npu_sandbox import openapi_v2_proto
 from npu_sandbox.cluster import LocalCluster
 
-from tests.operator.conftest import example
+from tests.examples import example
 
 NPUINF = f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/default/{crd.PLURAL}"
 

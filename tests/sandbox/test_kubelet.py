@@ -28,7 +28,7 @@ from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.controllers import POD_TEMPLATE_HASH, pod_ready
 from npu_sandbox.kubelet import DEFAULT_RUNNERS, LocalKubelet, LocalPod, ServeRunner
 
-from tests.operator.conftest import example
+from tests.examples import example
 from tests.runtime.serve_helpers import alive
 
 NS = "default"

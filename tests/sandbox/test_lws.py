@@ -17,7 +17,7 @@ from npu_operator.children import workloads as builders
 from npu_sandbox import lws
 from npu_sandbox.controllers import stateful_pod
 
-from tests.operator.conftest import example
+from tests.examples import example
 
 NS = "llm"
 NAME = "r1"

@@ -18,10 +18,10 @@ from npu_operator.controller.desired import adopted_children
 from npu_operator.kube import names
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, parse_serve_args
 
+from tests.examples import EXAMPLES, example
 from tests.operator import ds_schema, lws_schema
-from tests.operator.conftest import EXAMPLES, example
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 CONFIG = OperatorConfig()
 KUBERNETES_VERSION = "1.37.0"

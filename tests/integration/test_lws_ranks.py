@@ -25,8 +25,8 @@ from npu_operator.api import crd
 from npu_operator.kube.objects import condition
 from npu_sandbox.cluster import LocalCluster
 
-from tests.operator.test_faults import CONFIG, HOSTILE, FakeRuntimes, report
-from tests.operator.test_ranks import HCCL
+from tests.integration.test_faults import CONFIG, HOSTILE, FakeRuntimes, report
+from tests.operator.status.test_ranks import HCCL
 
 NS = "default"
 NAME = "tiny-llama"
@@ -34,7 +34,7 @@ LWS_API = "leaderworkerset.x-k8s.io/v1"
 
 
 def two_node_manifest() -> dict[str, Any]:
-    from tests.operator.conftest import example
+    from tests.examples import example
 
     document = example("sandbox-cpu.yaml")
     document["metadata"] = {"name": NAME, "namespace": NS}

@@ -14,8 +14,8 @@ from npu_operator.status.findings import PodReport, group_findings
 from npu_operator.status.graph import compact_ranks, graph_status, rank_view, worst_mode
 from npu_operator.status.reports import parse_report
 
-from tests.operator.conftest import example
-from tests.operator.test_report_schema import GRAPH_BYTES_BOUND, _adversarial_report
+from tests.examples import example
+from tests.operator.status.test_reports import GRAPH_BYTES_BOUND, _adversarial_report
 
 NOW = "2026-12-01T00:00:00Z"
 HCCL = {

@@ -40,12 +40,13 @@ from npu_runtime.contract import parse_serve_args
 from npu_runtime.planner.plan import make_plan
 from npu_runtime.routing.router import parse_route_args
 
-from tests.operator import ds_schema, test_security
-from tests.operator.conftest import example
+from tests.examples import example
+from tests.operator import ds_schema
+from tests.operator.api import test_policy as test_security
 from tests.runtime.conftest import POD_ENV, load_model
 from tests.runtime.test_golden import A3_NODE
 
-GOLDEN = Path(__file__).parent / "golden" / "pd-plans.json"
+GOLDEN = Path(__file__).parents[1] / "golden" / "pd-plans.json"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 CONFIG = OperatorConfig()
 EXAMPLE = "deepseek-r1-w8a8-pd.yaml"

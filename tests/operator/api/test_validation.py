@@ -14,7 +14,7 @@ import pytest
 from npu_operator.api.spec import parse_spec
 from npu_operator.api.validation import FLAGS_OWNED_BY_FIELDS, engine_flag, owned_flag, validate_spec
 
-from tests.operator.conftest import example
+from tests.examples import example
 
 # (extra args, the vLLM option they set, the value it gets)
 SMUGGLED = [

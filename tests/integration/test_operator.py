@@ -18,7 +18,7 @@ from npu_operator.controller import handlers
 from npu_operator.kube.objects import condition
 from npu_sandbox.cluster import ApiRejected, LocalCluster
 
-from tests.operator.conftest import TEST_CONFIG, example
+from tests.examples import TEST_CONFIG, example
 
 NS = "default"
 

@@ -30,7 +30,7 @@ from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.emulator import KubeEmulator
 from npu_sandbox.kubelet import replica_set_owner
 
-from tests.operator.conftest import SANDBOX_HOST_PATHS, example
+from tests.examples import SANDBOX_HOST_PATHS, example
 
 NS = "faults"
 CONFIG = OperatorConfig(

@@ -7,7 +7,7 @@ from typing import Any
 from npu_operator.api.spec import SpecError, parse_spec
 from npu_operator.status import resource as status
 
-from tests.operator.conftest import example
+from tests.examples import example
 
 SPEC = parse_spec(example("qwen2.5-7b-910b.yaml")["spec"])  # 2 replicas
 T0, T1 = "2026-12-01T00:00:00Z", "2026-12-01T00:05:00Z"

@@ -22,11 +22,11 @@ from npu_runtime.contract import parse_serve_args
 from npu_runtime.planner.plan import make_plan, node_engine_args
 from npu_runtime.planner.probe import DeviceInfo
 
+from tests.examples import EXAMPLES, example
 from tests.operator import lws_schema
-from tests.operator.conftest import EXAMPLES, example
-from tests.operator.test_builders import LWS_POD_ENV, expand
+from tests.operator.children.test_workloads import LWS_POD_ENV, expand
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TWO_NODES = "deepseek-r1-w8a8-2node.yaml"
 CONFIG = OperatorConfig()
 R1_W8A8 = ROOT / "tests" / "runtime" / "fixtures" / "models" / "deepseek-r1-w8a8"

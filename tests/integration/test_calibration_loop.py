@@ -3,7 +3,7 @@ runtime reports in /status becomes its resource's calibration record, a ConfigMa
 owns, under the status loop's trust rules; status.graph shows estimated against measured; a
 capture failure the next plan caps below is a downgrade Event naming the reason and the size.
 
-The pods' runtimes are `FakeRuntimes` (tests/operator/test_faults.py): what they answer is set
+The pods' runtimes are `FakeRuntimes` (tests/integration/test_faults.py): what they answer is set
 here. The same loop with a real engine is tests/e2e/test_workload_rollout.py.
 """
 
@@ -21,7 +21,7 @@ from npu_operator.kube.objects import condition
 from npu_operator.status import calibration
 from npu_sandbox.cluster import LocalCluster
 
-from tests.operator.test_faults import (
+from tests.integration.test_faults import (
     CONFIG,
     NS,
     FakeRuntimes,
@@ -34,7 +34,7 @@ from tests.operator.test_faults import (
     resource,
     wait_for_status,
 )
-from tests.operator.test_faults import runtimes as faults_runtimes
+from tests.integration.test_faults import runtimes as faults_runtimes
 
 runtimes = faults_runtimes  # the fixture: its FakeRuntimes, closed after the test
 GiB = 1 << 30

@@ -22,7 +22,7 @@ from npu_operator.status.reports import parse_report
 from npu_sandbox import controllers
 from npu_sandbox.cluster import LocalCluster
 
-from tests.operator.conftest import TEST_CONFIG, example
+from tests.examples import TEST_CONFIG, example
 
 CONFIG = OperatorConfig()
 REPO = "Qwen/Qwen2.5-7B-Instruct"

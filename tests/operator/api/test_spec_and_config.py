@@ -9,7 +9,7 @@ from npu_operator.api.config import ConfigError, OperatorConfig, load_config
 from npu_operator.api.spec import parse_spec
 from npu_operator.api.validation import extended_resource_problem, validate_spec
 
-from tests.operator.conftest import example
+from tests.examples import example
 
 
 def test_defaults_without_any_setting() -> None:

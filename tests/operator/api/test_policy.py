@@ -26,7 +26,7 @@ from npu_operator.children import engine_pod
 from npu_operator.controller.desired import desired_state, read_spec
 from npu_operator.kube import names as kube_names
 
-from tests.operator.conftest import example
+from tests.examples import example
 
 CONFIG = OperatorConfig()
 OPERATOR_REFERENCES = {kube_names.LWS_LEADER_ADDRESS, kube_names.LWS_WORKER_INDEX}

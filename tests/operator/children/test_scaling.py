@@ -25,8 +25,8 @@ from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.plan import largest_decode_batch
 from npu_runtime.planner.probe import DeviceInfo
 
+from tests.examples import example
 from tests.operator import traffic_schemas
-from tests.operator.conftest import example
 from tests.runtime.test_plan_properties import PROPERTY_SETTINGS, cases, try_plan
 
 CONFIG = OperatorConfig()

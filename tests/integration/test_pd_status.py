@@ -18,9 +18,9 @@ from npu_operator.kube.objects import condition
 from npu_sandbox import controllers, disaggregated
 from npu_sandbox.cluster import LocalCluster
 
-from tests.operator.conftest import example
-from tests.operator.test_faults import HOSTILE, FakeRuntimes, report
-from tests.operator.test_lws_ranks import NS, Controlled, LeaderWorkerSetController, controlled_cluster, status_when
+from tests.examples import example
+from tests.integration.test_faults import HOSTILE, FakeRuntimes, report
+from tests.integration.test_lws_ranks import NS, Controlled, LeaderWorkerSetController, controlled_cluster, status_when
 
 NAME = "tiny-llama-pd"
 CAPTURE_FAILED = {
