@@ -11,7 +11,7 @@ from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.modes import RULES, Downgrade, resolve_mode
 from npu_runtime.planner.probe import DeviceInfo
 
-from .conftest import DEVICES
+from tests.runtime.conftest import DEVICES
 
 NPU = DEVICES["910B3-64GiB"]
 GPU = DEVICES["GPU-141GiB"]
