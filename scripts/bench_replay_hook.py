@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npu_runtime.observer import vllm_hooks
 
-from tests.runtime.observer_fakes import (
+from tests.runtime.observer.fakes import (
     Descriptor,
     Entry,
     FakeDevice,

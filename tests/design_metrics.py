@@ -1,7 +1,7 @@
 """docs/design.md's metric table, read from the document itself: name -> (type, labels).
 
 The names are a contract with the chart's dashboard and alerts and with users' own queries.
-tests/runtime/test_status_metrics.py holds the runtime's definitions to this table (types and
+tests/runtime/serving/test_status_metrics.py holds the runtime's definitions to this table (types and
 labels), tests/chart/test_metric_names.py the operator's definitions and the dashboard (names and
 types), and tests/test_design_doc.py the operator's labels; so the document cannot drift from the
 code without a test failing.

@@ -13,13 +13,47 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 from typing import Final
 
-# The graph modes of vLLM's CUDAGraphMode (vllm/config/compilation.py); vllm-ascend uses the same
-# enum for its ACL graphs.
-GRAPH_MODES: Final = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE")
+
+class GraphMode(StrEnum):
+    """The graph modes of vLLM's CUDAGraphMode (vllm/config/compilation.py); vllm-ascend uses the same
+    enum for its ACL graphs. The one definition of the names: the planner (planner/modes.py), the
+    observer and the operator's status take them from here.
+
+    Declared weakest first: how much of the decode step runs as a captured graph. NONE runs every
+    step eagerly; PIECEWISE replays the pieces between attention layers; FULL_DECODE_ONLY replays the
+    whole decode step (prefill eager); FULL also mixed batches; FULL_AND_PIECEWISE adds piecewise
+    graphs for what FULL cannot capture.
+    """
+
+    NONE = "NONE"
+    PIECEWISE = "PIECEWISE"
+    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
+    FULL = "FULL"
+    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
+
+
+# The mode names as plain strings, weakest first (`GraphMode`'s order).
+GRAPH_MODES_WEAKEST_FIRST: Final[tuple[str, ...]] = tuple(mode.value for mode in GraphMode)
+
+
+def graph_mode_rank(mode: str | None) -> int:
+    """The place of `mode` in GRAPH_MODES_WEAKEST_FIRST (higher is stronger); -1 for an unknown or missing mode."""
+    return GRAPH_MODES_WEAKEST_FIRST.index(mode) if mode in GRAPH_MODES_WEAKEST_FIRST else -1
+
+
+# The --graph-mode choices, the default first.
+GRAPH_MODES: Final = (
+    GraphMode.FULL_DECODE_ONLY.value,
+    GraphMode.FULL_AND_PIECEWISE.value,
+    GraphMode.FULL.value,
+    GraphMode.PIECEWISE.value,
+    GraphMode.NONE.value,
+)
 DEVICE_KINDS: Final = ("npu", "cuda", "cpu")
-DEFAULT_GRAPH_MODE: Final = "FULL_DECODE_ONLY"
+DEFAULT_GRAPH_MODE: Final = GraphMode.FULL_DECODE_ONLY.value
 DEFAULT_MAX_NUM_SEQS: Final = 256  # vLLM's SchedulerConfig default
 DEFAULT_GPU_MEMORY_UTILIZATION: Final = 0.9  # vLLM's CacheConfig default
 DEFAULT_PORT: Final = 8000

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final, NamedTuple
 
+from npu_runtime.contract import GraphMode
 from npu_runtime.observer import targets
 from npu_runtime.observer.hooks import Hook, around, when_imported, wrap_method
 from npu_runtime.observer.recorder import DeviceEvent, EventTimer, Key, Recorder
@@ -292,7 +293,7 @@ def config_downgrade_reason(config: Any, requested: str, final: str, *, platform
     if getattr(model_config, "pooler_config", None) is not None:
         return "PoolingModelNoFullGraphs", f"pooling models do not support full graphs ({change})"
     if getattr(model_config, "is_encoder_decoder", False):
-        reason = "EncoderDecoderPiecewiseOnly" if final == "PIECEWISE" else "EncoderDecoderFullDecodeOnly"
+        reason = "EncoderDecoderPiecewiseOnly" if final == GraphMode.PIECEWISE else "EncoderDecoderFullDecodeOnly"
         return reason, f"encoder-decoder models are limited in graph mode ({change})"
     return (
         "PlatformConfig",
@@ -312,7 +313,7 @@ def resolve_mode_wrapper(observer: Observer, original: Callable[..., Any], bindi
         if final is None:
             return
         recorder.record_resolved_mode(final)
-        if requested is None or requested in (final, "NONE"):
+        if requested is None or requested in (final, GraphMode.NONE):
             return
         support = binding.get(args, kwargs, "min_cg_support")
         backend = binding.get(args, kwargs, "min_cg_attn_backend")

@@ -27,7 +27,7 @@ from npu_runtime.planner.modes import Downgrade
 from npu_runtime.planner.probe import DeviceInfo
 from npu_runtime.planner.weights import MTP_METHODS, WeightTerms, weight_terms, weights_per_device
 
-__all__ = ["DoesNotFitError", "MemoryPlan", "fit_budget", "make_budget"]
+__all__ = ["BudgetInputs", "DoesNotFitError", "Fit", "MemoryPlan", "fit_budget", "make_budget"]
 
 # 310P with TP > 1: hardware event ids limit the graphs; vllm-ascend's 310P guide reports that
 # Qwen3-32B "can capture and replay 2 graphs" (docs/.../tutorials/hardwares/310p). No limit at TP=1.
@@ -79,7 +79,9 @@ class MemoryPlan:
 
 
 @dataclass(frozen=True)
-class _Fit:
+class Fit:
+    """The fitted plan: the mode, its capture sizes, memory and streams, and what changed on the way."""
+
     mode: str
     sizes: tuple[int, ...]
     memory: MemoryPlan
@@ -89,22 +91,36 @@ class _Fit:
 
 
 @dataclass(frozen=True)
-class _Budget:
-    """What one device has to give, and what is spent before any graph or KV cache. Frozen.
-
-    Invariant (checked by `_budget`): fixed + min_kv <= budget, where fixed = weights + activation
-    + margin; every later step only divides what is left.
-    """
+class BudgetInputs:
+    """What the plan decided before fitting: built once by make_plan, read by every fitting step."""
 
     options: PlanOptions
     device: DeviceInfo
     model: ModelInfo
     family: str
+    """The device family (`probe.device_family`)."""
     env: Mapping[str, str]
+    """The variables the engine reads that change the plan."""
     candidates: tuple[int, ...]
+    """The capture sizes before fitting."""
+    dtype: str
     max_model_len: int
+    batched_tokens: int
     resolve_mode: bool
     layout: Layout
+    calibrated: Calibration | None = None
+    """The calibration record when its key is this plan's (its measured figures replace estimates)."""
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """What one device has to give, and what is spent before any graph or KV cache. Frozen.
+
+    Invariant (checked by `make_budget`): fixed + min_kv <= budget, where fixed = weights + activation
+    + margin; every later step only divides what is left.
+    """
+
+    inputs: BudgetInputs
     dtype_bytes: int
     total: int
     budget: int
@@ -114,7 +130,6 @@ class _Budget:
     weight_terms: WeightTerms
     communicators: tuple[Communicator, ...]
     moe_dispatch: dict[str, str | None]
-    calibrated: Calibration | None
     kv_per_token: int
     min_kv: int
     """One sequence of max_model_len."""
@@ -139,97 +154,47 @@ class _GraphChoice:
     downgrades: tuple[Downgrade, ...]
 
 
-def fit_budget(b: _Budget, mode: str, warnings: list[str]) -> _Fit:
+def fit_budget(b: _Budget, mode: str, warnings: list[str]) -> Fit:
     """Fit the candidates to the budget: the mode and its cap, the sizes, the KV cache, in that order."""
     choice = _choose_graphs(b, mode)
     chosen, streams, graph_bytes = _choose_sizes(b, choice, warnings)
     kv_cache, tokens = _kv_cache(b, graph_bytes, warnings)
     memory = _memory_plan(b, choice, graph_bytes, kv_cache, tokens, warnings)
-    return _Fit(choice.mode, chosen, memory, streams, choice.downgrades, tuple(warnings))
+    return Fit(choice.mode, chosen, memory, streams, choice.downgrades, tuple(warnings))
 
 
-def make_budget(
-    *,
-    options: PlanOptions,
-    device: DeviceInfo,
-    model: ModelInfo,
-    family: str,
-    env: dict[str, str],
-    candidates: tuple[int, ...],
-    dtype: str,
-    max_model_len: int,
-    batched_tokens: int,
-    resolve_mode: bool,
-    layout: Layout,
-    warnings: list[str],
-    calibrated: Calibration | None = None,
-) -> _Budget:
+def make_budget(inputs: BudgetInputs, warnings: list[str]) -> _Budget:
     """The fixed terms: weights, activation, margin and the KV cache one sequence needs.
 
     Invariant: the result satisfies fixed + min_kv <= budget; otherwise DoesNotFitError with the
     numbers (weights above the device's memory, or no room for one max_model_len sequence).
     """
-    tp, pp = options.tensor_parallel, options.pipeline_parallel
-    dtype_bytes = DTYPE_BYTES.get(dtype, 2)
-    total = device.total_bytes
+    options = inputs.options
+    dtype_bytes = DTYPE_BYTES.get(inputs.dtype, 2)
+    total = inputs.device.total_bytes
     budget = math.floor(total * options.gpu_memory_utilization)
-
     mtp = options.speculative_method in MTP_METHODS and options.speculative_tokens > 0
-    terms = weight_terms(model, dtype, layout, mtp, warnings)
-    weights = terms.total
-    measured_weights = calibrated.with_margin("weights_bytes") if calibrated else None
-    if measured_weights is not None:
-        weights = measured_weights  # the engine's model_memory_usage after load, plus the margin
-    if weights > total:
-        raise DoesNotFitError(
-            f"the weights alone do not fit: {format_gib(weights)} per device ({format_gib(model.weight_bytes)} in all, "
-            f"{_split_words(layout)}, {model.weight_source}) > {format_gib(total)} device memory; "
-            f"{_layout_hint(model, dtype, layout, mtp, budget)}"
-        )
-    capacity = mc2_capacity(max(candidates, default=batched_tokens), tp)
-    moe_dispatch = {
-        "profile": moe_comm_mode(model, layout, family, batched_tokens, capacity),
-        "decode": moe_comm_mode(model, layout, family, max(candidates, default=1), capacity),
-    }
-    activation = activation_bytes(
-        model, batched_tokens, tp, dtype_bytes, layout, moe_dispatch["profile"]
-    ) + sampler_bytes(options, model)
-    if family == "310P":
-        # vllm-ascend 310P guide: AttentionMaskBuilder310 builds a [max_model_len, max_model_len]
-        # float16 mask.
-        activation += max_model_len * max_model_len * 2
-        if options.max_model_len is None:
-            warnings.append(
-                f"on 310P set --max-model-len explicitly (vllm-ascend's 310P guide): the attention mask "
-                f"for the derived {max_model_len} tokens takes {format_gib(max_model_len * max_model_len * 2)}"
-            )
-    held = communicators(options, device, layout, env)  # once per budget: HCCL_BUFFSIZE parsed here
-    margin = margin_bytes(device, sum(c.bytes for c in held))
-    kv_per_token = model.kv_bytes_per_token(tensor_parallel=tp, pipeline_parallel=pp, dtype_bytes=dtype_bytes)
-    if mtp and model.draft_layers:
-        # The MTP layers are attention layers with their own KV cache (the draft model's KV cache spec).
-        kv_per_token += model.draft_layers * model.kv_bytes_per_layer(tensor_parallel=tp, dtype_bytes=dtype_bytes)
-    min_kv = kv_sequence_bytes(model, kv_per_token, max_model_len)
+    terms, weights = _weights(inputs, mtp, budget, warnings)
+    moe_dispatch = _moe_dispatch(inputs)
+    activation = _activation(inputs, dtype_bytes, moe_dispatch, warnings)
+    held = communicators(
+        options, inputs.device, inputs.layout, inputs.env
+    )  # once per budget: HCCL_BUFFSIZE parsed here
+    margin = margin_bytes(inputs.device, sum(c.bytes for c in held))
+    kv_per_token = _kv_per_token(inputs, dtype_bytes, mtp)
+    min_kv = kv_sequence_bytes(inputs.model, kv_per_token, inputs.max_model_len)
     fixed = weights + activation + margin
     if fixed + min_kv > budget:
         room = budget - fixed
         longest = max(room // kv_per_token, 0) if kv_per_token else 0
         raise DoesNotFitError(
-            f"no room for the KV cache of one {max_model_len}-token sequence: budget {format_gib(budget)} "
+            f"no room for the KV cache of one {inputs.max_model_len}-token sequence: budget {format_gib(budget)} "
             f"({options.gpu_memory_utilization} of {format_gib(total)}) - weights {format_gib(weights)} - activation "
             f"{format_gib(activation)} - margin {format_gib(margin)} = {format_gib(room)} < {format_gib(min_kv)}; "
             f"lower --max-model-len (about {longest} tokens fit), add tensor parallel ranks or memory"
         )
     return _Budget(
-        options=options,
-        device=device,
-        model=model,
-        family=family,
-        env=env,
-        candidates=candidates,
-        max_model_len=max_model_len,
-        resolve_mode=resolve_mode,
-        layout=layout,
+        inputs=inputs,
         dtype_bytes=dtype_bytes,
         total=total,
         budget=budget,
@@ -239,11 +204,72 @@ def make_budget(
         weight_terms=terms,
         communicators=held,
         moe_dispatch=moe_dispatch,
-        calibrated=calibrated,
         kv_per_token=kv_per_token,
         min_kv=min_kv,
         full_kv=min_kv * options.max_num_seqs,
     )
+
+
+def _weights(inputs: BudgetInputs, mtp: bool, budget: int, warnings: list[str]) -> tuple[WeightTerms, int]:
+    """(the weights by placement, the bytes one device holds): measured when calibrated, else estimated.
+
+    DoesNotFitError when they exceed the device's memory, with the smallest layout that holds them.
+    """
+    model, layout, total = inputs.model, inputs.layout, inputs.device.total_bytes
+    terms = weight_terms(model, inputs.dtype, layout, mtp, warnings)
+    weights = terms.total
+    measured_weights = inputs.calibrated.with_margin("weights_bytes") if inputs.calibrated else None
+    if measured_weights is not None:
+        weights = measured_weights  # the engine's model_memory_usage after load, plus the margin
+    if weights > total:
+        raise DoesNotFitError(
+            f"the weights alone do not fit: {format_gib(weights)} per device ({format_gib(model.weight_bytes)} in all, "
+            f"{_split_words(layout)}, {model.weight_source}) > {format_gib(total)} device memory; "
+            f"{_layout_hint(model, inputs.dtype, layout, mtp, budget)}"
+        )
+    return terms, weights
+
+
+def _moe_dispatch(inputs: BudgetInputs) -> dict[str, str | None]:
+    """The MoE communication vllm-ascend picks for the profile run and for the largest decode graph."""
+    model, layout, family, candidates = inputs.model, inputs.layout, inputs.family, inputs.candidates
+    capacity = mc2_capacity(max(candidates, default=inputs.batched_tokens), inputs.options.tensor_parallel)
+    return {
+        "profile": moe_comm_mode(model, layout, family, inputs.batched_tokens, capacity),
+        "decode": moe_comm_mode(model, layout, family, max(candidates, default=1), capacity),
+    }
+
+
+def _activation(
+    inputs: BudgetInputs, dtype_bytes: int, moe_dispatch: dict[str, str | None], warnings: list[str]
+) -> int:
+    """The profile run's activation peak and the sampler's, plus 310P's attention mask."""
+    options, model, max_model_len = inputs.options, inputs.model, inputs.max_model_len
+    activation = activation_bytes(
+        model, inputs.batched_tokens, options.tensor_parallel, dtype_bytes, inputs.layout, moe_dispatch["profile"]
+    ) + sampler_bytes(options, model)
+    if inputs.family == "310P":
+        # vllm-ascend 310P guide: AttentionMaskBuilder310 builds a [max_model_len, max_model_len]
+        # float16 mask.
+        activation += max_model_len * max_model_len * 2
+        if options.max_model_len is None:
+            warnings.append(
+                f"on 310P set --max-model-len explicitly (vllm-ascend's 310P guide): the attention mask "
+                f"for the derived {max_model_len} tokens takes {format_gib(max_model_len * max_model_len * 2)}"
+            )
+    return activation
+
+
+def _kv_per_token(inputs: BudgetInputs, dtype_bytes: int, mtp: bool) -> int:
+    """KV cache bytes one token takes on one device, the MTP draft layers' included."""
+    model, tp = inputs.model, inputs.options.tensor_parallel
+    kv_per_token = model.kv_bytes_per_token(
+        tensor_parallel=tp, pipeline_parallel=inputs.options.pipeline_parallel, dtype_bytes=dtype_bytes
+    )
+    if mtp and model.draft_layers:
+        # The MTP layers are attention layers with their own KV cache (the draft model's KV cache spec).
+        kv_per_token += model.draft_layers * model.kv_bytes_per_layer(tensor_parallel=tp, dtype_bytes=dtype_bytes)
+    return kv_per_token
 
 
 def _choose_graphs(b: _Budget, mode: str) -> _GraphChoice:
@@ -253,20 +279,21 @@ def _choose_graphs(b: _Budget, mode: str) -> _GraphChoice:
     downgrade (streams first, then memory) changes the mode and so the cost, so the caps are
     recomputed until they hold. Without resolve_mode the mode is the engine's and never changes here.
     """
-    options, family, tp = b.options, b.family, b.options.tensor_parallel
+    i = b.inputs
+    options, family, tp = i.options, i.family, i.options.tensor_parallel
     downgrades: list[Downgrade] = []
     while True:
-        streams = stream_plan(options, b.device, b.model, dict(b.env), mode, b.layout)
+        streams = stream_plan(options, i.device, i.model, dict(i.env), mode, i.layout)
         first, per_size = (
-            graph_cost(b.model, mode, max(b.candidates), tp, b.dtype_bytes, b.layout, b.moe_dispatch["decode"])
+            graph_cost(i.model, mode, max(i.candidates), tp, b.dtype_bytes, i.layout, b.moe_dispatch["decode"])
             if mode != modes.NONE
             else (0, 0)
         )
-        if b.calibrated and mode != modes.NONE:
+        if i.calibrated and mode != modes.NONE:
             # Measured by the observer (capture memory per size): the largest capture and the increment.
-            first = b.calibrated.with_margin("graph_first_capture_bytes") or first
-            per_size = b.calibrated.with_margin("graph_per_size_bytes") or per_size
-        caps: list[tuple[int, str]] = [(len(b.candidates), "")]
+            first = i.calibrated.with_margin("graph_first_capture_bytes") or first
+            per_size = i.calibrated.with_margin("graph_per_size_bytes") or per_size
+        caps: list[tuple[int, str]] = [(len(i.candidates), "")]
         if mode != modes.NONE:
             room = b.budget - b.fixed - b.min_kv - first
             caps.append((0 if room < 0 else 1 + room // per_size, "memory"))
@@ -277,7 +304,7 @@ def _choose_graphs(b: _Budget, mode: str) -> _GraphChoice:
             if family == "A5" and modes.has_piecewise_graphs(mode):
                 caps.append((_A5_PIECEWISE_MAX_SIZES, "A5"))
         keep, why = min(caps, key=lambda cap: cap[0])
-        if mode == modes.NONE or keep >= 1 or not b.resolve_mode:
+        if mode == modes.NONE or keep >= 1 or not i.resolve_mode:
             return _GraphChoice(mode, keep, why, streams, first, per_size, tuple(downgrades))
         target = modes.without_piecewise(mode) if why == "streams" and modes.has_piecewise_graphs(mode) else modes.NONE
         reason = "StreamBudgetExceeded" if why == "streams" else "GraphMemoryExceedsBudget"
@@ -297,7 +324,7 @@ def _choose_sizes(b: _Budget, choice: _GraphChoice, warnings: list[str]) -> tupl
     Invariant: the sizes are a subset of the candidates that keeps the largest (sizes.thin), empty
     only in mode NONE; graph bytes = first + (sizes - 1) x per_size.
     """
-    candidates, streams = b.candidates, choice.streams
+    candidates, streams = b.inputs.candidates, choice.streams
     if choice.mode == modes.NONE:
         chosen: tuple[int, ...] = ()
     elif choice.keep < 1:
@@ -311,7 +338,7 @@ def _choose_sizes(b: _Budget, choice: _GraphChoice, warnings: list[str]) -> tupl
     else:
         chosen = sizes.thin(candidates, choice.keep)
         if len(chosen) < len(candidates):
-            warnings.append(_thinning_message(choice.why, len(candidates), len(chosen), streams, b.family))
+            warnings.append(_thinning_message(choice.why, len(candidates), len(chosen), streams, b.inputs.family))
     graph_bytes = choice.first + (len(chosen) - 1) * choice.per_size if chosen else 0
     if streams.applies:  # an NPU graph mode: at least one size is chosen
         streams = dataclasses.replace(streams, estimate=streams.fixed + len(chosen) * streams.per_size)
@@ -325,24 +352,24 @@ def _kv_cache(b: _Budget, graph_bytes: int, warnings: list[str]) -> tuple[int, i
     backend's VLLM_CPU_KVCACHE_SPACE caps it below that.
     """
     kv_cache = b.budget - b.fixed - graph_bytes
-    measured_kv = b.calibrated.measured.get("kv_cache_bytes") if b.calibrated else None
+    measured_kv = b.inputs.calibrated.measured.get("kv_cache_bytes") if b.inputs.calibrated else None
     if measured_kv is not None and b.min_kv <= measured_kv < kv_cache:
         kv_cache = measured_kv  # what the engine allocated for this key: never promise more
-    cpu_space = b.env.get("VLLM_CPU_KVCACHE_SPACE", "")
-    if b.device.kind == "cpu" and cpu_space.isdigit() and int(cpu_space) > 0:
+    cpu_space = b.inputs.env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if b.inputs.device.kind == "cpu" and cpu_space.isdigit() and int(cpu_space) > 0:
         # vllm/platforms/cpu.py: VLLM_CPU_KVCACHE_SPACE (GiB) becomes kv_cache_memory_bytes.
         kv_cache = min(kv_cache, int(cpu_space) * GIB)
         if kv_cache < b.min_kv:
             raise DoesNotFitError(
-                f"VLLM_CPU_KVCACHE_SPACE={cpu_space} GiB cannot hold one {b.max_model_len}-token sequence "
+                f"VLLM_CPU_KVCACHE_SPACE={cpu_space} GiB cannot hold one {b.inputs.max_model_len}-token sequence "
                 f"({format_gib(b.min_kv)}); raise it or lower --max-model-len"
             )
     tokens = kv_cache // b.kv_per_token if b.kv_per_token else 0
     if kv_cache < b.full_kv:
         warnings.append(
             f"the KV cache holds about {tokens} tokens: {kv_cache // b.min_kv} sequences of "
-            f"{b.max_model_len} tokens "
-            f"at once, fewer than max_num_seqs={b.options.max_num_seqs} at full length"
+            f"{b.inputs.max_model_len} tokens "
+            f"at once, fewer than max_num_seqs={b.inputs.options.max_num_seqs} at full length"
         )
     return kv_cache, tokens
 
@@ -356,9 +383,9 @@ def _memory_plan(
     budget (engine_util x total <= budget - graphs); free memory below what vLLM will request is
     DoesNotFitError.
     """
-    device, total = b.device, b.total
-    reserved_by = graph_reserved_by(device, dict(b.env), graph_bytes)
-    engine_util = b.options.gpu_memory_utilization
+    device, total = b.inputs.device, b.total
+    reserved_by = graph_reserved_by(device, dict(b.inputs.env), graph_bytes)
+    engine_util = b.inputs.options.gpu_memory_utilization
     if reserved_by == "plan":
         # vllm-ascend's NPUWorker.determine_available_memory gives the KV cache all of
         # requested - non_kv memory and captures graphs afterwards (#8260; the pre-KV estimate of #9865
@@ -373,7 +400,7 @@ def _memory_plan(
                 f"vLLM will request ({engine_util} of {format_gib(total)}); lower --gpu-memory-utilization to "
                 f"{math.floor(device.free_bytes / total * 100) / 100} or free the device"
             )
-    if device.kind == "cpu" and not b.env.get("VLLM_CPU_KVCACHE_SPACE", ""):
+    if device.kind == "cpu" and not b.inputs.env.get("VLLM_CPU_KVCACHE_SPACE", ""):
         # vllm/v1/worker/cpu_worker.py: without it, --gpu-memory-utilization is the share of host memory.
         warnings.append(
             "on CPU, --gpu-memory-utilization is a share of host memory; set VLLM_CPU_KVCACHE_SPACE (GiB) "
@@ -389,8 +416,8 @@ def _memory_plan(
         margin_bytes=b.margin,
         free_bytes=device.free_bytes,
         weights_source="calibration"
-        if b.calibrated and "weights_bytes" in b.calibrated.measured
-        else b.model.weight_source,
+        if b.inputs.calibrated and "weights_bytes" in b.inputs.calibrated.measured
+        else b.inputs.model.weight_source,
         graph_first_capture_bytes=choice.first,
         graph_per_size_bytes=choice.per_size,
         kv_bytes_per_token=b.kv_per_token,
@@ -410,7 +437,7 @@ def _memory_plan(
 def _hccl_buffsize(b: _Budget) -> int:
     """The MC2 communicator's HCCL_BUFFSIZE when there is one (already parsed), else the option's."""
     mc2 = [c.buffer_mb for c in b.communicators if c.group == "mc2"]
-    return mc2[0] if mc2 else hccl_buffsize(b.options, b.env)
+    return mc2[0] if mc2 else hccl_buffsize(b.inputs.options, b.inputs.env)
 
 
 def _split_words(layout: Layout) -> str:

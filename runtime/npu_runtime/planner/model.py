@@ -364,26 +364,75 @@ def _text_config(config: dict[str, Any], source: Path) -> tuple[_Fields, list[st
 def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelInfo:
     top = _Fields(config, source)
     text, notes = _text_config(config, source)
+    architectures, model_type = _architectures(config, top, text, source)
+    dims = _dimensions(text, top)
+    experts = _experts(text, source)
+    dtype = _config_dtype(text, top, notes)
+    quant = _quantization(config, directory, dims["num_layers"])
+    sliding_window, sliding_layers = _sliding_window(text, dims["num_layers"])
+    is_mla, head_dim = dims["is_mla"], dims["head_dim"]
+    info_args: dict[str, Any] = {
+        "path": str(directory),
+        "architecture": architectures[0] if architectures else model_type,
+        "model_type": model_type,
+        "is_encoder_decoder": top.flag("is_encoder_decoder", False),
+        "is_multimodal": any(k in config for k in ("vision_config", "audio_config", *_NESTED_TEXT_KEYS)),
+        "is_pooling": any(a.endswith(_POOLING_SUFFIXES) for a in architectures),
+        **dims,
+        **experts,
+        "max_position_embeddings": _derived_max_len(text, top, directory, model_type, notes),
+        "dtype": dtype,
+        "sliding_window": sliding_window,
+        "sliding_layers": sliding_layers,
+        "tie_word_embeddings": top.flag("tie_word_embeddings", text.flag("tie_word_embeddings", False)),
+        "quantization": quant.method,
+        "quant_bits": quant.linear_bits,
+        "quant_scheme": quant.scheme,
+        "expert_quant_bits": quant.expert_bits,
+        "draft_layers": text.opt_int("num_nextn_predict_layers") or 0,
+        "dense_layers": _dense_layer_count(text, dims["num_layers"]) if experts["is_moe"] else 0,
+        "qk_nope_head_dim": (text.opt_int("qk_nope_head_dim") or head_dim) if is_mla else None,
+        "v_head_dim": (text.opt_int("v_head_dim") or text.opt_int("qk_nope_head_dim") or head_dim) if is_mla else None,
+    }
+    return ModelInfo(**info_args, **_weight_fields(text, top, directory, info_args, quant, notes), notes=tuple(notes))
 
+
+def _architectures(config: dict[str, Any], top: _Fields, text: _Fields, source: Path) -> tuple[list[str], str]:
+    """(the architectures the config lists, its model_type); one of them at least."""
     architectures = config.get("architectures") or text.raw("architectures") or []
     if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
         raise ModelError(f"{source}: field 'architectures': expected a list of strings")
     model_type = top.opt_str("model_type") or text.opt_str("model_type") or ""
     if not architectures and not model_type:
         raise ModelError(f"{source}: missing field 'architectures' (and no 'model_type')")
-    architecture = architectures[0] if architectures else model_type
+    return architectures, model_type
 
+
+def _dimensions(text: _Fields, top: _Fields) -> dict[str, Any]:
+    """ModelInfo's layer, width, head and vocabulary fields, and MLA's latent cache (kv_lora_rank)."""
     num_layers = text.positive("num_hidden_layers")
     hidden = text.positive("hidden_size")
     heads = text.positive("num_attention_heads")
-    kv_heads = text.opt_int("num_key_value_heads") or heads
-    head_dim = text.opt_int("head_dim") or hidden // heads
-    vocab = text.positive("vocab_size") if text.raw("vocab_size") is not None else top.positive("vocab_size")
-
+    dims: dict[str, Any] = {
+        "num_layers": num_layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": text.opt_int("num_key_value_heads") or heads,
+        "head_dim": text.opt_int("head_dim") or hidden // heads,
+        "vocab_size": text.positive("vocab_size") if text.raw("vocab_size") is not None else top.positive("vocab_size"),
+    }
     kv_lora_rank = text.opt_int("kv_lora_rank")
     is_mla = bool(kv_lora_rank)
-    qk_rope = text.opt_int("qk_rope_head_dim") if is_mla else None
+    return {
+        **dims,
+        "is_mla": is_mla,
+        "kv_lora_rank": kv_lora_rank if is_mla else None,
+        "qk_rope_head_dim": text.opt_int("qk_rope_head_dim") if is_mla else None,
+    }
 
+
+def _experts(text: _Fields, source: Path) -> dict[str, Any]:
+    """ModelInfo's MoE fields and the MLP widths (a Mixtral's intermediate_size is its expert's)."""
     num_experts = (
         text.opt_int("n_routed_experts") or text.opt_int("num_experts") or text.opt_int("num_local_experts") or None
     )
@@ -397,56 +446,31 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
         if moe_intermediate is None:
             raise ModelError(f"{source}: missing field {text.prefix + 'intermediate_size'!r}")
         intermediate = moe_intermediate
+    return {
+        "is_moe": is_moe,
+        "intermediate_size": intermediate,
+        "num_experts": num_experts if is_moe else None,
+        "num_experts_per_tok": experts_per_tok,
+        "moe_intermediate_size": moe_intermediate,
+    }
 
+
+def _config_dtype(text: _Fields, top: _Fields, notes: list[str]) -> str:
+    """The checkpoint's dtype by its canonical name (bfloat16 when the config states none)."""
     dtype = text.opt_str("torch_dtype") or text.opt_str("dtype") or top.opt_str("torch_dtype") or top.opt_str("dtype")
     if dtype is None:
         notes.append("no torch_dtype in the config: bfloat16 assumed")
         dtype = "bfloat16"
-    dtype = canonical_dtype(dtype.removeprefix("torch."))
+    return canonical_dtype(dtype.removeprefix("torch."))
 
-    quant = _quantization(config, directory, num_layers)
-    sliding_window, sliding_layers = _sliding_window(text, num_layers)
-    encoder_decoder = top.flag("is_encoder_decoder", False)
-    multimodal = any(k in config for k in ("vision_config", "audio_config", *_NESTED_TEXT_KEYS))
-    pooling = any(a.endswith(_POOLING_SUFFIXES) for a in architectures)
 
-    info_args: dict[str, Any] = {
-        "path": str(directory),
-        "architecture": architecture,
-        "model_type": model_type,
-        "is_encoder_decoder": encoder_decoder,
-        "is_multimodal": multimodal,
-        "is_mla": is_mla,
-        "is_moe": is_moe,
-        "is_pooling": pooling,
-        "num_layers": num_layers,
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_kv_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": intermediate,
-        "vocab_size": vocab,
-        "max_position_embeddings": _derived_max_len(text, top, directory, model_type, notes),
-        "dtype": dtype,
-        "kv_lora_rank": kv_lora_rank if is_mla else None,
-        "qk_rope_head_dim": qk_rope,
-        "num_experts": num_experts if is_moe else None,
-        "num_experts_per_tok": experts_per_tok,
-        "moe_intermediate_size": moe_intermediate,
-        "sliding_window": sliding_window,
-        "sliding_layers": sliding_layers,
-        "tie_word_embeddings": top.flag("tie_word_embeddings", text.flag("tie_word_embeddings", False)),
-        "quantization": quant.method,
-        "quant_bits": quant.linear_bits,
-        "quant_scheme": quant.scheme,
-        "expert_quant_bits": quant.expert_bits,
-        "draft_layers": text.opt_int("num_nextn_predict_layers") or 0,
-        "dense_layers": _dense_layer_count(text, num_layers) if is_moe else 0,
-        "qk_nope_head_dim": (text.opt_int("qk_nope_head_dim") or head_dim) if is_mla else None,
-        "v_head_dim": (text.opt_int("v_head_dim") or text.opt_int("qk_nope_head_dim") or head_dim) if is_mla else None,
-    }
+def _weight_fields(
+    text: _Fields, top: _Fields, directory: Path, info_args: dict[str, Any], quant: _Quant, notes: list[str]
+) -> dict[str, Any]:
+    """ModelInfo's byte counts: the weights measured (safetensors) or estimated from the shape, and
+    the parts the layout places apart (experts, MTP draft layers, tensors replicated on every rank)."""
     params = _estimate_params(text, top, info_args)
-    dtype_bytes = DTYPE_BYTES.get(dtype, 2)
+    dtype_bytes = DTYPE_BYTES.get(info_args["dtype"], 2)
     # vllm-ascend's MLA keeps kv_b_proj unquantized (attention/mla_v1.py asserts an
     # UnquantizedLinearMethod); ModelSlim descriptions mark it FLOAT. Other methods quantize it.
     kv_b_bits = None if quant.method == ASCEND_QUANTIZATION else quant.linear_bits
@@ -454,7 +478,7 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
     weight_bytes, weight_source = _weight_bytes(directory, notes)
     if weight_bytes is None:
         weight_bytes, weight_source = estimated, "estimated-from-shape"
-    expert_bytes = params.expert_bytes(quant.expert_bits, DTYPE_BYTES.get(dtype, 2))
+    expert_bytes = params.expert_bytes(quant.expert_bits, dtype_bytes)
     if weight_source != "estimated-from-shape" and estimated:
         # Measured totals do not say which tensors are experts: keep the shape's proportion.
         expert_bytes = weight_bytes * expert_bytes // estimated
@@ -467,19 +491,17 @@ def _model_info(config: dict[str, Any], source: Path, directory: Path) -> ModelI
     else:
         draft_bits = (quant.linear_bits, quant.expert_bits)
     draft_kv_b_bits = None if quant.method == ASCEND_QUANTIZATION else draft_bits[0]
-    return ModelInfo(
-        **info_args,
-        weight_bytes=weight_bytes,
-        weight_source=weight_source,
-        param_count=params.total,
-        expert_weight_bytes=expert_bytes,
-        draft_weight_bytes=draft.weight_bytes(dtype_bytes, *draft_bits, draft_kv_b_bits),
-        draft_expert_weight_bytes=draft.expert_bytes(draft_bits[1], dtype_bytes),
-        replicated_weight_bytes=params.replicated_bytes(dtype_bytes, quant.linear_bits),
-        draft_replicated_weight_bytes=draft.replicated_bytes(dtype_bytes, draft_bits[0]),
-        quantized_kv_b_proj=quant.quantized_kv_b_proj,
-        notes=tuple(notes),
-    )
+    return {
+        "weight_bytes": weight_bytes,
+        "weight_source": weight_source,
+        "param_count": params.total,
+        "expert_weight_bytes": expert_bytes,
+        "draft_weight_bytes": draft.weight_bytes(dtype_bytes, *draft_bits, draft_kv_b_bits),
+        "draft_expert_weight_bytes": draft.expert_bytes(draft_bits[1], dtype_bytes),
+        "replicated_weight_bytes": params.replicated_bytes(dtype_bytes, quant.linear_bits),
+        "draft_replicated_weight_bytes": draft.replicated_bytes(dtype_bytes, draft_bits[0]),
+        "quantized_kv_b_proj": quant.quantized_kv_b_proj,
+    }
 
 
 def _derived_max_len(text: _Fields, top: _Fields, directory: Path, model_type: str, notes: list[str]) -> int:

@@ -16,15 +16,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from npu_runtime.contract import DEVICE_KINDS
+from npu_runtime.contract import DEVICE_KINDS, GraphMode
 from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.probe import DeviceInfo, device_family
 
-NONE: Final = "NONE"
-PIECEWISE: Final = "PIECEWISE"
-FULL: Final = "FULL"
-FULL_DECODE_ONLY: Final = "FULL_DECODE_ONLY"
-FULL_AND_PIECEWISE: Final = "FULL_AND_PIECEWISE"
+# The names of contract.GraphMode, as the plain strings that plans, reports and status carry.
+NONE: Final = GraphMode.NONE.value
+PIECEWISE: Final = GraphMode.PIECEWISE.value
+FULL: Final = GraphMode.FULL.value
+FULL_DECODE_ONLY: Final = GraphMode.FULL_DECODE_ONLY.value
+FULL_AND_PIECEWISE: Final = GraphMode.FULL_AND_PIECEWISE.value
 
 # CUDAGraphMode's structure (vllm/config/compilation.py): what decode batches and mixed batches run as.
 _DECODE: Final = {

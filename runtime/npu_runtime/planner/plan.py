@@ -33,7 +33,7 @@ from typing import Any
 
 from npu_runtime.contract import DEVICE_KINDS, GRAPH_CAPTURE_OOM, GRAPH_MODES, PlanError, PlanOptions
 from npu_runtime.planner import calibration, modes, sizes
-from npu_runtime.planner.fit import DoesNotFitError, MemoryPlan, fit_budget, make_budget
+from npu_runtime.planner.fit import BudgetInputs, DoesNotFitError, Fit, MemoryPlan, fit_budget, make_budget
 from npu_runtime.planner.graphs import DEFAULT_STREAM_BUDGET, DEVICE_STREAMS, StreamPlan
 from npu_runtime.planner.layout import Layout, NodeShare, make_layout, node_engine_args
 from npu_runtime.planner.model import (
@@ -186,22 +186,8 @@ def make_plan(
     max_model_len = _max_model_len(options, model, env, warnings)
     layout = make_layout(options, device, model, warnings)
     quantization = _quantization(options, model, warnings)
-
-    requested = options.graph_mode
-    predicted, downgrades_list, mode_warnings = modes.resolve_mode(
-        requested, device=device, model=model, enforce_eager=options.enforce_eager
-    )
-    warnings += mode_warnings
-    downgrades = list(downgrades_list)
-    if resolve_mode:
-        mode = predicted
-    else:
-        mode = requested
-        warnings += [f"the engine is expected to downgrade {d.message} ({d.reason})" for d in downgrades]
-        downgrades = []
-
-    q = 1 + options.speculative_tokens
-    ceiling, candidates = _candidate_sizes(options, mode, q, warnings)
+    mode, downgrades = _graph_mode(options, device, model, resolve_mode, warnings)
+    ceiling, candidates = _candidate_sizes(options, mode, 1 + options.speculative_tokens, warnings)
     batched_tokens = _batched_tokens(options, ceiling)
     key = calibration.plan_key(
         config_digest=identity[0] or "",
@@ -211,42 +197,9 @@ def make_plan(
         engine=identity[1] or "",
     )
     calibrated = _calibrated(calibration_record, key, warnings)
-    calibration_report: dict[str, Any] = {
-        "key": key,
-        "record": "none" if calibration_record is None else "applied" if calibrated else "other-key",
-        "margin": calibration.MARGIN,
-        "measured_used": sorted(calibrated.measured) if calibrated else [],
-        "capped_below": None,
-    }
-    if calibrated and calibrated.failed_size is not None and mode != modes.NONE:
-        below = tuple(size for size in candidates if size < calibrated.failed_size)
-        cause = "out of memory" if calibrated.failed_class == GRAPH_CAPTURE_OOM else "out of streams"
-        if not below and not resolve_mode:
-            # Without resolve_mode the mode is the engine's (fit._choose_graphs never changes it):
-            # keep the mode and the largest size, as _choose_sizes does when none fits, and say so.
-            candidates = sizes.thin(candidates, 1)
-            warnings.append(
-                f"an earlier engine ran {cause} ({calibrated.failed_class}) capturing size "
-                f"{calibrated.failed_size} and no capture size is below it: the mode is the engine's, "
-                "so the largest size is kept; expect the engine to fail at capture or to run eagerly"
-            )
-        else:
-            calibration_report["capped_below"] = calibrated.failed_size
-            target = mode if below else modes.NONE
-            downgrades.append(
-                Downgrade(
-                    mode,
-                    target,
-                    "CaptureFailedBefore",
-                    f"an earlier engine ran {cause} ({calibrated.failed_class}) capturing size "
-                    f"{calibrated.failed_size}: capture sizes capped below it"
-                    + ("" if below else f"; none is left, {mode} -> {modes.NONE}"),
-                )
-            )
-            candidates, mode = below, target
-
-    fit_warnings: list[str] = []
-    budget = make_budget(
+    candidates, mode, capped = _cap_below_failed_capture(calibrated, candidates, mode, resolve_mode, warnings)
+    downgrades += [capped] if capped else []
+    inputs = BudgetInputs(
         options=options,
         device=device,
         model=model,
@@ -258,31 +211,101 @@ def make_plan(
         batched_tokens=batched_tokens,
         resolve_mode=resolve_mode,
         layout=layout,
-        warnings=fit_warnings,
         calibrated=calibrated,
     )
-    fit = fit_budget(budget, mode, fit_warnings)
-    warnings += fit.warnings
-    downgrades += fit.downgrades
-    mode = fit.mode
+    fit_warnings: list[str] = []
+    fit = fit_budget(make_budget(inputs, fit_warnings), mode, fit_warnings)
+    report = _calibration_report(key, calibration_record, calibrated, capped)
+    return _plan(inputs, fit, downgrades + list(fit.downgrades), warnings + list(fit.warnings), quantization, report)
 
-    eager: tuple[int, int] | None = None
-    if modes.decode_mode_is_graph(mode):
-        missed = sizes.uncovered(fit.sizes, options.max_num_seqs, q)
-        if missed:
-            eager = (missed.start, missed.stop - 1)
-            warnings.append(
-                f"decode batches of {eager[0]}..{eager[1]} requests are above the largest captured size "
-                f"{max(fit.sizes)} and run eagerly"
-            )
 
-    vllm_args = _vllm_args(options, mode, fit.sizes, fit.memory, dtype, max_model_len, batched_tokens, layout)
+def _graph_mode(
+    options: PlanOptions, device: DeviceInfo, model: ModelInfo, resolve_mode: bool, warnings: list[str]
+) -> tuple[str, list[Downgrade]]:
+    """(the mode to plan for, the downgrades the rules predict): the rules' mode, or with
+    resolve_mode=False the requested one, the predicted downgrades then being warnings."""
+    requested = options.graph_mode
+    predicted, downgrades, mode_warnings = modes.resolve_mode(
+        requested, device=device, model=model, enforce_eager=options.enforce_eager
+    )
+    warnings += mode_warnings
+    if resolve_mode:
+        return predicted, list(downgrades)
+    warnings += [f"the engine is expected to downgrade {d.message} ({d.reason})" for d in downgrades]
+    return requested, []
+
+
+def _cap_below_failed_capture(
+    calibrated: calibration.Calibration | None,
+    candidates: tuple[int, ...],
+    mode: str,
+    resolve_mode: bool,
+    warnings: list[str],
+) -> tuple[tuple[int, ...], str, Downgrade | None]:
+    """(candidates, mode, the downgrade when capped): the sizes below the one an earlier engine
+    failed to capture, NONE when none is left; unchanged when the record has no failure."""
+    if not calibrated or calibrated.failed_size is None or mode == modes.NONE:
+        return candidates, mode, None
+    below = tuple(size for size in candidates if size < calibrated.failed_size)
+    cause = "out of memory" if calibrated.failed_class == GRAPH_CAPTURE_OOM else "out of streams"
+    if not below and not resolve_mode:
+        # Without resolve_mode the mode is the engine's (fit._choose_graphs never changes it):
+        # keep the mode and the largest size, as _choose_sizes does when none fits, and say so.
+        warnings.append(
+            f"an earlier engine ran {cause} ({calibrated.failed_class}) capturing size "
+            f"{calibrated.failed_size} and no capture size is below it: the mode is the engine's, "
+            "so the largest size is kept; expect the engine to fail at capture or to run eagerly"
+        )
+        return sizes.thin(candidates, 1), mode, None
+    target = mode if below else modes.NONE
+    downgrade = Downgrade(
+        mode,
+        target,
+        "CaptureFailedBefore",
+        f"an earlier engine ran {cause} ({calibrated.failed_class}) capturing size "
+        f"{calibrated.failed_size}: capture sizes capped below it"
+        + ("" if below else f"; none is left, {mode} -> {modes.NONE}"),
+    )
+    return below, target, downgrade
+
+
+def _calibration_report(
+    key: dict[str, str | None],
+    record: calibration.Calibration | None,
+    calibrated: calibration.Calibration | None,
+    capped: Downgrade | None,
+) -> dict[str, Any]:
+    """The plan's `calibration` section: its key, whether a record applied, which figures it used."""
+    return {
+        "key": key,
+        "record": "none" if record is None else "applied" if calibrated else "other-key",
+        "margin": calibration.MARGIN,
+        "measured_used": sorted(calibrated.measured) if calibrated else [],
+        "capped_below": calibrated.failed_size if calibrated and capped else None,
+    }
+
+
+def _plan(
+    inputs: BudgetInputs,
+    fit: Fit,
+    downgrades: list[Downgrade],
+    warnings: list[str],
+    quantization: str | None,
+    calibration_report: dict[str, Any],
+) -> Plan:
+    """The Plan of a fitted budget: the decode batches left eager, the engine's arguments."""
+    options, mode = inputs.options, fit.mode
+    q = 1 + options.speculative_tokens
+    eager = _eager_decode_batches(mode, fit.sizes, options.max_num_seqs, q, warnings)
+    vllm_args = _vllm_args(
+        options, mode, fit.sizes, fit.memory, inputs.dtype, inputs.max_model_len, inputs.batched_tokens, inputs.layout
+    )
     if quantization is not None and (options.quantization or quantization == ASCEND_QUANTIZATION):
         # vLLM reads a config's quantization_config itself; ModelSlim checkpoints are named, as
         # vllm-ascend's tutorials do (--quantization ascend).
         vllm_args += ("--quantization", quantization)
     return Plan(
-        requested_mode=requested,
+        requested_mode=options.graph_mode,
         effective_mode=mode,
         capture_sizes=fit.sizes,
         downgrades=tuple(downgrades),
@@ -290,23 +313,40 @@ def make_plan(
         streams=fit.streams,
         vllm_args=vllm_args,
         warnings=tuple(warnings),
-        device=device,
-        model=model,
-        mode_resolved_by="plan" if resolve_mode else "engine",
+        device=inputs.device,
+        model=inputs.model,
+        mode_resolved_by="plan" if inputs.resolve_mode else "engine",
         max_num_seqs=options.max_num_seqs,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=batched_tokens,
+        max_model_len=inputs.max_model_len,
+        max_num_batched_tokens=inputs.batched_tokens,
         decode_query_len=q,
         max_capture_size=max(fit.sizes, default=0),
         eager_decode_batches=eager,
-        dtype=dtype,
+        dtype=inputs.dtype,
         tensor_parallel=options.tensor_parallel,
         pipeline_parallel=options.pipeline_parallel,
         data_parallel=options.data_parallel,
-        layout=layout,
+        layout=inputs.layout,
         quantization=quantization,
         calibration=calibration_report,
     )
+
+
+def _eager_decode_batches(
+    mode: str, chosen: tuple[int, ...], max_num_seqs: int, q: int, warnings: list[str]
+) -> tuple[int, int] | None:
+    """Decode batches (first, last, in requests) above the largest captured size, though graphs are on."""
+    if not modes.decode_mode_is_graph(mode):
+        return None
+    missed = sizes.uncovered(chosen, max_num_seqs, q)
+    if not missed:
+        return None
+    eager = (missed.start, missed.stop - 1)
+    warnings.append(
+        f"decode batches of {eager[0]}..{eager[1]} requests are above the largest captured size "
+        f"{max(chosen)} and run eagerly"
+    )
+    return eager
 
 
 def _calibrated(
@@ -326,6 +366,14 @@ def _validate(
     options: PlanOptions, device: DeviceInfo, model: ModelInfo, family: str, dtype: str, env: dict[str, str]
 ) -> None:
     """Raise PlanError for invalid input; `dtype` is the resolved one (`_dtype`)."""
+    _validate_values(options, device)
+    _validate_parallelism(options, device)
+    _validate_model_split(options, model)
+    _validate_engine_support(options, device, model, family, dtype, env)
+
+
+def _validate_values(options: PlanOptions, device: DeviceInfo) -> None:
+    """Each option's own range: known names, positive counts, speculative tokens with their method."""
     if options.graph_mode not in GRAPH_MODES:
         raise PlanError("graph_mode", f"{options.graph_mode!r} is not one of {', '.join(GRAPH_MODES)}")
     if device.kind not in DEVICE_KINDS:
@@ -349,6 +397,10 @@ def _validate(
         raise PlanError("speculative_tokens", f"speculative method {options.speculative_method!r} needs a token count")
     if device.total_bytes < 1:
         raise PlanError("device_memory", f"must be positive, got {device.total_bytes}")
+
+
+def _validate_parallelism(options: PlanOptions, device: DeviceInfo) -> None:
+    """TP x PP x DP against the devices: whole DP ranks per node, no more devices than are visible."""
     world = options.tensor_parallel * options.pipeline_parallel * options.data_parallel
     if options.nodes > 1:
         # vLLM's multi-node data parallel launcher (--data-parallel-size-local, --headless): every
@@ -372,6 +424,10 @@ def _validate(
             f"{options.data_parallel} = {world} devices, but {device.count} are visible"
             + (f" on each of {options.nodes} nodes" if options.nodes > 1 else ""),
         )
+
+
+def _validate_model_split(options: PlanOptions, model: ModelInfo) -> None:
+    """The model against the layout: heads over TP, layers over PP, MLA's kv_b_proj unquantized."""
     # vllm/config/parallel.py / model.py verify_with_parallel_config: heads must split evenly.
     if model.num_attention_heads % options.tensor_parallel:
         raise PlanError(
@@ -389,6 +445,13 @@ def _validate(
             f"{MODELSLIM_DESCRIPTION} quantizes {model.quantized_kv_b_proj}; vllm-ascend's MLA attention needs "
             "kv_b_proj unquantized (FLOAT): fix the description or requantize without it",
         )
+
+
+def _validate_engine_support(
+    options: PlanOptions, device: DeviceInfo, model: ModelInfo, family: str, dtype: str, env: dict[str, str]
+) -> None:
+    """What the engine refuses: HCCL buffer and redundant experts out of range, 310P's limits, ACL graphs
+    under ASCEND_LAUNCH_BLOCKING."""
     for field in ("hccl_buffsize", "redundant_experts"):
         value = getattr(options, field)
         if value is not None and value < (1 if field == "hccl_buffsize" else 0):

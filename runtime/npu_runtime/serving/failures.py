@@ -17,7 +17,7 @@ carries the same reason. Reason codes are a contract with the operator:
 
 `FailureScanner` watches the engine's output as it streams by (last matching line per rule,
 plus a tail of recent lines) and classifies at exit. Patterns come from real error text (see
-tests/runtime/data/errors). Pure: no I/O but `write_termination_message`.
+tests/runtime/serving/data/errors). Pure: no I/O but `write_termination_message`.
 """
 
 from __future__ import annotations

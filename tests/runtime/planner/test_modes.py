@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from npu_runtime.contract import GRAPH_MODES
+from npu_runtime.contract import GRAPH_MODES, GRAPH_MODES_WEAKEST_FIRST, GraphMode, graph_mode_rank
 from npu_runtime.planner import modes
 from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.modes import RULES, Downgrade, resolve_mode
 from npu_runtime.planner.probe import DeviceInfo
 
-from .conftest import DEVICES
+from tests.runtime.conftest import DEVICES
 
 NPU = DEVICES["910B3-64GiB"]
 GPU = DEVICES["GPU-141GiB"]
@@ -33,6 +33,18 @@ def test_the_mode_tables_know_every_graph_mode() -> None:
     # The CLI's choices (contract.GRAPH_MODES) and the tables' keys must be the same names.
     assert set(modes._DECODE) == set(modes._MIXED) == set(GRAPH_MODES)
     assert set(modes._WITHOUT_PIECEWISE) | set(modes._WITHOUT_PIECEWISE.values()) <= set(GRAPH_MODES)
+
+
+def test_one_mode_type_ranks_the_modes_weakest_first() -> None:
+    # The status's effective mode is the worst rank's: the order is the one definition in contract.GraphMode.
+    assert GRAPH_MODES_WEAKEST_FIRST == ("NONE", "PIECEWISE", "FULL_DECODE_ONLY", "FULL", "FULL_AND_PIECEWISE")
+    assert set(GRAPH_MODES_WEAKEST_FIRST) == set(GRAPH_MODES) == {mode.value for mode in GraphMode}
+    assert [graph_mode_rank(m) for m in GRAPH_MODES_WEAKEST_FIRST] == [0, 1, 2, 3, 4]
+    assert graph_mode_rank("EAGER") == graph_mode_rank(None) == -1
+    assert (modes.NONE, modes.PIECEWISE, modes.FULL_DECODE_ONLY, modes.FULL, modes.FULL_AND_PIECEWISE) == (
+        GRAPH_MODES_WEAKEST_FIRST
+    )
+    assert all(type(m) is str for m in (modes.NONE, *GRAPH_MODES, *GRAPH_MODES_WEAKEST_FIRST))  # plain in JSON/YAML
 
 
 def test_decode_graphs_and_dropping_piecewise_follow_cudagraphmode() -> None:

@@ -1,4 +1,4 @@
-"""The failure-cause parser on real engine output (tests/runtime/data/errors), and the one-line format."""
+"""The failure-cause parser on real engine output (tests/runtime/serving/data/errors), and the one-line format."""
 
 from __future__ import annotations
 

@@ -234,7 +234,7 @@ def test_serve_hands_the_plan_to_the_status_as_plain_data() -> None:
     from npu_runtime.planner.plan import make_plan
     from npu_runtime.serving.serve import describe_plan, plan_view
 
-    from .conftest import DEVICES, load_model
+    from tests.runtime.conftest import DEVICES, load_model
 
     plan = make_plan(PlanOptions(), DEVICES["CPU-64GiB"], load_model("llama-3.1-8b"), environ={})
     view = plan_view(plan)
@@ -255,7 +255,7 @@ def test_status_says_which_node_and_data_parallel_ranks_the_pod_runs() -> None:
     from npu_runtime.planner.plan import make_plan
     from npu_runtime.serving.serve import plan_view
 
-    from .conftest import DEVICES, load_model
+    from tests.runtime.conftest import DEVICES, load_model
 
     options = PlanOptions(nodes=2, data_parallel=2, graph_mode="NONE")
     plan = make_plan(options, DEVICES["CPU-64GiB"], load_model("llama-3.1-8b"), environ={})

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from npu_runtime.planner.model import ModelError, ModelInfo, inspect_model, safetensors_data_bytes
 
-from .conftest import FIXTURES
+from tests.runtime.conftest import FIXTURES
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]], metadata: bool = True) -> int:

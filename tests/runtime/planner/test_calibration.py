@@ -19,7 +19,7 @@ from npu_runtime.planner import calibration
 from npu_runtime.planner.plan import make_plan, plan_for
 from npu_runtime.serving.measured import calibration_section
 
-from .conftest import FIXTURES, load_model
+from tests.runtime.conftest import FIXTURES, load_model
 
 GIB = 1 << 30
 R1 = FIXTURES / "deepseek-r1-w8a8"

@@ -20,7 +20,7 @@ from npu_runtime.planner.model import inspect_model
 from npu_runtime.planner.plan import Plan, make_plan
 from npu_runtime.planner.probe import DeviceError, DeviceInfo, device_from_options
 
-from .conftest import FIXTURES, GIB, R1_RECIPE, load_model
+from tests.runtime.conftest import FIXTURES, GIB, R1_RECIPE, load_model
 
 A3 = DeviceInfo("npu", "Ascend910_9392", 16, round(61.27 * GIB), None, "device-table")
 A2 = DeviceInfo("npu", "Ascend910B3", 8, round(60.96 * GIB), None, "device-table")

@@ -8,7 +8,7 @@ from pathlib import Path
 from npu_runtime import reports
 from npu_runtime.observer.recorder import RECENT_SAMPLES, EventTimer, Recorder, ReplayStats, percentile, percentiles
 
-from tests.runtime.observer_fakes import FakeDevice
+from tests.runtime.observer.fakes import FakeDevice
 
 
 def test_timer_reads_only_completed_events_in_order() -> None:

@@ -17,7 +17,7 @@ import pytest
 from npu_runtime.observer import targets, vllm_hooks
 from npu_runtime.observer.targets import Param, Target
 
-from tests.runtime.observer_fakes import (
+from tests.runtime.observer.fakes import (
     Descriptor,
     FakeDevice,
     FakeGraphWrapper,

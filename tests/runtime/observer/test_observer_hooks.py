@@ -20,7 +20,7 @@ from npu_runtime.observer import targets, vllm_hooks
 from npu_runtime.observer.hooks import Hook, around, when_imported, wrap_method
 from npu_runtime.observer.recorder import Recorder
 
-from tests.runtime.observer_fakes import (
+from tests.runtime.observer.fakes import (
     Descriptor,
     FakeDevice,
     FakeGraphWrapper,

@@ -13,7 +13,7 @@ from npu_runtime.contract import PlanOptions
 from npu_runtime.planner.plan import DoesNotFitError, PlanError, make_plan, node_engine_args
 from npu_runtime.planner.probe import DeviceInfo
 
-from .conftest import FIXTURES, GIB, load_model
+from tests.runtime.conftest import FIXTURES, GIB, load_model
 
 A3 = DeviceInfo("npu", "Ascend910_9392", 16, 64 * GIB, None, "override")
 A2 = DeviceInfo("npu", "Ascend910B3", 8, 64 * GIB, None, "override")

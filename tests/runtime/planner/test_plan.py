@@ -18,7 +18,7 @@ from npu_runtime.planner.probe import DeviceInfo, probe_device
 from npu_runtime.serving import failures
 from npu_runtime.serving.serve import ServeError, make_serve_plan
 
-from .conftest import DEVICES, FIXTURES, GIB, POD_ENV
+from tests.runtime.conftest import DEVICES, FIXTURES, GIB, POD_ENV
 
 NPU = DEVICES["910B3-64GiB"]
 GPU = DEVICES["GPU-141GiB"]
