@@ -9,7 +9,8 @@ and downgrades no pod reports any more age out.
 A multi-node replica (a LeaderWorkerSet group) adds a per-rank view: every pod is a rank (group
 index, node index), `status.graph.ranks` lists the worst MAX_RANKS_LISTED of them with their mode,
 downgrade, capture sizes and memory, `rankModes` says which ranks run which mode for all of them,
-and the resource's effective mode is the worst rank's (`mode_rank`). Only current reports count:
+and the resource's effective mode is the worst rank's (`npu_runtime.contract.graph_mode_rank`: one
+mode type for the planner and the status; a mode it does not know counts as worst). Only current reports count:
 a report read before its pod's last transition is stale and shown as such, and pods that are
 gone (a group recreated) drop out of the view. A disaggregated resource's graph holds one such
 fold per role under `roles` (`role_graphs`).
@@ -22,6 +23,8 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
+
+from npu_runtime.contract import graph_mode_rank
 
 from npu_operator.api.roles import ROLES
 from npu_operator.status.findings import PodReport
@@ -54,22 +57,9 @@ MAX_DOWNGRADES_RANKED: Final = 8
 MAX_RANKS_TEXT: Final = 256  # characters of one rankModes value ("0-62:* 63:0,2-3")
 
 
-# Graph modes from worst to best: how much of the decode step runs as a captured graph. NONE runs
-# every step eagerly; PIECEWISE replays the pieces between attention layers; FULL_DECODE_ONLY
-# replays the whole decode step (prefill eager); FULL also mixed batches; FULL_AND_PIECEWISE adds
-# piecewise graphs for what FULL cannot capture. A mode this list does not know counts as worst:
-# nothing can be promised about it. The resource's effective mode is its worst rank's.
-MODE_ORDER: Final = ("NONE", "PIECEWISE", "FULL_DECODE_ONLY", "FULL", "FULL_AND_PIECEWISE")
-
-
-def mode_rank(mode: str | None) -> int:
-    """The place of `mode` in MODE_ORDER (higher is better); -1 for an unknown or missing mode."""
-    return MODE_ORDER.index(mode) if mode in MODE_ORDER else -1
-
-
 def worst_mode(modes: Iterable[str]) -> str:
     """The worst of `modes` (ties by name, so that two runs on the same reports agree)."""
-    return min(modes, key=lambda mode: (mode_rank(mode), mode))
+    return min(modes, key=lambda mode: (graph_mode_rank(mode), mode))
 
 
 def graph_status(
@@ -133,7 +123,7 @@ def rank_view(reports: Sequence[PodReport], nodes: int) -> JSON:
     for entry in entries:
         if "mode" in entry:
             by_mode.setdefault(entry["mode"], []).append((entry["group"], entry["node"]))
-    worst_modes = sorted(by_mode, key=lambda mode: (mode_rank(mode), mode))[:MAX_MODES]
+    worst_modes = sorted(by_mode, key=lambda mode: (graph_mode_rank(mode), mode))[:MAX_MODES]
     view: JSON = {"rankCount": len(entries), "ranks": entries[:MAX_RANKS_LISTED]}
     if by_mode:
         view["rankModes"] = {mode: compact_ranks(by_mode[mode], nodes) for mode in sorted(worst_modes)}
@@ -159,7 +149,7 @@ def _rank_entry(pod: PodReport) -> JSON:
     if report.state:
         entry["state"] = report.state
     if report.downgrades:
-        worst = min(report.downgrades, key=lambda d: (mode_rank(d.to_mode), d.key))
+        worst = min(report.downgrades, key=lambda d: (graph_mode_rank(d.to_mode), d.key))
         entry["downgrade"] = worst.reason  # from and to modes, message: in status.graph.downgrades
     if report.failure is not None:
         entry["failure"] = report.failure.reason
@@ -176,7 +166,7 @@ def _badness(entry: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
     return (
         0 if "failure" in entry else 1,
         0 if "reading" in entry else 1,
-        mode_rank(entry.get("mode")),
+        graph_mode_rank(entry.get("mode")),
         entry["group"],
         entry["node"],
     )

@@ -27,7 +27,7 @@ from npu_runtime.planner.probe import DeviceInfo
 
 from tests.examples import example
 from tests.operator import traffic_schemas
-from tests.runtime.test_plan_properties import PROPERTY_SETTINGS, cases, try_plan
+from tests.runtime.planner.test_plan_properties import PROPERTY_SETTINGS, cases, try_plan
 
 CONFIG = OperatorConfig()
 KUBERNETES_VERSION = "1.37.0"

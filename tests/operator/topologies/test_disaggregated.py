@@ -44,7 +44,7 @@ from tests.examples import example
 from tests.operator import ds_schema
 from tests.operator.api import test_policy as test_security
 from tests.runtime.conftest import POD_ENV, load_model
-from tests.runtime.test_golden import A3_NODE
+from tests.runtime.planner.test_golden import A3_NODE
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "pd-plans.json"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
