@@ -153,6 +153,28 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
     """The picker's ServiceAccount, Role, RoleBinding, ConfigMap, Deployment and Service, in apply order."""
     name = pool.picker
     account: JSON = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(pool, name)}
+    config: JSON = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(pool, name),
+        "data": {PICKER_CONFIG_FILE: yaml.safe_dump(picker_config(pool.max_concurrency), sort_keys=False)},
+    }
+    return [
+        account,
+        *_picker_rbac(pool),
+        config,
+        _picker_deployment(pool, image),
+        _picker_service(pool),
+    ]
+
+
+def _picker_selector(pool: Pool) -> dict[str, str]:
+    return {"app.kubernetes.io/name": PICKER_APP, PICKER_LABEL: pool.name}
+
+
+def _picker_rbac(pool: Pool) -> list[JSON]:
+    """The picker's Role and RoleBinding: read-only, in the resource's namespace."""
+    name = pool.picker
     role: JSON = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -176,15 +198,12 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": pool.namespace}],
     }
-    config: JSON = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(pool, name),
-        "data": {PICKER_CONFIG_FILE: yaml.safe_dump(picker_config(pool.max_concurrency), sort_keys=False)},
-    }
-    selector = {"app.kubernetes.io/name": PICKER_APP, PICKER_LABEL: pool.name}
+    return [role, binding]
+
+
+def _picker_container(pool: Pool, image: str) -> JSON:
     grpc_probe: JSON = {"grpc": {"port": PICKER_HEALTH_PORT, "service": "inference-extension"}}
-    container: JSON = {
+    return {
         "name": PICKER_CONTAINER,
         "image": image,
         "args": picker_args(pool),
@@ -207,7 +226,12 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    deployment: JSON = {
+
+
+def _picker_deployment(pool: Pool, image: str) -> JSON:
+    name = pool.picker
+    selector = _picker_selector(pool)
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _metadata(pool, name),
@@ -224,19 +248,22 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
                     "terminationGracePeriodSeconds": PICKER_GRACE_SECONDS,
                     "enableServiceLinks": False,
                     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container],
+                    "containers": [_picker_container(pool, image)],
                     "volumes": [{"name": "config", "configMap": {"name": name}}],
                 },
             },
         },
     }
-    service: JSON = {
+
+
+def _picker_service(pool: Pool) -> JSON:
+    return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(pool, name),
+        "metadata": _metadata(pool, pool.picker),
         "spec": {
             "type": "ClusterIP",
-            "selector": dict(selector),
+            "selector": _picker_selector(pool),
             "ports": [
                 {
                     "name": "grpc",
@@ -249,7 +276,6 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
             ],
         },
     }
-    return [account, role, binding, config, deployment, service]
 
 
 def build_http_route(pool: Pool, gateway: GatewayRef) -> JSON:

@@ -169,66 +169,67 @@ def assess(spec: NPUInferenceSpec, observed: Observed) -> list[Condition]:
             Condition(PROGRESSING, True, "Creating", creating),
             Condition(DEGRADED, False, "AsExpected", ""),
         ]
-    desired = spec.replicas
-    total, updated, ready = replica_counts(workload)
-    observed_generation = int(workload.get("status", {}).get("observedGeneration", 0))
-    current = observed_generation >= int(workload.get("metadata", {}).get("generation", 0))
-    notes = "; ".join(observed.notes)
+    degraded = _degraded(spec, observed, workload)
+    ready, rolling = _ready(spec, observed, workload)
+    return [ready, _progressing(spec, observed, workload, rolling, degraded), degraded]
 
-    degraded = Condition(DEGRADED, False, "AsExpected", notes)
+
+def _degraded(spec: NPUInferenceSpec, observed: Observed, workload: Mapping[str, Any]) -> Condition:
+    """Degraded: the worst pod finding, then the workload's own failures, then a downgrade the spec refuses."""
     progress = objects.condition(workload, "Progressing")
     failure = objects.condition(workload, "ReplicaFailure")
     worst = observed.findings.worst
     effective = observed.graph.get("effectiveMode")
     if worst is not None:
-        degraded = Condition(DEGRADED, True, worst.reason, worst.message)
-    elif progress.get("status") == "False" and progress.get("reason") == "ProgressDeadlineExceeded":
-        degraded = Condition(DEGRADED, True, "ProgressDeadlineExceeded", progress.get("message", ""))
-    elif failure.get("status") == "True":
-        degraded = Condition(DEGRADED, True, "ReplicaFailure", failure.get("message", ""))
-    elif spec.graph.on_downgrade == "Degrade" and effective and effective != spec.graph.mode:
+        return Condition(DEGRADED, True, worst.reason, worst.message)
+    if progress.get("status") == "False" and progress.get("reason") == "ProgressDeadlineExceeded":
+        return Condition(DEGRADED, True, "ProgressDeadlineExceeded", progress.get("message", ""))
+    if failure.get("status") == "True":
+        return Condition(DEGRADED, True, "ReplicaFailure", failure.get("message", ""))
+    if spec.graph.on_downgrade == "Degrade" and effective and effective != spec.graph.mode:
         message = f"the engines run {effective}, not the requested {spec.graph.mode} (spec.graph.onDowngrade: Degrade)"
-        degraded = Condition(DEGRADED, True, GRAPH_MODE_DOWNGRADED, message)
+        return Condition(DEGRADED, True, GRAPH_MODE_DOWNGRADED, message)
+    return Condition(DEGRADED, False, "AsExpected", "; ".join(observed.notes))
 
+
+def _ready(spec: NPUInferenceSpec, observed: Observed, workload: Mapping[str, Any]) -> tuple[Condition, bool]:
+    """Ready, and whether a rollout is still under way (every replica updated, ready and current)."""
+    desired = spec.replicas
+    total, updated, ready = replica_counts(workload)
+    observed_generation = int(workload.get("status", {}).get("observedGeneration", 0))
+    current = observed_generation >= int(workload.get("metadata", {}).get("generation", 0))
     groups = observed.groups
+    done = current and updated == desired and ready >= desired and total == desired
     if desired == 0:
-        ready_condition = Condition(READY, True, "ScaledToZero", "0 replicas requested")
-        rolling = total > 0
-    elif groups.restarting:
+        return Condition(READY, True, "ScaledToZero", "0 replicas requested"), total > 0
+    if groups.restarting:
         # Ready means every rank of every group serves; the LeaderWorkerSet's counters lag behind.
-        ready_condition = Condition(READY, False, GROUP_RESTARTING, groups.restarting_message)
-        rolling = True
-    elif current and updated == desired and ready >= desired and total == desired and groups.not_serving:
-        ready_condition = Condition(READY, False, RANKS_NOT_SERVING, groups.not_serving_message)
-        rolling = True
-    else:
-        done = current and updated == desired and ready >= desired and total == desired
-        ready_condition = (
-            Condition(
-                READY,
-                True,
-                "Serving",
-                f"{ready}/{desired} replicas serving" + (f"; {notes}" if notes else ""),
-            )
-            if done
-            else Condition(
-                READY,
-                False,
-                "Starting" if ready == 0 else "PartiallyReady",
-                f"{ready}/{desired} replicas ready",
-            )
-        )
-        rolling = not done
+        return Condition(READY, False, GROUP_RESTARTING, groups.restarting_message), True
+    if done and groups.not_serving:
+        return Condition(READY, False, RANKS_NOT_SERVING, groups.not_serving_message), True
+    if done:
+        notes = "; ".join(observed.notes)
+        return Condition(
+            READY, True, "Serving", f"{ready}/{desired} replicas serving" + (f"; {notes}" if notes else "")
+        ), False
+    return Condition(
+        READY, False, "Starting" if ready == 0 else "PartiallyReady", f"{ready}/{desired} replicas ready"
+    ), True
+
+
+def _progressing(
+    spec: NPUInferenceSpec, observed: Observed, workload: Mapping[str, Any], rolling: bool, degraded: Condition
+) -> Condition:
+    """Progressing while a rollout is under way and nothing is degraded (the rollout's figures in the message)."""
+    if not rolling or degraded.status:
+        return Condition(PROGRESSING, False, "RolloutComplete" if not rolling else degraded.reason, "")
+    _, updated, ready = replica_counts(workload)
+    groups = observed.groups
     phases = ", ".join(f"{count} {phase}" for phase, count in observed.findings.starting.items())
-    rollout = f"{updated}/{desired} replicas updated, {ready} ready" + (f"; starting: {phases}" if phases else "")
+    rollout = f"{updated}/{spec.replicas} replicas updated, {ready} ready" + (f"; starting: {phases}" if phases else "")
     if groups.restarting:
         rollout = f"{groups.restarting_message}; {rollout}"
-    progressing = (
-        Condition(PROGRESSING, True, GROUP_RESTARTING if groups.restarting else "RollingOut", rollout)
-        if rolling and not degraded.status
-        else Condition(PROGRESSING, False, "RolloutComplete" if not rolling else degraded.reason, "")
-    )
-    return [ready_condition, progressing, degraded]
+    return Condition(PROGRESSING, True, GROUP_RESTARTING if groups.restarting else "RollingOut", rollout)
 
 
 def summarize(conditions: Sequence[Condition], *, created: bool) -> tuple[str, str]:
