@@ -137,6 +137,8 @@ def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
     problems += _engine_problems("spec.engine", engine.extra_args, engine.env, engine.additional_config)
     if spec.disaggregation is not None:
         problems += _disaggregation_problems(spec)
+    if spec.autoscaling is not None and not spec.pod_monitor.enabled:
+        problems.append(SpecError("spec.metrics.podMonitor.enabled", AUTOSCALING_NEEDS_POD_MONITOR))
     if spec.model.hub is not None and spec.model.cache is None:
         problems.append(SpecError("spec.model.cache", "a huggingFace or modelScope source needs a cache volume"))
     if not _absolute_clean(spec.model.path):
@@ -151,6 +153,13 @@ def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
     problems += _hub_problems(spec.model.hub)
     return problems
 
+
+# The ScaledObject's queries select series by `inference_npu_dev_name`, a label only the resource's own
+# PodMonitor gives them (podTargetLabels): without it KEDA reads nothing, i.e. 0, and never scales up.
+AUTOSCALING_NEEDS_POD_MONITOR: Final = (
+    "must be true with spec.autoscaling: its queries read the series that the resource's PodMonitor labels "
+    "with inference_npu_dev_name (without it KEDA reads no load and never scales up)"
+)
 
 # vllm-ascend's additional config is small (a few options); one argument of the engine's command line.
 ADDITIONAL_CONFIG_MAX_BYTES: Final = 16384

@@ -17,8 +17,10 @@ from npu_operator.kube.names import (
     HTTP_PORT,
     LWS_API_VERSION,
     LWS_KIND,
+    LWS_SUBDOMAIN_POLICY,
     METRICS_PORT,
     NAME_LABEL,
+    api_server_pods_only,
     labels,
     rank_relabelings,
     selector_labels,
@@ -56,6 +58,18 @@ def build_leader_worker_set(name: str, namespace: str, spec: NPUInferenceSpec, c
     The workers are created with the leader (startupPolicy LeaderCreated: the leader only becomes
     ready once they have joined), and a group is recreated whole when one pod restarts, since the
     engine's data-parallel group cannot take a member back.
+
+    Each group gets its own headless Service (subdomainPolicy UniquePerReplica): LeaderWorkerSet
+    v0.10.0 then names it after the group's leader pod, `<name>-<group>`, selecting the group's
+    pods (pkg/controllers/pod_controller.go, Reconcile -> CreateHeadlessServiceIfNotExists with
+    pod.Name), sets the leader's subdomain to it (pkg/webhooks/pod_webhook.go, Default) and the
+    workers' StatefulSet serviceName (constructWorkerStatefulSetApplyConfiguration), so that
+    `$(LWS_LEADER_ADDRESS)`, `<name>-<group>.<name>-<group>.<namespace>`
+    (pkg/utils/pod/pod_utils.go, AddLWSVariables), resolves. With the default policy, Shared, it
+    would create one headless Service named `<name>` only if no Service of that name exists
+    (pkg/utils/controller/controller_utils.go, CreateHeadlessServiceIfNotExists), and the
+    resource's own ClusterIP Service `<name>` (the endpoint clients use) takes that name: no DNS
+    record for any pod, and the workers never reach their leader.
     """
     return {
         "apiVersion": LWS_API_VERSION,
@@ -64,6 +78,7 @@ def build_leader_worker_set(name: str, namespace: str, spec: NPUInferenceSpec, c
         "spec": {
             "replicas": spec.replicas,
             "startupPolicy": "LeaderCreated",
+            "networkConfig": {"subdomainPolicy": LWS_SUBDOMAIN_POLICY},
             "rolloutStrategy": {
                 "type": "RollingUpdate",
                 # As for the Deployment: no surge group, whose NPUs the old group holds.
@@ -124,7 +139,12 @@ def build_pod_monitor(name: str, namespace: str, spec: NPUInferenceSpec) -> JSON
             "podMetricsEndpoints": [
                 # npu_graph_* and npu_device_* from the runtime; vllm:* from the engine itself.
                 {"port": "metrics", "path": "/metrics", "interval": interval, "relabelings": rank_relabelings()},
-                {"port": "http", "path": "/metrics", "interval": interval, "relabelings": rank_relabelings()},
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "interval": interval,
+                    "relabelings": [*api_server_pods_only(), *rank_relabelings()],
+                },
             ],
         },
     }

@@ -85,7 +85,7 @@ def desired_state(
             if kind is topology.workload:
                 blocked = topology.missing_api(spec, why)
             else:
-                notes.append(f"{kind.kind} not managed: {why}")
+                notes.append(f"{kind.kind} not managed: {why}" + _consequence(kind, spec))
             continue
         manifests[kind.key] = children.stamped(child)
     if blocked is not None and topology.holds_all_without_api:
@@ -148,3 +148,10 @@ def adopted_children(
         meta["name"], meta.get("namespace", "default"), spec, config, capabilities, startup_seconds
     )
     return [adopt(body, child) for child in built]
+
+
+def _consequence(kind: children.ChildKind, spec: NPUInferenceSpec) -> str:
+    """What else stops working when an optional child cannot be managed (empty: nothing)."""
+    if kind is children.POD_MONITOR and spec.autoscaling is not None:
+        return "; spec.autoscaling reads only the series this PodMonitor labels: the ScaledObject sees no load"
+    return ""

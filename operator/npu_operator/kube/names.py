@@ -40,6 +40,8 @@ LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"  # the leader pod's DNS name, s
 LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"  # 0 for the leader, 1.. for the workers
 LWS_WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"  # the group, 0..replicas-1
+# A headless Service per group, `<lws>-<group>` (see workloads.build_leader_worker_set for why).
+LWS_SUBDOMAIN_POLICY: Final = "UniquePerReplica"
 # Target labels of every series of a multi-node replica's pods, from LeaderWorkerSet's pod labels:
 # a panel can split replay latency and downgrades by group and node. A Deployment's pods have
 # neither label, and Prometheus drops a target label whose value is empty.
@@ -53,16 +55,28 @@ DS_KIND: Final = DISAGGREGATED_SETS.kind
 DS_ROLE_LABEL: Final = "disaggregatedset.x-k8s.io/role"
 
 
+def pod_label_meta(label: str) -> str:
+    """Prometheus' discovery label of a pod label: `__meta_kubernetes_pod_label_<name>`, the name's
+    other characters made underscores (Prometheus, discovery/kubernetes/pod.go, podLabels)."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
 def rank_relabelings() -> list[JSON]:
-    """The PodMonitor endpoints' relabelings that copy RANK_TARGET_LABELS from Prometheus' pod metadata
-    (`__meta_kubernetes_pod_label_<name>`, the name's other characters made underscores)."""
+    """The PodMonitor endpoints' relabelings that copy RANK_TARGET_LABELS from Prometheus' pod metadata."""
     return [
-        {
-            "action": "replace",
-            "sourceLabels": ["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)],
-            "targetLabel": target,
-        }
+        {"action": "replace", "sourceLabels": [pod_label_meta(label)], "targetLabel": target}
         for target, label in RANK_TARGET_LABELS.items()
+    ]
+
+
+def api_server_pods_only() -> list[JSON]:
+    """Relabelings that keep only the pods serving the engine's API on the http port: a Deployment's
+    pods and a LeaderWorkerSet group's leader (worker index 0 or none), never a headless worker (its
+    ranks serve no API) nor a P/D router (it serves its metrics on the metrics port only). Prometheus'
+    regexes are RE2, anchored at both ends, without lookaround (Prometheus, model/relabel)."""
+    return [
+        {"action": "keep", "sourceLabels": [pod_label_meta(LWS_WORKER_INDEX_LABEL)], "regex": "0|"},
+        {"action": "drop", "sourceLabels": [pod_label_meta(ROLE_LABEL)], "regex": ROUTER},
     ]
 
 

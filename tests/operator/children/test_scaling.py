@@ -316,3 +316,24 @@ def test_the_child_table_knows_every_kind_the_builders_make() -> None:
     keys = [children.kind_of(o, "deepseek-r1").key for o in objects]
     order = [kind.key for kind in children.KINDS]
     assert keys == sorted(keys, key=order.index), "built in apply order"
+
+
+def test_autoscaling_without_the_pod_monitor_is_refused_naming_the_field() -> None:
+    # The queries select by inference_npu_dev_name, which only our PodMonitor gives the series: without
+    # it KEDA reads nothing (0) and never scales up, silently.
+    manifest = example(QWEN)
+    manifest["spec"]["metrics"] = {"podMonitor": {"enabled": False}}
+    spec, problems = read_spec(manifest, CONFIG)
+    assert spec is not None
+    assert [p.field for p in problems] == ["spec.metrics.podMonitor.enabled"]
+    assert "never scales up" in problems[0].message
+    for name in (QWEN, DEEPSEEK):  # the shipped examples that autoscale ask for their PodMonitor
+        assert read_spec(example(name), CONFIG)[1] == []
+
+
+def test_without_the_pod_monitor_api_the_status_says_autoscaling_sees_no_load() -> None:
+    manifest = example(QWEN)
+    manifest["metadata"]["uid"] = UID
+    served = frozenset({"ScaledObject", "InferencePool", "HTTPRoute"})  # no PodMonitor CRD
+    desired = desired_state(manifest, CONFIG, served)
+    assert any("PodMonitor not managed" in note and "sees no load" in note for note in desired.notes)
