@@ -47,14 +47,23 @@ HCCN_VOLUME: Final = "hccn-conf"
 
 
 def build_children(
-    name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig, pod_monitor: bool
+    name: str,
+    namespace: str,
+    spec: NPUInferenceSpec,
+    config: OperatorConfig,
+    pod_monitor: bool,
+    serving_revision: str | None = None,
 ) -> list[JSON]:
-    """The router (Deployment), the roles (DisaggregatedSet), the Services; in apply order."""
+    """The router (Deployment), the roles (DisaggregatedSet), the Services; in apply order.
+
+    `serving_revision`: the roles' revision the role Services select (both the same one, so that
+    the router never pairs engines of two revisions; `topologies.disaggregated.serving_revision`).
+    """
     children = [
         build_router(name, namespace, spec, config),
         build_disaggregated_set(name, namespace, spec, config),
         _service(name, namespace, ROUTER, name),
-        *(_service(name, namespace, role, role_service_name(name, role)) for role in ROLES),
+        *(_service(name, namespace, role, role_service_name(name, role), serving_revision) for role in ROLES),
     ]
     if spec.pod_monitor.enabled and pod_monitor:
         children.append(workloads.build_pod_monitor(name, namespace, spec))
@@ -185,9 +194,13 @@ def build_router(name: str, namespace: str, spec: NPUInferenceSpec, config: Oper
     }
 
 
-def _service(name: str, namespace: str, role: str, service_name: str) -> JSON:
-    """The router's Service (the resource's endpoint) or a role's: its engines' leaders (worker index 0)."""
+def _service(name: str, namespace: str, role: str, service_name: str, revision: str | None = None) -> JSON:
+    """The router's Service (the resource's endpoint) or a role's: its engines' leaders (worker index 0),
+    of `revision` only where one is given (`names.DS_REVISION_LABEL`, on every role pod)."""
     service = workloads.build_service(name, namespace, leaders_only=role != ROUTER)
     service["metadata"]["name"] = service_name
-    service["spec"]["selector"] = names.sorted_mapping({**service["spec"]["selector"], ROLE_LABEL: role})
+    selector = {**service["spec"]["selector"], ROLE_LABEL: role}
+    if revision is not None and role != ROUTER:
+        selector[names.DS_REVISION_LABEL] = revision
+    service["spec"]["selector"] = names.sorted_mapping(selector)
     return service

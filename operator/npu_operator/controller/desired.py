@@ -26,6 +26,7 @@ from npu_operator.children import scaling
 from npu_operator.children.kinds import Capabilities
 from npu_operator.children.workloads import build_cache_claim
 from npu_operator.status import revisions
+from npu_operator.topologies.base import NOTHING_SEEN, Seen
 
 JSON = dict[str, Any]
 
@@ -67,13 +68,13 @@ def desired_state(
     notes: list[str] = []
     blocked: tuple[str, str] | None = None
     owner = body["metadata"]["name"]
-    startup = scaling.seen_startup_seconds(body.get("status") or {})
+    seen = Seen.of(body.get("status") or {})
     # Built as if every optional API were served, so that what cannot be created is named.
-    built = adopted_children(body, spec, config, Capabilities.everything(), startup)
+    built = adopted_children(body, spec, config, Capabilities.everything(), seen)
     rollout = revisions.rollout(body, spec, built)
     if rollout is not None:  # a branch or tag: its pods fetch the commit pinned for this rollout, once known
         fetching = revisions.for_rollout(spec, rollout)
-        built = adopted_children(body, fetching, config, Capabilities.everything(), startup)
+        built = adopted_children(body, fetching, config, Capabilities.everything(), seen)
         revisions.label(built, rollout.key)
     topology = topologies.of(spec)
     for child in built:
@@ -114,9 +115,9 @@ class DesiredCache:
     ) -> Desired:
         meta = body["metadata"]
         labels = tuple(sorted((meta.get("labels") or {}).items()))
-        startup = scaling.seen_startup_seconds(body.get("status") or {})
+        seen = Seen.of(body.get("status") or {})
         key: tuple[Any, ...] = (meta.get("uid"), meta.get("generation"), labels, served, tuple(sorted(refused.items())))
-        key += (startup, *revisions.cache_key(body))  # and the annotation and commit of the rollout
+        key += (seen, *revisions.cache_key(body))  # and the annotation and commit of the rollout
         if self.value is None or key != self.key:
             self.key, self.value = key, desired_state(body, config, served, refused)
             self.cache_claim_checked = False
@@ -140,13 +141,11 @@ def adopted_children(
     spec: NPUInferenceSpec,
     config: OperatorConfig,
     capabilities: Capabilities,
-    startup_seconds: int | None = None,
+    seen: Seen = NOTHING_SEEN,
 ) -> list[JSON]:
     """The desired children, owned by `body` (owner references, namespace, the owner's labels)."""
     meta = body["metadata"]
-    built = topologies.build_children(
-        meta["name"], meta.get("namespace", "default"), spec, config, capabilities, startup_seconds
-    )
+    built = topologies.build_children(meta["name"], meta.get("namespace", "default"), spec, config, capabilities, seen)
     return [adopt(body, child) for child in built]
 
 

@@ -44,7 +44,7 @@ from npu_operator.status.collector import ReportCollector
 from npu_operator.status.findings import PodReport
 from npu_operator.status.graph import role_graphs
 from npu_operator.status.model import model_status
-from npu_operator.topologies.base import Found, LiveView, Topology
+from npu_operator.topologies.base import Found, LiveView, Seen, Topology
 
 JSON = dict[str, Any]
 
@@ -90,7 +90,8 @@ async def reconcile(
         return _result(previous, new, (), desired.problems)
     topology = topologies.of(desired.spec)
     written = await apply_children(body, client, view, desired, served, topology, cache)
-    found = topology.find(view, meta["namespace"], meta["name"], written.workload)
+    seen = Seen.of(body.get("status") or {})
+    found = topology.find(view, meta["namespace"], meta["name"], written.workload, seen)
     observed = await observe(body, client, view, config, desired, topology, found, written, now, collector, cache)
     new = resource.compute_status(meta["name"], meta["namespace"], generation, desired.spec, observed, previous, now)
     return _result(previous, new, tuple(written.steps))
@@ -206,6 +207,7 @@ async def observe(
     return resource.Observed(
         workload=dict(found.workload) if found.workload is not None else None,
         workload_kind=topology.workload.kind,
+        topology_status=found.status,
         conflicts=tuple(written.conflicts),
         rejected=tuple(written.rejected),
         notes=tuple(written.notes),

@@ -53,6 +53,9 @@ DISAGGREGATED_SETS: Final = Resource("disaggregatedset.x-k8s.io", "v1", "disaggr
 DS_API_VERSION: Final = DISAGGREGATED_SETS.api_version
 DS_KIND: Final = DISAGGREGATED_SETS.kind
 DS_ROLE_LABEL: Final = "disaggregatedset.x-k8s.io/role"
+# The revision of the roles' templates, on each role's LeaderWorkerSet and on its pods' template
+# (api/disaggregatedset/v1, RevisionLabelKey; pkg/utils/disaggregatedset/utils.go, GenerateLabels).
+DS_REVISION_LABEL: Final = "disaggregatedset.x-k8s.io/revision"
 
 
 def pod_label_meta(label: str) -> str:

@@ -60,6 +60,8 @@ class Observed:
     # observedGeneration), and its kind, for the messages.
     workload: JSON | None = None
     workload_kind: str = "Deployment"
+    # Status fields of the topology's own (`status.disaggregation`: the roles' serving revision).
+    topology_status: JSON | None = None
     # Children that exist under our name but belong to someone else: "Service default/x".
     conflicts: tuple[str, ...] = ()
     # Child writes the API server refused for good (403, 422, quota): "create Deployment ns/x: 403 ...".
@@ -107,6 +109,8 @@ def compute_status(
     }
     if observed.model is not None:
         status["model"] = observed.model
+    if observed.topology_status:
+        status.update(observed.topology_status)
     if spec.autoscaling is not None or spec.routing is not None:
         # capacity is computed once per generation (Desired); scaling.capacity raises only for a spec read_spec refused
         cap = observed.capacity if observed.capacity is not None else scaling.capacity(spec, plan_options(spec))

@@ -14,7 +14,7 @@ from npu_operator.api.spec import NPUInferenceSpec, plan_options
 from npu_operator.children import routing, scaling
 from npu_operator.children.kinds import Capabilities
 from npu_operator.kube.names import labels
-from npu_operator.topologies.base import JSON, Topology
+from npu_operator.topologies.base import JSON, NOTHING_SEEN, Seen, Topology
 from npu_operator.topologies.disaggregated import Disaggregated
 from npu_operator.topologies.multi_node import MultiNode
 from npu_operator.topologies.single_node import SingleNode
@@ -37,23 +37,23 @@ def build_children(
     spec: NPUInferenceSpec,
     config: OperatorConfig,
     capabilities: Capabilities = Capabilities.NONE,
-    startup_seconds: int | None = None,
+    seen: Seen = NOTHING_SEEN,
 ) -> list[JSON]:
     """Every child the resource should have, in apply order.
 
     The topology's workload and companions (a workload whose API is not installed is built all the
     same: the caller reports the missing API), then the ScaledObject of spec.autoscaling and the
     endpoint picker, InferencePool and HTTPRoute of spec.routing where `capabilities` has their APIs.
-    `startup_seconds` is the startup seen so far (status.autoscaling.startupSeconds); None: the
-    spec's startup timeout.
+    `seen` is what the resource's status remembers of the cluster (the startup seen so far, the
+    roles' serving revision; `base.Seen.of`).
     """
     topology = of(spec)
-    children = topology.build(name, namespace, spec, config, capabilities)
+    children = topology.build(name, namespace, spec, config, capabilities, seen)
     if spec.autoscaling is None and spec.routing is None:
         return children
     cap = scaling.capacity(spec, plan_options(spec))
     if spec.autoscaling is not None and capabilities.scaled_object:
-        startup = startup_seconds or spec.engine.startup_timeout_seconds
+        startup = seen.startup_seconds or spec.engine.startup_timeout_seconds
         children.append(
             scaling.build_scaled_object(
                 name, namespace, spec.autoscaling, cap, labels(name), config.prometheus_address, startup

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from npu_operator.api.config import OperatorConfig
 from npu_operator.api.spec import NPUInferenceSpec
+from npu_operator.children import scaling
 from npu_operator.children.kinds import Capabilities, ChildKind
 from npu_operator.kube import ownership
 from npu_operator.status.findings import GroupFindings, PodReport
@@ -49,6 +50,29 @@ class LiveView(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class Seen:
+    """What the resource's status remembers of the cluster that its children depend on (so that the
+    children stay a function of the resource: spec, labels and status)."""
+
+    # The longest startup seen (status.autoscaling.startupSeconds): the ScaledObject's scale-up period.
+    startup_seconds: int | None = None
+    # The roles' revision that the role Services select (status.disaggregation.servingRevision).
+    serving_revision: str | None = None
+
+    @classmethod
+    def of(cls, status: Mapping[str, Any]) -> Seen:
+        revision = (status.get("disaggregation") or {}).get("servingRevision")
+        return cls(
+            startup_seconds=scaling.seen_startup_seconds(status),
+            serving_revision=revision if isinstance(revision, str) and revision else None,
+        )
+
+
+# A resource whose status remembers nothing yet (and `npu-operator render`, which has no status).
+NOTHING_SEEN: Final = Seen()
+
+
+@dataclasses.dataclass(frozen=True)
 class Found:
     """What a topology found of its resource in the cluster."""
 
@@ -58,6 +82,8 @@ class Found:
     pods: Sequence[Mapping[str, Any]] = ()
     # Pod names by role, for a resource with roles (empty for the others).
     roles: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    # Status fields of the topology's own (status.disaggregation), None: none.
+    status: JSON | None = None
 
 
 class Topology(Protocol):
@@ -69,7 +95,13 @@ class Topology(Protocol):
     holds_all_without_api: bool
 
     def build(
-        self, name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig, capabilities: Capabilities
+        self,
+        name: str,
+        namespace: str,
+        spec: NPUInferenceSpec,
+        config: OperatorConfig,
+        capabilities: Capabilities,
+        seen: Seen,
     ) -> list[JSON]:
         """The workload and the children that serve it, in apply order (autoscaling and routing apart)."""
 
@@ -79,7 +111,7 @@ class Topology(Protocol):
     def missing_api(self, spec: NPUInferenceSpec, why: str) -> tuple[str, str]:
         """(condition reason, message) when the workload's API is not served: `why` says why."""
 
-    def find(self, view: LiveView, namespace: str, name: str, workload: Mapping[str, Any] | None) -> Found:
+    def find(self, view: LiveView, namespace: str, name: str, workload: Mapping[str, Any] | None, seen: Seen) -> Found:
         """The workload's view and its pods, from the live workload that the reconcile read or applied."""
 
     def calibrating(self, reports: Sequence[PodReport], found: Found) -> list[PodReport]:

@@ -20,11 +20,18 @@ from npu_operator.api.spec import NPUInferenceSpec
 from npu_operator.children import disaggregated, kinds
 from npu_operator.children.kinds import Capabilities, ChildKind
 from npu_operator.kube import ownership
-from npu_operator.kube.names import DS_ROLE_LABEL, ROLE_LABEL, ROUTER, selector_labels, sorted_mapping
+from npu_operator.kube.names import (
+    DS_REVISION_LABEL,
+    DS_ROLE_LABEL,
+    ROLE_LABEL,
+    ROUTER,
+    selector_labels,
+    sorted_mapping,
+)
 from npu_operator.status.findings import GroupFindings, PodReport
 from npu_operator.status.graph import graph_status, role_graphs
 from npu_operator.status.resource import DS_NOT_INSTALLED
-from npu_operator.topologies.base import JSON, Found, LiveView, pod_name
+from npu_operator.topologies.base import JSON, Found, LiveView, Seen, pod_name
 
 
 class Disaggregated:
@@ -34,9 +41,17 @@ class Disaggregated:
     holds_all_without_api = True
 
     def build(
-        self, name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig, capabilities: Capabilities
+        self,
+        name: str,
+        namespace: str,
+        spec: NPUInferenceSpec,
+        config: OperatorConfig,
+        capabilities: Capabilities,
+        seen: Seen,
     ) -> list[JSON]:
-        return disaggregated.build_children(name, namespace, spec, config, capabilities.pod_monitor)
+        return disaggregated.build_children(
+            name, namespace, spec, config, capabilities.pod_monitor, seen.serving_revision
+        )
 
     def serving_pods(self, name: str, spec: NPUInferenceSpec) -> dict[str, str]:
         return sorted_mapping({**selector_labels(name), ROLE_LABEL: ROUTER})
@@ -48,18 +63,21 @@ class Disaggregated:
             f"{why}; install LeaderWorkerSet v0.10 or later (kubernetes-sigs/lws)",
         )
 
-    def find(self, view: LiveView, namespace: str, name: str, workload: Mapping[str, Any] | None) -> Found:
-        """The DisaggregatedSet's counts and each role's pods, through its role LeaderWorkerSets."""
+    def find(self, view: LiveView, namespace: str, name: str, workload: Mapping[str, Any] | None, seen: Seen) -> Found:
+        """The DisaggregatedSet's counts, each role's pods through its role LeaderWorkerSets, and the
+        revision the role Services are to select (`serving_revision`)."""
         uid = ((workload or {}).get("metadata") or {}).get("uid")
         if workload is None or not uid:
             return Found(workload)
         roles = role_workloads(view.children_of(kinds.LEADER_WORKER_SET, namespace, name), str(uid))
         router = view.child(kinds.DEPLOYMENT, namespace, name)
         by_role = role_pods(view.pods(namespace, name), view.owner_links(namespace, name), roles)
+        serving = serving_revision(roles, seen.serving_revision)
         return Found(
             workload_view(workload, roles, router),
             [pod for found in by_role.values() for pod in found],
             {role: frozenset(pod_name(pod) for pod in found) for role, found in by_role.items()},
+            {"disaggregation": {"servingRevision": serving}} if serving else None,
         )
 
     def calibrating(self, reports: Sequence[PodReport], found: Found) -> list[PodReport]:
@@ -103,6 +121,30 @@ def role_workloads(leader_worker_sets: Iterable[Mapping[str, Any]], ds_uid: str)
         if role in found:
             found[role].append(lws)
     return found
+
+
+def serving_revision(roles: Mapping[str, Sequence[Mapping[str, Any]]], previous: str | None) -> str | None:
+    """The revision whose engines the role Services select: the newest one with a ready replica on every
+    role, else the one selected so far (None before any: the Services select every revision).
+
+    LeaderWorkerSet v0.10.0's DisaggregatedSet controller pairs the roles the same way: it points its
+    per-revision Services at a revision only once it is ready on all roles, and keeps the existing
+    ones until then (pkg/controllers/disaggregatedset/service_manager.go, ReconcileServices,
+    revisionReadyOnAllRoles). Without it, a rollout's role Services mix old- and new-revision pods,
+    and the router pairs an old prefill engine with a new decode engine.
+    """
+    ready: dict[str, set[str]] = {}
+    newest: dict[str, tuple[str, str]] = {}
+    for role, sets in roles.items():
+        for lws in sets:
+            revision = ((lws.get("metadata") or {}).get("labels") or {}).get(DS_REVISION_LABEL)
+            if not isinstance(revision, str) or not revision:
+                continue
+            if _ready(lws) > 0:
+                ready.setdefault(revision, set()).add(role)
+            newest[revision] = max(newest.get(revision, ("", "")), _created(lws))
+    candidates = [revision for revision, on in ready.items() if on >= set(ROLES)]
+    return max(candidates, key=lambda revision: (newest[revision], revision), default=previous)
 
 
 def workload_view(

@@ -16,7 +16,7 @@ from npu_operator.children.kinds import Capabilities, ChildKind
 from npu_operator.kube.names import serving_pod_labels
 from npu_operator.status import findings, graph
 from npu_operator.status.findings import GroupFindings, PodReport
-from npu_operator.topologies.base import JSON, Found, LiveView, own_pods
+from npu_operator.topologies.base import JSON, Found, LiveView, Seen, own_pods
 
 
 class SingleNode:
@@ -27,7 +27,13 @@ class SingleNode:
     multi_node = False
 
     def build(
-        self, name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig, capabilities: Capabilities
+        self,
+        name: str,
+        namespace: str,
+        spec: NPUInferenceSpec,
+        config: OperatorConfig,
+        capabilities: Capabilities,
+        seen: Seen,
     ) -> list[JSON]:
         children = [
             self.build_workload(name, namespace, spec, config),
@@ -48,7 +54,7 @@ class SingleNode:
     def missing_api(self, spec: NPUInferenceSpec, why: str) -> tuple[str, str]:
         raise AssertionError(f"the Deployment API is always served ({why})")
 
-    def find(self, view: LiveView, namespace: str, name: str, workload: Mapping[str, Any] | None) -> Found:
+    def find(self, view: LiveView, namespace: str, name: str, workload: Mapping[str, Any] | None, seen: Seen) -> Found:
         return Found(workload, own_pods(view, namespace, name, workload))
 
     def calibrating(self, reports: Sequence[PodReport], found: Found) -> list[PodReport]:

@@ -40,7 +40,7 @@ from npu_runtime.contract import parse_serve_args
 from npu_runtime.planner.plan import make_plan
 from npu_runtime.routing.router import parse_route_args
 
-from tests.examples import example
+from tests.examples import TEST_CONFIG, example
 from tests.operator import ds_schema
 from tests.operator.api import test_policy as test_security
 from tests.runtime.conftest import POD_ENV, load_model
@@ -449,3 +449,67 @@ def test_the_pod_template_policy_covers_the_prefill_env_and_p_d_refuses_autoscal
     manifest["spec"]["routing"] = {"failureMode": "FailOpen"}
     problems = validate_spec(parse_spec(manifest["spec"]))
     assert [(p.field, "spec.disaggregation" in p.message) for p in problems] == [("spec.routing", True)]
+
+
+def revision_lws(role: str, revision: str, ready: int, created: str) -> JSON:
+    lws = role_lws(role, f"{revision}-{role}", created=created, readyReplicas=ready)
+    lws["metadata"]["labels"][kube_names.DS_REVISION_LABEL] = revision
+    return lws
+
+
+OLD, NEW = "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("sets", "previous", "serving"),
+    [
+        # (role, revision, ready replicas, created) of each role LeaderWorkerSet; the revision selected before
+        ([], None, None),  # nothing yet: the Services select every revision
+        ([("prefill", "a", 0, OLD), ("decode", "a", 0, OLD)], None, None),  # not ready on any role yet
+        ([("prefill", "a", 1, OLD), ("decode", "a", 1, OLD)], None, "a"),
+        # a rollout: b is ready on prefill only, so the Services stay on a (service_manager.go, revisionReadyOnAllRoles)
+        (
+            [("prefill", "a", 1, OLD), ("decode", "a", 1, OLD), ("prefill", "b", 1, NEW), ("decode", "b", 0, NEW)],
+            "a",
+            "a",
+        ),
+        # b ready on every role: both Services move to b together
+        (
+            [("prefill", "a", 1, OLD), ("decode", "a", 1, OLD), ("prefill", "b", 1, NEW), ("decode", "b", 1, NEW)],
+            "a",
+            "b",
+        ),
+        # a drained and gone, b not ready yet: keep what was selected
+        ([("prefill", "b", 0, NEW), ("decode", "b", 1, NEW)], "a", "a"),
+    ],
+)
+def test_the_role_services_follow_the_newest_revision_ready_on_every_role(
+    sets: list[tuple[str, str, int, str]], previous: str | None, serving: str | None
+) -> None:
+    roles: dict[str, list[JSON]] = {"prefill": [], "decode": []}
+    for role, revision, ready, created in sets:
+        roles[role].append(revision_lws(role, revision, ready, created))
+    assert topologies_disaggregated.serving_revision(roles, previous) == serving
+
+
+def test_both_role_services_select_the_serving_revision_and_the_router_service_all_routers() -> None:
+    spec = parse_spec(example("sandbox-cpu-pd.yaml")["spec"])
+    for revision in (None, "b"):
+        made = disaggregated.build_children("x", "ns", spec, CONFIG, True, revision)
+        selectors = {s["metadata"]["name"]: s["spec"]["selector"] for s in made if s["kind"] == "Service"}
+        assert selectors["x-prefill"].get(kube_names.DS_REVISION_LABEL) == revision
+        assert selectors["x-decode"].get(kube_names.DS_REVISION_LABEL) == revision
+        assert kube_names.DS_REVISION_LABEL not in selectors["x"]  # the router is no role of a revision
+
+
+def test_the_serving_revision_kept_in_the_status_reaches_the_role_services() -> None:
+    manifest = example("sandbox-cpu-pd.yaml")
+    manifest["metadata"]["uid"] = "11111111-2222-3333-4444-555555555555"
+    manifest["status"] = {"disaggregation": {"servingRevision": "b"}}
+    desired = controller_desired.desired_state(
+        manifest, TEST_CONFIG, frozenset({"DisaggregatedSet", "LeaderWorkerSet"})
+    )
+    assert desired.problems == ()
+    name = manifest["metadata"]["name"]
+    services = [desired.manifests[kind.key] for kind in (children.PREFILL_SERVICE, children.DECODE_SERVICE)]
+    assert [s["spec"]["selector"][kube_names.DS_REVISION_LABEL] for s in services] == ["b", "b"], name
