@@ -41,14 +41,14 @@ from npu_operator.api import is_true
 from npu_operator.builders import LWS_API_VERSION, LWS_WORKER_INDEX_LABEL
 from npu_operator.disaggregation import DS_API_VERSION, ROLE_LABEL
 
-from npu_sandbox import printer
-from npu_sandbox import prometheus as prom
+from npu_sandbox.apiserver import printer
 from npu_sandbox.cluster import LocalCluster
-from npu_sandbox.install import CHART, Helm, HelmFailed, operator_runners, values_args
-from npu_sandbox.kubelet import DEFAULT_RUNNERS, LOCAL_IP, LocalKubelet, LocalPod, free_port
-from npu_sandbox.local_hub import LocalHub, Repo
+from npu_sandbox.demo import prometheus as prom
+from npu_sandbox.demo.helm import CHART, Helm, HelmFailed, operator_runners, values_args
+from npu_sandbox.fixtures.local_hub import LocalHub, Repo
+from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LOCAL_IP, LocalKubelet, LocalPod, free_port
 
-ROOT: Final = Path(__file__).resolve().parents[2]
+ROOT: Final = Path(__file__).resolve().parents[3]
 DEFAULT_MANIFEST: Final = ROOT / "examples" / "sandbox-cpu.yaml"
 DEFAULT_WORKDIR: Final = Path("/tmp/npu-sandbox")
 KUBECTL: Final = ROOT / ".cache" / "k8s-tools" / "bin" / "kubectl"
@@ -490,7 +490,8 @@ def prepare_model(model: Path | None, workdir: Path) -> Path:
     tiny = workdir / "models" / "tiny-llama"
     if not (tiny / "config.json").is_file():
         say(f"generating the tiny model into {tiny} (seeded, no download)")
-        if subprocess.run([sys.executable, "-m", "npu_sandbox.tiny_model", str(tiny)], check=False).returncode != 0:
+        command = [sys.executable, "-m", "npu_sandbox.fixtures.tiny_model", str(tiny)]
+        if subprocess.run(command, check=False).returncode != 0:
             raise SandboxFailed("could not generate the tiny model (is the sandbox extra installed?)")
     return tiny
 

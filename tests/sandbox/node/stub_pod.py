@@ -1,4 +1,4 @@
-"""`python -m tests.sandbox.stub_pod --port N -- ARGS`: a stand-in process for a pod's container.
+"""`python -m tests.sandbox.node.stub_pod --port N -- ARGS`: a stand-in process for a pod's container.
 
 It answers /readyz and /healthz with 200 and /status with the args it was given, so tests of the
 sandbox's kubelet and controllers can run many pods in a second, without an engine, and check

@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from npu_sandbox.kubelet import LocalPod, mounts
+from npu_sandbox.node.kubelet import LocalPod, mounts
 
-ROOT: Final = Path(__file__).resolve().parents[2]
+ROOT: Final = Path(__file__).resolve().parents[3]
 CHART: Final = ROOT / "charts" / "npu-inference-operator"
 TOOLS: Final = ROOT / ".cache" / "k8s-tools" / "bin"
 OPERATOR_IMAGE: Final = "npu-operator"  # the repository's last path segment (values.yaml image.repository)

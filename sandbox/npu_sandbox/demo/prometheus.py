@@ -30,8 +30,8 @@ import aiohttp
 import yaml
 from npu_operator import builders
 
-from npu_sandbox.install import CHART, HelmFailed, helm_binary
-from npu_sandbox.kubelet import die_with_parent
+from npu_sandbox.demo.helm import CHART, HelmFailed, helm_binary
+from npu_sandbox.node.kubelet import die_with_parent
 
 SCRAPE_INTERVAL_SECONDS: Final = 1
 POD_MONITOR_JOB: Final = "npu-system/npu-inference-operator-inference"

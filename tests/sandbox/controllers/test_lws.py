@@ -14,8 +14,8 @@ import pytest
 from npu_operator import builders
 from npu_operator.api import parse_spec
 from npu_operator.config import OperatorConfig
-from npu_sandbox import lws
-from npu_sandbox.controllers import stateful_pod
+from npu_sandbox.controllers import lws
+from npu_sandbox.controllers.workloads import stateful_pod
 
 from tests.operator.conftest import example
 

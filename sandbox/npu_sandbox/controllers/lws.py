@@ -1,8 +1,8 @@
 """A stand-in for the LeaderWorkerSet controller (kubernetes-sigs/lws v0.10.0), over the API.
 
 It turns a `leaderworkerset.x-k8s.io/v1` LeaderWorkerSet into what LeaderWorkerSet v0.10 creates,
-and keeps its status; the StatefulSet controller (`npu_sandbox.controllers`) makes the pods and
-the kubelet (`npu_sandbox.kubelet`) runs them. Every behaviour below names the LWS source it
+and keeps its status; the StatefulSet controller (`npu_sandbox.controllers.workloads`) makes the pods and
+the kubelet (`npu_sandbox.node.kubelet`) runs them. Every behaviour below names the LWS source it
 follows (repository kubernetes-sigs/lws, tag v0.10.0; paths under it):
 
 - the leader StatefulSet, named after the LeaderWorkerSet, one leader pod per group, with the
@@ -36,7 +36,7 @@ follows (repository kubernetes-sigs/lws, tag v0.10.0; paths under it):
 Its one liberty is the leader's address: LWS_LEADER_ADDRESS names the leader pod's DNS name
 (`<lws>-<group>.<lws>.<namespace>`) exactly as LWS writes it, and on this machine the kubelet
 resolves that name to 127.0.0.1 with the leader's ports mapped to free local ports, as it maps
-every pod's IP and ports (see `npu_sandbox.kubelet`). Not emulated: subGroupPolicy, exclusive
+every pod's IP and ports (see `npu_sandbox.node.kubelet`). Not emulated: subGroupPolicy, exclusive
 topology, volumeClaimTemplates, the UniquePerReplica subdomain policy, scheduler providers, and a
 deleted (not restarted) pod triggering a group restart (the emulator deletes pods at once, with
 no deletionTimestamp for the controller to see).
@@ -52,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from npu_sandbox.cluster import ApiRejected, LocalCluster
-from npu_sandbox.controllers import (
+from npu_sandbox.controllers.workloads import (
     JSON,
     Snapshot,
     controller_reference,

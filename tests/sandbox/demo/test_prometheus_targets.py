@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from npu_sandbox.prometheus import pod_targets
+from npu_sandbox.demo.prometheus import pod_targets
 
 
 def pod(**labels: str) -> dict[str, object]:

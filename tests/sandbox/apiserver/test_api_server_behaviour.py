@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import yaml
 from npu_operator import crd
-from npu_sandbox import openapi_v2_proto
+from npu_sandbox.apiserver import openapi_v2_proto
 from npu_sandbox.cluster import LocalCluster
 
 from tests.operator.conftest import example

@@ -23,7 +23,7 @@ from npu_operator import crd
 from npu_operator.client import Resource
 from npu_operator.config import OperatorConfig
 
-from npu_sandbox.emulator import KubeEmulator
+from npu_sandbox.apiserver.emulator import KubeEmulator
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CRDS_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"

@@ -1,7 +1,7 @@
 """The sandbox's kubelet and controllers over the API, with a stand-in process instead of vLLM.
 
 The workloads are the operator's own (its pure builders); every container runs
-`tests.sandbox.stub_pod`, which answers the readiness probe at once and shows the args the
+`tests.sandbox.node.stub_pod`, which answers the readiness probe at once and shows the args the
 kubelet gave it. What is checked is Kubernetes' behaviour: scale out and in, a rollout in the
 order the Deployment's strategy says (maxSurge 0, maxUnavailable 1: one old pod down, then a new
 one up), everything gone with the workload, and a LeaderWorkerSet group made and recreated as
@@ -22,10 +22,10 @@ import pytest
 from npu_operator import builders
 from npu_operator.api import parse_spec
 from npu_operator.config import OperatorConfig
-from npu_sandbox import lws
 from npu_sandbox.cluster import LocalCluster
-from npu_sandbox.controllers import POD_TEMPLATE_HASH, pod_ready
-from npu_sandbox.kubelet import DEFAULT_RUNNERS, LocalKubelet, LocalPod, ServeRunner
+from npu_sandbox.controllers import lws
+from npu_sandbox.controllers.workloads import POD_TEMPLATE_HASH, pod_ready
+from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LocalKubelet, LocalPod, ServeRunner
 
 from tests.operator.conftest import example
 from tests.runtime.serve_helpers import alive
@@ -43,7 +43,7 @@ class StubRunner:
 
     def command(self, pod: LocalPod, container: Mapping[str, Any], args: list[str]) -> list[str]:
         served = ServeRunner().command(pod, container, args)
-        return [sys.executable, "-m", "tests.sandbox.stub_pod", "--port", str(pod.ports["metrics"]), "--", *served]
+        return [sys.executable, "-m", "tests.sandbox.node.stub_pod", "--port", str(pod.ports["metrics"]), "--", *served]
 
 
 def spec(**changes: Any) -> Any:

@@ -28,10 +28,11 @@ import kubernetes_validate
 import pytest
 import yaml
 from npu_operator import crd
-from npu_sandbox.cluster import ApiRejected, LocalCluster, kopf_peering_crd
-from npu_sandbox.install import CHART, Helm, HelmFailed, helm_binary
+from npu_sandbox.cluster import ApiRejected, LocalCluster
+from npu_sandbox.cluster.local import kopf_peering_crd
+from npu_sandbox.demo.helm import CHART, Helm, HelmFailed, helm_binary
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KUBECTL = ROOT / ".cache" / "k8s-tools" / "bin" / "kubectl"
 KUBERNETES_VERSION = "1.37.0"
 CRDS = "apiextensions.k8s.io/v1"

@@ -2,7 +2,7 @@
 
 Each reconciles what one read of the API (`Snapshot`) shows and writes its changes through the
 API; the next round sees them, as with a real controller's informers. They make Pod objects;
-the kubelet (`npu_sandbox.kubelet`) runs them. What they do, after Kubernetes' own controllers
+the kubelet (`npu_sandbox.node.kubelet`) runs them. What they do, after Kubernetes' own controllers
 (kubernetes/kubernetes, pkg/controller/deployment, replicaset and statefulset):
 
 - Deployment: one ReplicaSet per pod-template hash (label `pod-template-hash`); a changed

@@ -6,7 +6,7 @@ watched resource: list and watch), kopf's own resources (peering, CRDs, Events, 
 patches on handled resources), `children.KINDS` (the client's apply: create and patch; get; delete),
 and the client's own resources (the status subresource, the model cache's claim). The rules come
 from `helm template` of the chart, in both watch scopes. The authorizer is the emulator's
-(`npu_sandbox.rbac`, which follows plugin/pkg/auth/authorizer/rbac); its matching rules and the
+(`npu_sandbox.apiserver.rbac`, which follows plugin/pkg/auth/authorizer/rbac); its matching rules and the
 403's wording are pinned down here too. tests/e2e/test_helm.py runs the operator with the
 ServiceAccount's token against the installed chart.
 """
@@ -21,7 +21,7 @@ import npu_operator.handlers  # noqa: F401  (registers the handlers)
 import pytest
 from kopf._cogs.structs import references
 from npu_operator import children, client
-from npu_sandbox import rbac
+from npu_sandbox.apiserver import rbac
 
 from tests.chart.helm import NAMESPACE, RELEASE, render
 
