@@ -41,8 +41,9 @@ from npu_operator.api import is_true
 from npu_operator.builders import LWS_API_VERSION, LWS_WORKER_INDEX_LABEL
 from npu_operator.disaggregation import DS_API_VERSION, ROLE_LABEL
 
-from npu_sandbox.apiserver import printer
+from npu_sandbox.apiserver import tables
 from npu_sandbox.cluster import LocalCluster
+from npu_sandbox.demo import printer
 from npu_sandbox.demo import prometheus as prom
 from npu_sandbox.demo.helm import CHART, Helm, HelmFailed, operator_runners, values_args
 from npu_sandbox.fixtures.local_hub import LocalHub, Repo
@@ -890,7 +891,7 @@ async def kubectl_get(cluster: LocalCluster, namespace: str, kinds: str = "npuin
         if result.returncode == 0:
             return result.stdout.rstrip()
     objects = await cluster.list_objects(crd.API_VERSION, crd.PLURAL, namespace)
-    return printer.text(printer.table(crd.version_spec()["additionalPrinterColumns"], objects))
+    return printer.text(tables.table(crd.version_spec()["additionalPrinterColumns"], objects))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
-"""`kubectl get` columns: the CRD's printer columns, and Kubernetes' own for a few kinds, as Tables.
+"""Server-side Tables: a CRD's printer columns, and Kubernetes' own for a few kinds.
 
 The API server renders a CRD's `additionalPrinterColumns` into a Table when kubectl asks for one
 (Accept: ...;as=Table;g=meta.k8s.io;v=v1); the emulator does the same with `table`, so the real
 `kubectl get npuinf` shows our columns (and LeaderWorkerSet's, `CRD_COLUMNS`). `builtin_table` does
 it for the kinds whose columns a user of the sandbox reads (Events, Namespaces, Deployments,
-StatefulSets, Pods), with the API server's column names.
-`text` prints a Table the way kubectl does.
+StatefulSets, Pods), with the API server's column names. `Tables` is the emulator's step that
+decides whether a request wants a Table and which columns it gets. How kubectl prints a Table is
+the demo's (`npu_sandbox.demo.printer`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from kmock._internal import rendering
+
+from npu_sandbox.apiserver.custom_apis import CustomApis
+from npu_sandbox.apiserver.store import Store
 
 
 def json_path(obj: Any, path: str) -> Any:
@@ -209,17 +215,29 @@ def builtin_table(
     return _table(definitions, rows, resource_version)
 
 
-def text(rendered: Mapping[str, Any], *, wide: bool = False) -> str:
-    """A Table as kubectl prints it: upper-case headers, columns padded by three spaces."""
-    shown = [i for i, c in enumerate(rendered["columnDefinitions"]) if wide or c.get("priority", 0) == 0]
-    header = [str(rendered["columnDefinitions"][i]["name"]).upper() for i in shown]
-    body = [["" if row["cells"][i] is None else str(row["cells"][i]) for i in shown] for row in rendered["rows"]]
-    return columns([header, *body])
+class Tables:
+    """The emulator's step for `kubectl get`: whether a request asks for a Table, and the Table it gets."""
 
+    def __init__(self, store: Store, custom: CustomApis) -> None:
+        self.store = store
+        self.custom = custom
 
-def columns(lines: Sequence[Sequence[str]]) -> str:
-    """Lines of cells, each column as wide as its widest cell, three spaces apart (kubectl's layout)."""
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join(
-        "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines
-    )
+    def wanted(self, request: rendering.Request) -> bool:
+        """kubectl get asks for a server-side Table; a custom resource's columns are its CRD's printer columns."""
+        if "as=Table" not in request.headers.get("Accept", "") or request.subresource is not None:
+            return False
+        kind = self.store.kind(request)
+        return self.custom.version_of(request) is not None or kind in BUILTIN_KINDS or kind in CRD_COLUMNS
+
+    def of(
+        self, items: list[dict[str, Any]], request: rendering.Request, resource_version: str = "1"
+    ) -> dict[str, Any]:
+        version = self.custom.version_of(request)
+        if version is None:
+            kind = self.store.kind(request)
+            if kind in CRD_COLUMNS:  # a third-party CRD the sandbox serves without its object
+                return table(CRD_COLUMNS[kind], items, resource_version)
+            return builtin_table(kind, items, resource_version)
+        # Without printer columns, the API server prints a custom resource's name and age.
+        age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+        return table(version.get("additionalPrinterColumns") or [age], items, resource_version)
