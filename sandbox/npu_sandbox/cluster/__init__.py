@@ -1,10 +1,12 @@
 """The sandbox's cluster: its API served on a local port, and the calls a client makes to it.
 
-`local` holds the cluster (`LocalCluster`: the emulator on a port, a kubeconfig, the product's CRDs,
-the real operator in a thread, and the calls over HTTP). Its names are exported here, the way the
+`client` holds the calls over HTTP (`ApiClient`, `ApiRejected`), all that the controllers and the
+kubelet need; `local` the cluster itself (`LocalCluster`: the emulator on a port, a kubeconfig,
+the product's CRDs, the real operator in a thread). Both names are exported here, the way the
 operator's tests import them (`from npu_sandbox.cluster import LocalCluster`).
 """
 
-from npu_sandbox.cluster.local import ApiRejected, LocalCluster
+from npu_sandbox.cluster.client import ApiClient, ApiRejected
+from npu_sandbox.cluster.local import LocalCluster
 
-__all__ = ["ApiRejected", "LocalCluster"]
+__all__ = ["ApiClient", "ApiRejected", "LocalCluster"]

@@ -32,7 +32,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from npu_sandbox.cluster import ApiRejected, LocalCluster
+from npu_sandbox.cluster.client import ApiClient, ApiRejected
 from npu_sandbox.controllers import lws
 from npu_sandbox.controllers.workloads import JSON, Snapshot, controller_reference, delete
 
@@ -97,7 +97,7 @@ def role_leader_worker_set(ds: Mapping[str, Any], role: Mapping[str, Any], revis
     return made
 
 
-async def reconcile(cluster: LocalCluster, snapshot: Snapshot, ds: JSON) -> None:
+async def reconcile(cluster: ApiClient, snapshot: Snapshot, ds: JSON) -> None:
     """One round of the DisaggregatedSet reconciler for `ds`."""
     if ds["metadata"].get("deletionTimestamp"):
         return

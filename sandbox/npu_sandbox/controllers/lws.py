@@ -51,7 +51,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from npu_sandbox.cluster import ApiRejected, LocalCluster
+from npu_sandbox.cluster.client import ApiClient, ApiRejected
 from npu_sandbox.controllers.workloads import (
     JSON,
     Snapshot,
@@ -484,7 +484,7 @@ def _conditions_changed(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[
 # --- the reconcile round ------------------------------------------------------------------------
 
 
-async def reconcile(cluster: LocalCluster, snapshot: Snapshot, written: JSON, now: str) -> None:
+async def reconcile(cluster: ApiClient, snapshot: Snapshot, written: JSON, now: str) -> None:
     """One round of LWS's two reconcilers (LeaderWorkerSet and Pod) for one LeaderWorkerSet."""
     lws = defaulted(written)
     meta, spec = lws["metadata"], lws["spec"]
@@ -539,7 +539,7 @@ async def reconcile(cluster: LocalCluster, snapshot: Snapshot, written: JSON, no
 
 
 async def _reconcile_pods(
-    cluster: LocalCluster, snapshot: Snapshot, lws: JSON, written: JSON, revisions: Sequence[JSON]
+    cluster: ApiClient, snapshot: Snapshot, lws: JSON, written: JSON, revisions: Sequence[JSON]
 ) -> None:
     """pod_controller.go Reconcile for the pods of this LeaderWorkerSet: the restart policy, then worker sets."""
     name = lws["metadata"]["name"]
@@ -594,6 +594,6 @@ def _pending(pods: Sequence[Mapping[str, Any]], leader: Mapping[str, Any], spec:
     return len(members) != size or any(p.get("status", {}).get("phase") == "Pending" for p in members)
 
 
-async def _record(cluster: LocalCluster, lws: Mapping[str, Any], reason: str, message: str) -> None:
+async def _record(cluster: ApiClient, lws: Mapping[str, Any], reason: str, message: str) -> None:
     with contextlib.suppress(ApiRejected):
         await cluster.create(event(lws, reason, message, component="lws-controller"), "events")

@@ -10,7 +10,7 @@ the kubelet (`npu_sandbox.node.kubelet`) runs them. What they do, after Kubernet
   maxSurge and the old ones down within maxUnavailable (rolling.go reconcileNewReplicaSet,
   reconcileOldReplicaSets, cleanupUnhealthyReplicas), Recreate scales the old ones to zero first;
   a replicas change scales the current ReplicaSet. Its status goes through
-  `LocalCluster.report_deployment`, the one stand-in for a Deployment's status.
+  `ApiClient.report_deployment`, the one stand-in for a Deployment's status.
 - ReplicaSet: creates or deletes pods (`<replicaset>-<5 chars>`, not-ready ones first) until
   its replicas exist; keeps its status.
 - StatefulSet: pods `<statefulset>-<ordinal>` from `spec.ordinals.start`, all at once (the
@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from npu_operator.worker import utc_now
 
-from npu_sandbox.cluster import ApiRejected, LocalCluster
+from npu_sandbox.cluster.client import ApiClient, ApiRejected
 
 JSON = dict[str, Any]
 Admission = Callable[[JSON], None]
@@ -78,7 +78,7 @@ class Snapshot:
         return [obj for obj in self.of(plural) if controller_uid(obj) == uid]
 
 
-async def read_snapshot(cluster: LocalCluster, namespace: str, extra: Mapping[str, str] | None = None) -> Snapshot:
+async def read_snapshot(cluster: ApiClient, namespace: str, extra: Mapping[str, str] | None = None) -> Snapshot:
     """One list per watched kind (and per `extra` plural -> API version; one the API lacks is empty)."""
     objects: dict[str, list[JSON]] = {}
     for plural, api_version in {**WATCHED, **(extra or {})}.items():
@@ -148,21 +148,19 @@ def new_pod(name: str, namespace: str, template: Mapping[str, Any], owner: Mappi
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": copy.deepcopy(template["spec"])}
 
 
-async def create_pod(cluster: LocalCluster, pod: JSON, admission: Sequence[Admission]) -> None:
+async def create_pod(cluster: ApiClient, pod: JSON, admission: Sequence[Admission]) -> None:
     for admit in admission:
         admit(pod)
     with contextlib.suppress(ApiRejected):  # already there (made by an earlier round): nothing to do
         await cluster.create(pod, "pods")
 
 
-async def delete(cluster: LocalCluster, api_version: str, plural: str, obj: Mapping[str, Any]) -> None:
+async def delete(cluster: ApiClient, api_version: str, plural: str, obj: Mapping[str, Any]) -> None:
     with contextlib.suppress(ApiRejected):  # gone already
         await cluster.delete(api_version, plural, obj["metadata"]["namespace"], obj["metadata"]["name"])
 
 
-async def patch_status(
-    cluster: LocalCluster, api_version: str, plural: str, obj: Mapping[str, Any], status: JSON
-) -> None:
+async def patch_status(cluster: ApiClient, api_version: str, plural: str, obj: Mapping[str, Any], status: JSON) -> None:
     """Write the status when it differs from the stored one (controllers write only what changed)."""
     current = obj.get("status", {})
     if all(current.get(key) == value for key, value in status.items()):
@@ -200,7 +198,7 @@ def replica_set_for(deployment: Mapping[str, Any], replicas: int) -> JSON:
     }
 
 
-async def ensure_replica_set(cluster: LocalCluster, deployment: Mapping[str, Any], replicas: int) -> JSON:
+async def ensure_replica_set(cluster: ApiClient, deployment: Mapping[str, Any], replicas: int) -> JSON:
     wanted = replica_set_for(deployment, replicas)
     meta = wanted["metadata"]
     found = await cluster.get("apps/v1", "replicasets", meta["namespace"], meta["name"])
@@ -213,12 +211,12 @@ def _replicas(obj: Mapping[str, Any]) -> int:
     return int(obj.get("spec", {}).get("replicas", 1))
 
 
-async def _scale(cluster: LocalCluster, replica_set: Mapping[str, Any], replicas: int) -> None:
+async def _scale(cluster: ApiClient, replica_set: Mapping[str, Any], replicas: int) -> None:
     meta = replica_set["metadata"]
     await cluster.patch("apps/v1", "replicasets", meta["namespace"], meta["name"], {"spec": {"replicas": replicas}})
 
 
-async def reconcile_deployment(cluster: LocalCluster, snapshot: Snapshot, deployment: JSON) -> None:
+async def reconcile_deployment(cluster: ApiClient, snapshot: Snapshot, deployment: JSON) -> None:
     """One round of the deployment controller for one Deployment (at most one scaling step)."""
     desired = _replicas(deployment)
     pod_hash = template_hash(deployment["spec"]["template"])
@@ -246,7 +244,7 @@ async def reconcile_deployment(cluster: LocalCluster, snapshot: Snapshot, deploy
 
 
 async def _roll(
-    cluster: LocalCluster,
+    cluster: ApiClient,
     deployment: JSON,
     new: JSON,
     old: list[JSON],
@@ -289,7 +287,7 @@ async def _roll(
 
 
 async def _report_deployment(
-    cluster: LocalCluster, snapshot: Snapshot, deployment: JSON, new: JSON, owned: list[JSON]
+    cluster: ApiClient, snapshot: Snapshot, deployment: JSON, new: JSON, owned: list[JSON]
 ) -> None:
     pods = [pod for rs in owned for pod in snapshot.controlled_by("pods", rs)]
     updated = [pod for pod in pods if pod["metadata"].get("labels", {}).get(POD_TEMPLATE_HASH) == _hash_of(new)]
@@ -315,7 +313,7 @@ def _delete_order(pod: Mapping[str, Any]) -> tuple[bool, str]:
 
 
 async def reconcile_replica_set(
-    cluster: LocalCluster, snapshot: Snapshot, replica_set: JSON, admission: Sequence[Admission] = ()
+    cluster: ApiClient, snapshot: Snapshot, replica_set: JSON, admission: Sequence[Admission] = ()
 ) -> None:
     pods = snapshot.controlled_by("pods", replica_set)
     wanted = _replicas(replica_set)
@@ -341,7 +339,7 @@ async def reconcile_replica_set(
 # --- StatefulSet ------------------------------------------------------------------------------
 
 
-async def _revision(cluster: LocalCluster, snapshot: Snapshot, statefulset: JSON) -> str:
+async def _revision(cluster: ApiClient, snapshot: Snapshot, statefulset: JSON) -> str:
     """The StatefulSet's update revision: a ControllerRevision of its template (made when missing)."""
     meta = statefulset["metadata"]
     name = f"{meta['name']}-{template_hash(statefulset['spec']['template'])}"
@@ -377,7 +375,7 @@ def stateful_pod(statefulset: JSON, ordinal: int, revision: str, template: Mappi
 
 
 async def reconcile_stateful_set(
-    cluster: LocalCluster, snapshot: Snapshot, statefulset: JSON, admission: Sequence[Admission] = ()
+    cluster: ApiClient, snapshot: Snapshot, statefulset: JSON, admission: Sequence[Admission] = ()
 ) -> None:
     spec = statefulset["spec"]
     update_revision = await _revision(cluster, snapshot, statefulset)

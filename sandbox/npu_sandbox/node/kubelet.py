@@ -53,7 +53,7 @@ from npu_operator.worker import utc_now
 from npu_runtime.contract import parse_serve_args, serve_argv
 from npu_runtime.routing.router import parse_route_args, route_argv
 
-from npu_sandbox.cluster import ApiRejected, LocalCluster
+from npu_sandbox.cluster.client import ApiClient, ApiRejected
 from npu_sandbox.controllers import disaggregated, lws, workloads
 from npu_sandbox.controllers.workloads import JSON, Snapshot
 
@@ -117,7 +117,7 @@ def resolve(value: str, namespace: str) -> str:
     return LOCAL_IP if re.fullmatch(pattern, value) else value
 
 
-async def replica_set_owner(cluster: LocalCluster, namespace: str, deployment: str) -> dict[str, Any]:
+async def replica_set_owner(cluster: ApiClient, namespace: str, deployment: str) -> dict[str, Any]:
     """The owner reference of pods of the Deployment's current ReplicaSet (made when missing),
     for tests that create such pods themselves."""
     found = await cluster.get("apps/v1", "deployments", namespace, deployment)
@@ -603,7 +603,7 @@ class LocalKubelet:
 
     def __init__(
         self,
-        cluster: LocalCluster,
+        cluster: ApiClient,
         namespace: str,
         workload: str | None = None,
         *,
