@@ -20,7 +20,8 @@ from npu_operator import crd
 from npu_operator.api import condition
 from npu_operator.config import OperatorConfig
 from npu_sandbox.cluster import LocalCluster
-from npu_sandbox.node.kubelet import LocalKubelet, replica_set_owner
+from npu_sandbox.controllers.workloads import replica_set_owner
+from npu_sandbox.node.kubelet import LocalKubelet
 
 from tests.operator.conftest import example
 

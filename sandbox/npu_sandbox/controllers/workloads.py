@@ -2,7 +2,8 @@
 
 Each reconciles what one read of the API (`Snapshot`) shows and writes its changes through the
 API; the next round sees them, as with a real controller's informers. They make Pod objects;
-the kubelet (`npu_sandbox.node.kubelet`) runs them. What they do, after Kubernetes' own controllers
+the kubelet (`npu_sandbox.node.kubelet`) runs them. One loop drives them all:
+`npu_sandbox.controllers.manager.ControllerManager`. What they do, after Kubernetes' own controllers
 (kubernetes/kubernetes, pkg/controller/deployment, replicaset and statefulset):
 
 - Deployment: one ReplicaSet per pod-template hash (label `pod-template-hash`); a changed
@@ -209,6 +210,16 @@ async def ensure_replica_set(cluster: ApiClient, deployment: Mapping[str, Any], 
 
 def _replicas(obj: Mapping[str, Any]) -> int:
     return int(obj.get("spec", {}).get("replicas", 1))
+
+
+async def replica_set_owner(cluster: ApiClient, namespace: str, deployment: str) -> dict[str, Any]:
+    """The owner reference of pods of the Deployment's current ReplicaSet (made when missing),
+    for tests that create such pods themselves."""
+    found = await cluster.get("apps/v1", "deployments", namespace, deployment)
+    if found is None:
+        raise LookupError(f"Deployment {namespace}/{deployment} does not exist")
+    replica_set = await ensure_replica_set(cluster, found, int(found["spec"].get("replicas", 1)))
+    return controller_reference(replica_set)
 
 
 async def _scale(cluster: ApiClient, replica_set: Mapping[str, Any], replicas: int) -> None:

@@ -1,13 +1,13 @@
-"""A kubelet for this machine, with the workload controllers it needs, as one reconcile loop over the API.
+"""A kubelet for this machine: it runs the Pod objects of a namespace as local processes.
 
-Each round (`LocalKubelet.sync`) reads the namespace over HTTP, lets the controllers act on it
-(Deployments, ReplicaSets, StatefulSets: `npu_sandbox.controllers.workloads`; LeaderWorkerSets:
-`npu_sandbox.controllers.lws`), then makes the local processes match the Pod objects: a pod without a
-process is started (its init containers one after another, then its container), a process
-whose pod is gone is stopped (SIGTERM, the pod's grace period, SIGKILL). So scale out and in,
-rollouts, group restarts and deletions all happen through the API, as in a cluster; anything
-that writes the API (the operator, kubectl, a test, an autoscaler through the scale
-subresource) drives it.
+Each round (`Kubelet.sync`) reads the namespace over HTTP and makes the local processes match the
+Pod objects: a pod without a process is started (its init containers one after another, then its
+container), a process whose pod is gone is stopped (SIGTERM, the pod's grace period, SIGKILL). The
+Pod objects come from the workload controllers (`npu_sandbox.controllers`), whose loop is the
+`ControllerManager`'s, not this one; `LocalKubelet` is this kubelet with its namespace's manager
+started and stopped beside it, the sandbox's node. So scale out and in, rollouts, group restarts and
+deletions all happen through the API, as in a cluster; anything that writes the API (the operator,
+kubectl, a test, an autoscaler through the scale subresource) drives it.
 
 Each pod reports back as a kubelet does: its IP, phase, Ready condition (from its readiness
 probe: an HTTP GET on the mapped port), init container statuses, and on exit the container's
@@ -55,6 +55,7 @@ from npu_runtime.routing.router import parse_route_args, route_argv
 
 from npu_sandbox.cluster.client import ApiClient, ApiRejected
 from npu_sandbox.controllers import disaggregated, lws, workloads
+from npu_sandbox.controllers.manager import KINDS, ControllerManager
 from npu_sandbox.controllers.workloads import JSON, Snapshot
 
 PR_SET_PDEATHSIG = 1
@@ -115,16 +116,6 @@ def resolve(value: str, namespace: str) -> str:
     label = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
     pattern = rf"{label}\.{label}\.{re.escape(namespace)}(\.svc(\.cluster\.local)?)?"
     return LOCAL_IP if re.fullmatch(pattern, value) else value
-
-
-async def replica_set_owner(cluster: ApiClient, namespace: str, deployment: str) -> dict[str, Any]:
-    """The owner reference of pods of the Deployment's current ReplicaSet (made when missing),
-    for tests that create such pods themselves."""
-    found = await cluster.get("apps/v1", "deployments", namespace, deployment)
-    if found is None:
-        raise LookupError(f"Deployment {namespace}/{deployment} does not exist")
-    replica_set = await workloads.ensure_replica_set(cluster, found, int(found["spec"].get("replicas", 1)))
-    return workloads.controller_reference(replica_set)
 
 
 # --- how a container runs here --------------------------------------------------------------------
@@ -259,7 +250,7 @@ DEFAULT_RUNNERS: Final[tuple[Runner, ...]] = (ServeRunner(), FetchRunner(), Rout
 class LocalPod:
     """One Pod object, running as local processes: its init containers, then its main container."""
 
-    def __init__(self, kubelet: LocalKubelet, pod: JSON) -> None:
+    def __init__(self, kubelet: Kubelet, pod: JSON) -> None:
         meta = pod["metadata"]
         self.kubelet = kubelet
         self.cluster = kubelet.cluster
@@ -594,11 +585,11 @@ class LocalPod:
 # --- the node ----------------------------------------------------------------------------------
 
 
-class LocalKubelet:
-    """Runs the pods of a namespace on this machine, and the controllers that make them.
+class Kubelet:
+    """Runs the pods of a namespace on this machine: one loop that matches processes to Pod objects.
 
-    `workload` (optional) names the Deployment or LeaderWorkerSet whose pods `start_pods` waits
-    for; the loop itself follows every workload in the namespace.
+    `workload` (optional) names the Deployment, LeaderWorkerSet or DisaggregatedSet whose pods
+    `start_pods` waits for; the loop itself runs every pod in the namespace.
     """
 
     def __init__(
@@ -641,23 +632,10 @@ class LocalKubelet:
         return found[-1] if found else None
 
     async def sync(self) -> None:
-        """One round: read, let the controllers act, then match the processes to the Pod objects."""
-        extra = {lws.PLURAL: lws.API_VERSION, disaggregated.PLURAL: disaggregated.API_VERSION}
-        snapshot = await workloads.read_snapshot(self.cluster, self.namespace, extra)
-        self.snapshot = snapshot
-        now = utc_now()
-        admission = (lws.admit_pod,)
-        for deployment in snapshot.of("deployments"):
-            await workloads.reconcile_deployment(self.cluster, snapshot, deployment)
-        for replica_set in snapshot.of("replicasets"):
-            await workloads.reconcile_replica_set(self.cluster, snapshot, replica_set, admission)
-        for statefulset in snapshot.of("statefulsets"):
-            await workloads.reconcile_stateful_set(self.cluster, snapshot, statefulset, admission)
-        for disaggregated_set in snapshot.of(disaggregated.PLURAL):
-            await disaggregated.reconcile(self.cluster, snapshot, disaggregated_set)
-        for leader_worker_set in snapshot.of(lws.PLURAL):
-            await lws.reconcile(self.cluster, snapshot, leader_worker_set, now)
-        await self._sync_pods(snapshot.of("pods"))
+        """One round: read the namespace (the pods, and the Services and workloads they belong to), then
+        match the processes to the Pod objects."""
+        self.snapshot = await workloads.read_snapshot(self.cluster, self.namespace, KINDS)
+        await self._sync_pods(self.snapshot.of("pods"))
         self._synced.set()
 
     async def _sync_pods(self, pods: list[JSON]) -> None:
@@ -774,3 +752,40 @@ class LocalKubelet:
         if self._stops:
             await asyncio.gather(*self._stops, return_exceptions=True)
         return codes
+
+
+class LocalKubelet(Kubelet):
+    """The sandbox's node: a `Kubelet`, with its namespace's `ControllerManager` started and stopped beside it.
+
+    In a cluster the controllers run in kube-controller-manager, apart from every node; here one
+    object starts both loops (as k3s runs both in one process), so that whoever runs a kubelet gets
+    the Deployments, StatefulSets and LeaderWorkerSets of its namespace turned into pods. Each loop
+    reads the API on its own; the manager's rounds follow the kubelet's `interval` as set at `start`.
+    """
+
+    def __init__(
+        self,
+        cluster: ApiClient,
+        namespace: str,
+        workload: str | None = None,
+        *,
+        workdir: Path,
+        environ: dict[str, str] | None = None,
+        runners: Sequence[Runner] = DEFAULT_RUNNERS,
+        interval: float = 0.5,
+    ) -> None:
+        super().__init__(
+            cluster, namespace, workload, workdir=workdir, environ=environ, runners=runners, interval=interval
+        )
+        self.controllers = ControllerManager(cluster, namespace, interval=interval)
+
+    async def start(self) -> None:
+        """Start the controllers' loop, then the kubelet's (once each); return after the first round of both."""
+        self.controllers.interval = self.interval
+        await self.controllers.start()
+        await super().start()
+
+    async def stop(self) -> list[int | None]:
+        """Stop the controllers' loop, then the kubelet's and every pod's processes."""
+        await self.controllers.stop()
+        return await super().stop()
