@@ -30,7 +30,8 @@ import aiohttp
 import yaml
 from npu_operator import builders
 
-from npu_sandbox.demo.helm import CHART, HelmFailed, helm_binary
+from npu_sandbox.demo.helm import HelmFailed, helm_binary
+from npu_sandbox.demo.repository import CHART
 from npu_sandbox.node.kubelet import die_with_parent
 
 SCRAPE_INTERVAL_SECONDS: Final = 1

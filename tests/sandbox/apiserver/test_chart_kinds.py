@@ -30,7 +30,8 @@ import yaml
 from npu_operator import crd
 from npu_sandbox.cluster import ApiRejected, LocalCluster
 from npu_sandbox.cluster.local import kopf_peering_crd
-from npu_sandbox.demo.helm import CHART, Helm, HelmFailed, helm_binary
+from npu_sandbox.demo.helm import Helm, HelmFailed, helm_binary
+from npu_sandbox.demo.repository import CHART
 
 ROOT = Path(__file__).resolve().parents[3]
 KUBECTL = ROOT / ".cache" / "k8s-tools" / "bin" / "kubectl"
