@@ -3,7 +3,7 @@
 
     python scripts/bench_fetch.py [--size-mib 512] [--shards 4] [--runs 3] [--hub huggingface|modelscope]
 
-One local hub (npu_sandbox.local_hub, 127.0.0.1) serves a repository of --shards random
+One local hub (npu_sandbox.fixtures.local_hub, 127.0.0.1) serves a repository of --shards random
 safetensors shards (--size-mib in all) plus config.json. In the same run, each round downloads
 the same files into fresh directories (plain and fetch in alternating order, after `sync`):
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "runtime"), str(ROOT / "sandbox")]
 
 from npu_runtime.fetch import download as fetch  # noqa: E402
-from npu_sandbox.local_hub import LocalHub, Repo  # noqa: E402
+from npu_sandbox.fixtures.local_hub import LocalHub, Repo  # noqa: E402
 
 REPO = "bench/random-model"
 

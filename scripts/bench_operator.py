@@ -226,7 +226,7 @@ async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, 
 async def _latencies(cluster: Any, names: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
     """Seconds from a child's change to the resource's status showing it, one sample per name."""
     from npu_operator.api import crd
-    from npu_sandbox.kubelet import replica_set_owner
+    from npu_sandbox.controllers.workloads import replica_set_owner
 
     emulator = cluster.emulator
     ready: list[float] = []

@@ -21,7 +21,7 @@ another checkout's runtime (serve runs in a child interpreter with the caller's 
 The measured runtime's bytecode is compiled first, as `pip install` does in the images (a
 checkout run with PYTHONDONTWRITEBYTECODE=1 would otherwise compile its modules at every start).
 
-Without --model the tiny generated model is used (npu_sandbox.tiny_model).
+Without --model the tiny generated model is used (npu_sandbox.fixtures.tiny_model).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from npu_runtime.contract import parse_serve_args
 from npu_runtime.serving import launch
 from npu_runtime.serving.server import engine_healthy
-from npu_sandbox.kubelet import free_port
+from npu_sandbox.node.kubelet import free_port
 
 from tests.runtime.serve_helpers import ServeRun, serve_environment
 
@@ -127,7 +127,7 @@ def main() -> None:
         scratch = Path(directory)
         model = args.model
         if model is None:
-            from npu_sandbox.tiny_model import build_tiny_model
+            from npu_sandbox.fixtures.tiny_model import build_tiny_model
 
             model = str(build_tiny_model(scratch / "tiny"))
         plan = json.loads(

@@ -21,6 +21,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("needs transformers (the sandbox extra)")
     path = tmp_path_factory.mktemp("models") / "tiny-llama"
     subprocess.run(
-        [sys.executable, "-m", "npu_sandbox.tiny_model", str(path)], check=True, capture_output=True, timeout=300
+        [sys.executable, "-m", "npu_sandbox.fixtures.tiny_model", str(path)],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     return path

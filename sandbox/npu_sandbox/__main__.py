@@ -2,6 +2,6 @@
 
 import sys
 
-from npu_sandbox.cli import main
+from npu_sandbox.demo.cli import main
 
 sys.exit(main())

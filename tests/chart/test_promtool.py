@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from npu_sandbox.prometheus import rules_file
+from npu_sandbox.demo.prometheus import rules_file
 
 from tests.chart.helm import CHART, JSON, one, render
 

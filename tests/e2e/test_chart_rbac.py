@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from npu_operator.api import crd
 from npu_sandbox.cluster import LocalCluster
-from npu_sandbox.install import CHART, Helm, HelmFailed, helm_binary
+from npu_sandbox.demo.helm import Helm, HelmFailed, helm_binary
+from npu_sandbox.demo.repository import CHART
 
 from tests.examples import TEST_CONFIG, example
 

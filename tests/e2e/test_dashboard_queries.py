@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_sandbox import prometheus
-from npu_sandbox.kubelet import free_port
+from npu_sandbox.demo import prometheus
+from npu_sandbox.node.kubelet import free_port
 
 from tests.e2e.conftest import SandboxRun
 

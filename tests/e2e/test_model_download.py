@@ -18,8 +18,8 @@ from npu_operator.api import crd
 from npu_operator.api.config import OperatorConfig
 from npu_operator.kube.objects import condition
 from npu_sandbox.cluster import LocalCluster
-from npu_sandbox.kubelet import LocalKubelet
-from npu_sandbox.local_hub import LocalHub, Repo
+from npu_sandbox.fixtures.local_hub import LocalHub, Repo
+from npu_sandbox.node.kubelet import LocalKubelet
 
 from tests.examples import example
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from npu_sandbox import prometheus
+from npu_sandbox.demo import prometheus
 
 from tests.e2e.conftest import SandboxRun
 from tests.runtime.serve_helpers import alive

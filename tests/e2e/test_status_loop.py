@@ -1,6 +1,6 @@
 """The whole loop on this machine: the operator, the API emulator, and a real `npu-runtime serve` on CPU.
 
-The test plays the kubelet (npu_sandbox.kubelet): it starts the Deployment's pod args as a local
+The test plays the kubelet (npu_sandbox.node.kubelet): it starts the Deployment's pod args as a local
 process and reports the Pod (IP 127.0.0.1, Ready from /readyz, termination message on exit).
 The operator reads the runtime's /status over HTTP and must tell, in the NPUInference status and
 Events, what the engine really did.
@@ -20,7 +20,8 @@ from npu_operator.api import crd
 from npu_operator.api.config import OperatorConfig
 from npu_operator.kube.objects import condition
 from npu_sandbox.cluster import LocalCluster
-from npu_sandbox.kubelet import LocalKubelet, replica_set_owner
+from npu_sandbox.controllers.workloads import replica_set_owner
+from npu_sandbox.node.kubelet import LocalKubelet
 
 from tests.examples import example
 

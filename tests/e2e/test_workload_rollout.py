@@ -34,10 +34,10 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from npu_operator.api import crd
-from npu_sandbox import prometheus
+from npu_sandbox.apiserver.emulator import KubeEmulator
 from npu_sandbox.cluster import LocalCluster
-from npu_sandbox.emulator import KubeEmulator
-from npu_sandbox.kubelet import LocalKubelet, LocalPod, free_port
+from npu_sandbox.demo import prometheus
+from npu_sandbox.node.kubelet import LocalKubelet, LocalPod, free_port
 
 from tests.e2e.conftest import ready, scale, wait_ready
 from tests.e2e.test_status_loop import CONFIG, ENGINE_STARTUP, NAME, NS, tiny_manifest

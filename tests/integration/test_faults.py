@@ -26,9 +26,9 @@ from npu_operator.api.config import OperatorConfig
 from npu_operator.controller.worker import describe
 from npu_operator.kube.client import NPU_INFERENCES, ApiError, KubeClient
 from npu_operator.kube.objects import condition
+from npu_sandbox.apiserver.emulator import KubeEmulator
 from npu_sandbox.cluster import LocalCluster
-from npu_sandbox.emulator import KubeEmulator
-from npu_sandbox.kubelet import replica_set_owner
+from npu_sandbox.controllers.workloads import replica_set_owner
 
 from tests.examples import SANDBOX_HOST_PATHS, example
 

@@ -1,7 +1,7 @@
 """A disaggregated resource's status per role: the real operator over HTTP, through the chain
 DisaggregatedSet -> role LeaderWorkerSets -> StatefulSets -> pods.
 
-The sandbox's DisaggregatedSet stand-in (`npu_sandbox.disaggregated`, after LeaderWorkerSet
+The sandbox's DisaggregatedSet stand-in (`npu_sandbox.controllers.disaggregated`, after LeaderWorkerSet
 v0.10's controller) makes the role LeaderWorkerSets; the LeaderWorkerSet side is played as in
 `test_lws_ranks` (its StatefulSets and pods, LeaderWorkerSet v0.10's labels and owners), each pod's
 runtime a `FakeRuntimes` answer.
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 from npu_operator.kube.objects import condition
-from npu_sandbox import controllers, disaggregated
 from npu_sandbox.cluster import LocalCluster
+from npu_sandbox.controllers import disaggregated
+from npu_sandbox.controllers import workloads as controllers
 
 from tests.examples import example
 from tests.integration.test_faults import HOSTILE, FakeRuntimes, report

@@ -19,8 +19,8 @@ from npu_operator.kube.objects import condition
 from npu_operator.status import revisions
 from npu_operator.status.findings import PodReport
 from npu_operator.status.reports import parse_report
-from npu_sandbox import controllers
 from npu_sandbox.cluster import LocalCluster
+from npu_sandbox.controllers import workloads as controllers
 
 from tests.examples import TEST_CONFIG, example
 

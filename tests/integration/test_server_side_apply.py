@@ -3,7 +3,7 @@
 Faithful (and tested here): an apply creates or merges, records its fields as the manager's, removes
 a field the manager no longer applies, leaves fields of other managers alone, answers 409 on a
 conflict unless forced, and a non-apply write takes the fields it changes from their manager.
-Simplified (see npu_sandbox.fields): lists are atomic; the status subresource is not tracked.
+Simplified (see npu_sandbox.apiserver.fields): lists are atomic; the status subresource is not tracked.
 """
 
 from __future__ import annotations

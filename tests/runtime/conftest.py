@@ -12,7 +12,7 @@ import pytest
 from npu_runtime.fetch import download as fetch
 from npu_runtime.planner.model import ModelInfo, inspect_model
 from npu_runtime.planner.probe import DeviceInfo
-from npu_sandbox.local_hub import LocalHub, Repo
+from npu_sandbox.fixtures.local_hub import LocalHub, Repo
 
 GIB = 1 << 30
 FIXTURES = Path(__file__).parent / "fixtures" / "models"

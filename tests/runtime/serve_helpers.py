@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from npu_sandbox.kubelet import free_port
+from npu_sandbox.node.kubelet import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 

@@ -1,6 +1,6 @@
 """`npu-runtime fetch` with the real huggingface_hub and modelscope clients against a local hub.
 
-The hub (npu_sandbox.local_hub) serves the tiny generated model on 127.0.0.1 in each hub's API
+The hub (npu_sandbox.fixtures.local_hub) serves the tiny generated model on 127.0.0.1 in each hub's API
 shape; the clients are pointed at it with their endpoint settings. Faults are the hub's: a cut
 connection, wrong bytes, a required token, unknown repositories and revisions.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from npu_runtime.fetch import download as fetch
 from npu_runtime.fetch.download import FetchError, FetchOptions, Progress
-from npu_sandbox.local_hub import LocalHub, Repo
+from npu_sandbox.fixtures.local_hub import LocalHub, Repo
 
 from tests.runtime.conftest import HUBS, REPO, WEIGHTS
 

@@ -1,6 +1,6 @@
 """`npu-runtime fetch` against a hostile hub: nothing outside the cache is written, deleted or linked.
 
-The hub double is npu_sandbox.local_hub with its hostile faults (a commit that is a path, listed
+The hub double is npu_sandbox.fixtures.local_hub with its hostile faults (a commit that is a path, listed
 paths outside the repository, wrong and endless sizes, extra files, moving branches), in both
 hubs' API shapes; the fetch is the command itself (`fetch_command`, what `npu-runtime fetch`
 runs) with the real huggingface_hub and modelscope clients, in a temporary directory whose
@@ -31,8 +31,8 @@ from npu_operator.status.reports import parse_report
 from npu_runtime.fetch import download as fetch
 from npu_runtime.fetch import layout
 from npu_runtime.serving import failures
-from npu_sandbox.kubelet import free_port
-from npu_sandbox.local_hub import LocalHub, Repo, RepoFile
+from npu_sandbox.fixtures.local_hub import LocalHub, Repo, RepoFile
+from npu_sandbox.node.kubelet import free_port
 
 from tests.examples import example
 from tests.runtime.conftest import HUBS, REPO, WEIGHTS

@@ -16,7 +16,7 @@ import pytest
 from npu_operator.api.spec import parse_spec
 from npu_operator.children import engine_pod as builders
 from npu_runtime.contract import parse_serve_args
-from npu_sandbox.kubelet import free_port
+from npu_sandbox.node.kubelet import free_port
 
 from tests.examples import example
 from tests.operator.children.test_workloads import expand
