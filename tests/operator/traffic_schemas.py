@@ -5,7 +5,8 @@ kept from those projects' own published schemas and sources (never a copy of the
   scaleTargetRef.name and triggers[].type/metadata, metadata a map of strings, min/max/polling
   bounds, the minReplicaCount <= maxReplicaCount CEL rule) and pkg/scalers/prometheus_scaler.go
   (the Prometheus trigger's metadata: serverAddress, query and threshold required, threshold and
-  activationThreshold parsed as floats, ignoreNullValues as a bool). HPA bounds on the behaviour
+  activationThreshold parsed as floats, ignoreNullValues as a bool), and no warning from the
+  webhook's verifyScaledObjects (pollingInterval, cooldownPeriod). HPA bounds on the behaviour
   from k8s.io/api autoscaling/v2 (periodSeconds 1..1800, stabilizationWindowSeconds 0..3600).
 - InferencePool: kubernetes-sigs/gateway-api-inference-extension v1.6.0, config/crd/bases/
   inference.networking.k8s.io_inferencepools.yaml (v1: selector.matchLabels 1..64 entries, label
@@ -259,6 +260,27 @@ def validate_scaled_object(obj: dict[str, Any]) -> None:
                 assert _FLOAT.match(metadata[key]), f"{key} {metadata[key]!r} is not a float"
         if "ignoreNullValues" in metadata:
             assert metadata["ignoreNullValues"] in ("true", "false")
+    assert not keda_warnings(obj), keda_warnings(obj)
+
+
+POLLING_NOT_RELEVANT = "PollingInterval is configured but is not relevant"
+COOLDOWN_NOT_RELEVANT = "CooldownPeriod is configured but is not relevant"
+
+
+def keda_warnings(obj: dict[str, Any]) -> list[str]:
+    """The warnings KEDA's webhook answers a ScaledObject with about pollingInterval and cooldownPeriod
+    (v2.20.2 apis/keda/v1alpha1/scaledobject_webhook.go verifyScaledObjects): each is irrelevant with
+    minReplicaCount above 0 (unset: 0) unless idleReplicaCount is 0, pollingInterval also unless a
+    trigger uses cached metrics."""
+    spec = obj["spec"]
+    active = spec.get("minReplicaCount", 0) > 0 and spec.get("idleReplicaCount") != 0
+    cached = any(trigger.get("useCachedMetrics") for trigger in spec.get("triggers", ()))
+    warnings = []
+    if "pollingInterval" in spec and active and not cached:
+        warnings.append(POLLING_NOT_RELEVANT)
+    if "cooldownPeriod" in spec and active:
+        warnings.append(COOLDOWN_NOT_RELEVANT)
+    return warnings
 
 
 def validate_inference_pool(obj: dict[str, Any]) -> None:

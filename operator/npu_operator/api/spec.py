@@ -204,7 +204,7 @@ class AutoscalingSpec:
     queue_depth_per_replica: int | None  # None: the running target
     scale_up_period_seconds: int | None  # None: the observed startup time
     scale_down_stabilization_seconds: int | None  # None: from the observed startup time
-    polling_interval_seconds: int
+    polling_interval_seconds: int  # with minReplicas 0 only (KEDA's 0 <-> 1)
     prometheus_address: str | None  # None: the operator's setting
 
 

@@ -244,20 +244,26 @@ def build_scaled_object(
         # With no replica there are no vLLM series: the picker's held requests wake the resource.
         triggers.append(_trigger("held-requests", address, picker_queue_query(name, namespace), target.queue))
     down = behavior(autoscaling, startup)["scaleDown"]["stabilizationWindowSeconds"]
+    spec: JSON = {
+        "scaleTargetRef": {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": name},
+        "minReplicaCount": autoscaling.min_replicas,
+        "maxReplicaCount": autoscaling.max_replicas,
+    }
+    if autoscaling.min_replicas == 0:
+        # Both only matter between 0 and 1 replica: KEDA's own loop polls the triggers to wake the
+        # resource and waits cooldownPeriod before 1 -> 0 (as carefully as any scale-down); above
+        # that the HPA reads KEDA's metrics server on its own schedule. With minReplicaCount >= 1
+        # (and no idleReplicaCount, no useCachedMetrics) KEDA's webhook warns that they are not
+        # relevant (v2.20.2 apis/keda/v1alpha1/scaledobject_webhook.go verifyScaledObjects).
+        spec["pollingInterval"] = autoscaling.polling_interval_seconds
+        spec["cooldownPeriod"] = down
+    spec["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": behavior(autoscaling, startup)}}
+    spec["triggers"] = triggers
     return {
         "apiVersion": KEDA_API_VERSION,
         "kind": SCALED_OBJECT_KIND,
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
-        "spec": {
-            "scaleTargetRef": {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": name},
-            "minReplicaCount": autoscaling.min_replicas,
-            "maxReplicaCount": autoscaling.max_replicas,
-            "pollingInterval": autoscaling.polling_interval_seconds,
-            # Only used to go from 1 to 0 replicas (KEDA), as carefully as any other scale-down.
-            "cooldownPeriod": down,
-            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior(autoscaling, startup)}},
-            "triggers": triggers,
-        },
+        "spec": spec,
     }
 
 

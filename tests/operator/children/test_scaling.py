@@ -163,6 +163,52 @@ def test_scale_to_zero_wakes_on_the_pickers_held_requests() -> None:
     assert held["metadata"]["query"] == query
 
 
+# kedacore/keda v2.20.2, apis/keda/v1alpha1/scaledobject_webhook_test.go, "POLLINGINTERVAL WARNING TESTS",
+# "COOLDOWNPERIOD WARNING TESTS" and "COMBINED WARNING TESTS": (minReplicaCount, idleReplicaCount,
+# pollingInterval, cooldownPeriod, useCachedMetrics, the warnings expected).
+POLLING = traffic_schemas.POLLING_NOT_RELEVANT
+COOLDOWN = traffic_schemas.COOLDOWN_NOT_RELEVANT
+KEDA_WARNING_CASES = [
+    (1, None, 30, None, False, [POLLING]),  # "... PollingInterval ... minReplicaCount > 0 and idleReplicaCount not set"
+    (2, 1, 30, None, False, [POLLING]),  # "... PollingInterval ... minReplicaCount > 0 and idleReplicaCount > 0"
+    (2, 0, 30, None, False, []),  # "should NOT emit warning when PollingInterval is set with idleReplicaCount = 0"
+    (2, 1, 30, None, True, []),  # "... PollingInterval is set with useCachedMetrics enabled"
+    (2, 1, None, None, False, []),  # "should NOT emit warning when PollingInterval is not set"
+    (1, None, None, 300, False, [COOLDOWN]),  # "... CooldownPeriod ... idleReplicaCount not set"
+    (2, 1, None, 300, False, [COOLDOWN]),  # "... CooldownPeriod ... idleReplicaCount > 0"
+    (2, 0, None, 300, False, []),  # "should NOT emit warning when CooldownPeriod is set with idleReplicaCount = 0"
+    (2, 1, None, None, False, []),  # "should NOT emit warning when CooldownPeriod is not set"
+    (2, 1, 30, 300, False, [POLLING, COOLDOWN]),  # "should emit both warnings when both ... are misconfigured"
+    (2, 0, 30, 300, False, []),  # "should emit no warnings when both are properly configured with idleReplicaCount = 0"
+]
+
+
+@pytest.mark.parametrize(("low", "idle", "polling", "cooldown", "cached", "expected"), KEDA_WARNING_CASES)
+def test_the_warning_check_is_kedas(
+    low: int, idle: int | None, polling: int | None, cooldown: int | None, cached: bool, expected: list[str]
+) -> None:
+    spec: dict[str, Any] = {"minReplicaCount": low, "triggers": [{"type": "prometheus", "useCachedMetrics": cached}]}
+    for key, value in (("idleReplicaCount", idle), ("pollingInterval", polling), ("cooldownPeriod", cooldown)):
+        if value is not None:
+            spec[key] = value
+    assert traffic_schemas.keda_warnings({"spec": spec}) == expected
+
+
+@pytest.mark.parametrize("min_replicas", [0, 1, 2])
+def test_polling_and_cooldown_are_rendered_only_where_keda_uses_them(min_replicas: int) -> None:
+    manifest = example(QWEN)
+    manifest["spec"]["autoscaling"].update(minReplicas=min_replicas, pollingIntervalSeconds=20)
+    scaled = of_kind(render(manifest), "ScaledObject")
+    traffic_schemas.validate_scaled_object(scaled)  # no warning from KEDA's webhook
+    assert traffic_schemas.keda_warnings(scaled) == []
+    spec = scaled["spec"]
+    if min_replicas == 0:  # 0 <-> 1 is KEDA's own loop: it polls, and waits the scale-down window
+        down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+        assert (spec["pollingInterval"], spec["cooldownPeriod"]) == (20, down["stabilizationWindowSeconds"])
+    else:
+        assert "pollingInterval" not in spec and "cooldownPeriod" not in spec
+
+
 # -- without the APIs ----------------------------------------------------------------------------------------
 
 
