@@ -36,7 +36,7 @@ from npu_runtime.contract import PlanError, PlanOptions
 from npu_runtime.planner.plan import largest_decode_batch
 
 from npu_operator.api import crd
-from npu_operator.api.spec import AutoscalingSpec, NPUInferenceSpec, SpecError
+from npu_operator.api.spec import AutoscalingSpec, NPUInferenceSpec, PrometheusSpec, SpecError
 
 JSON = dict[str, Any]
 
@@ -235,14 +235,14 @@ def build_scaled_object(
 ) -> JSON:
     """The KEDA ScaledObject of one resource; `prometheus` is the operator's default address."""
     target = targets(autoscaling, cap)
-    address = autoscaling.prometheus_address or prometheus
+    server = dataclasses.replace(autoscaling.prometheus, address=autoscaling.prometheus.address or prometheus)
     triggers = [
-        _trigger("running-requests", address, running_query(name, namespace), target.running),
-        _trigger("waiting-requests", address, waiting_query(name, namespace), target.queue),
+        _trigger("running-requests", server, running_query(name, namespace), target.running),
+        _trigger("waiting-requests", server, waiting_query(name, namespace), target.queue),
     ]
     if autoscaling.min_replicas == 0:
         # With no replica there are no vLLM series: the picker's held requests wake the resource.
-        triggers.append(_trigger("held-requests", address, picker_queue_query(name, namespace), target.queue))
+        triggers.append(_trigger("held-requests", server, picker_queue_query(name, namespace), target.queue))
     down = behavior(autoscaling, startup)["scaleDown"]["stabilizationWindowSeconds"]
     spec: JSON = {
         "scaleTargetRef": {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": name},
@@ -267,20 +267,29 @@ def build_scaled_object(
     }
 
 
-def _trigger(name: str, address: str, query: str, threshold: int) -> JSON:
-    return {
-        "type": "prometheus",
-        "name": name,
-        "metricType": "AverageValue",
-        # Every value a string: the CRD's triggers[].metadata is a map of strings.
-        "metadata": {
-            "serverAddress": address,
-            "query": query,
-            "threshold": str(threshold),
-            "activationThreshold": "0",
-            "ignoreNullValues": "true",
-        },
+def _trigger(name: str, prometheus: PrometheusSpec, query: str, threshold: int) -> JSON:
+    # Every value a string: the CRD's triggers[].metadata is a map of strings.
+    metadata = {
+        "serverAddress": prometheus.address,
+        "query": query,
+        "threshold": str(threshold),
+        "activationThreshold": "0",
+        "ignoreNullValues": "true",
     }
+    # KEDA's Prometheus scaler (pkg/scalers/prometheus_scaler.go prometheusMetadata): authModes is read
+    # from the trigger's metadata, then from the TriggerAuthentication's parameters, as a comma-separated
+    # list (pkg/scalers/authentication/authentication_types.go Config.Modes); the credentials (username
+    # and password, bearerToken, ca, cert and key...) only from the TriggerAuthentication.
+    if prometheus.auth_modes:
+        metadata["authModes"] = ",".join(prometheus.auth_modes)
+    if prometheus.unsafe_ssl:
+        metadata["unsafeSsl"] = "true"
+    trigger: JSON = {"type": "prometheus", "name": name, "metricType": "AverageValue", "metadata": metadata}
+    if prometheus.authentication is not None:
+        # triggers[].authenticationRef (keda.sh_scaledobjects.yaml v2.20.2): name, kind (enum).
+        ref = prometheus.authentication
+        trigger["authenticationRef"] = {"name": ref.name, "kind": ref.kind}
+    return trigger
 
 
 def autoscaling_status(autoscaling: AutoscalingSpec, cap: Capacity, startup_seen: int | None, timeout: int) -> JSON:

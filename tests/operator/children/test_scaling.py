@@ -209,6 +209,97 @@ def test_polling_and_cooldown_are_rendered_only_where_keda_uses_them(min_replica
         assert "pollingInterval" not in spec and "cooldownPeriod" not in spec
 
 
+# -- an authenticated or https Prometheus ---------------------------------------------------------------------
+
+
+def test_an_authenticated_prometheus_is_queried_through_the_trigger_authentication() -> None:
+    manifest = example(QWEN)
+    manifest["spec"]["autoscaling"]["prometheus"] = {
+        "address": "https://prometheus.example.com",
+        "authenticationRef": {"name": "prometheus-reader"},
+        "authModes": ["bearer", "tls"],
+    }
+    assert crd.validate(manifest) == []
+    scaled = of_kind(render(manifest), "ScaledObject")
+    traffic_schemas.validate_scaled_object(scaled)
+    for trigger in scaled["spec"]["triggers"]:
+        assert trigger["authenticationRef"] == {"name": "prometheus-reader", "kind": "TriggerAuthentication"}
+        assert trigger["metadata"]["serverAddress"] == "https://prometheus.example.com"
+        assert trigger["metadata"]["authModes"] == "bearer,tls"
+        assert "unsafeSsl" not in trigger["metadata"]
+
+
+def test_a_cluster_trigger_authentication_and_unsafe_ssl() -> None:
+    manifest = example(QWEN)
+    manifest["spec"]["autoscaling"]["minReplicas"] = 0  # the picker's trigger too
+    manifest["spec"]["autoscaling"]["prometheus"] = {
+        "authenticationRef": {"name": "monitoring", "kind": "ClusterTriggerAuthentication"},
+        "unsafeSsl": True,
+    }
+    scaled = of_kind(render(manifest), "ScaledObject")
+    traffic_schemas.validate_scaled_object(scaled)
+    assert len(scaled["spec"]["triggers"]) == 3
+    for trigger in scaled["spec"]["triggers"]:
+        assert trigger["authenticationRef"] == {"name": "monitoring", "kind": "ClusterTriggerAuthentication"}
+        assert trigger["metadata"]["unsafeSsl"] == "true" and "authModes" not in trigger["metadata"]
+        assert trigger["metadata"]["serverAddress"] == CONFIG.prometheus_address
+
+
+def test_without_authentication_the_triggers_are_as_before() -> None:
+    scaled = of_kind(render(example(QWEN)), "ScaledObject")
+    for trigger in scaled["spec"]["triggers"]:
+        assert "authenticationRef" not in trigger
+        assert set(trigger["metadata"]) == {
+            "serverAddress",
+            "query",
+            "threshold",
+            "activationThreshold",
+            "ignoreNullValues",
+        }
+
+
+# kedacore/keda v2.20.2, pkg/scalers/prometheus_scaler_test.go testPrometheusAuthMetadata: the authModes
+# values of its accepted cases ("tls, basic" spaced as written), and pkg/scalers/scalersconfig/
+# typed_config_test.go TestExclusive's rule (two of an exclusive set refused), with our modes.
+KEDA_AUTH_MODES = [("tls", True), ("bearer", True), ("basic", True), ("tls, basic", True), ("custom", True)]
+KEDA_AUTH_MODES += [("basic,bearer", False), ("bearer,oauth", False), ("digest", False)]
+
+
+@pytest.mark.parametrize(("modes", "accepted"), KEDA_AUTH_MODES)
+def test_auth_modes_are_read_as_kedas_scaler_reads_them(modes: str, accepted: bool) -> None:
+    try:
+        traffic_schemas.assert_auth_modes(modes)
+    except AssertionError:
+        assert not accepted
+    else:
+        assert accepted
+
+
+@pytest.mark.parametrize(
+    ("prometheus", "fragment"),
+    [
+        ({"authModes": ["basic"]}, "authModes needs authenticationRef"),
+        ({"authenticationRef": {"name": "a"}, "authModes": ["basic", "bearer"]}, "only one of basic, bearer and oauth"),
+        ({"authenticationRef": {"name": "a"}, "authModes": ["digest"]}, "authModes[0]"),
+        ({"authenticationRef": {"name": "a"}, "authModes": ["tls", "tls"]}, "duplicate"),
+        ({"authenticationRef": {"name": "a", "kind": "Secret"}}, "'Secret' is not one of"),
+        ({"authenticationRef": {}}, "'name' is a required property"),
+        (
+            {
+                "address": "https://elsewhere.example.com",
+                "authenticationRef": {"name": "a", "kind": "ClusterTriggerAuthentication"},
+            },
+            "credentials go only to the operator's Prometheus",
+        ),
+    ],
+)
+def test_the_crd_refuses_what_keda_would(prometheus: dict[str, Any], fragment: str) -> None:
+    manifest = example(QWEN)
+    manifest["spec"]["autoscaling"]["prometheus"] = prometheus
+    errors = crd.validate(manifest)
+    assert any(fragment in error for error in errors), errors
+
+
 # -- without the APIs ----------------------------------------------------------------------------------------
 
 
@@ -322,7 +413,7 @@ def test_the_target_never_exceeds_the_largest_captured_batch_times_dp_ranks(
         max_capture_size=max_capture * q if max_capture else None,
     )
     largest = largest_decode_batch(options)
-    autoscaling = AutoscalingSpec(1, 4, utilization, explicit, None, None, None, 15, None)
+    autoscaling = AutoscalingSpec(1, 4, utilization, explicit, None, None, None, 15)
     cap = scaling.Capacity(largest, data, max_num_seqs)
     target = scaling.targets(autoscaling, cap)
     assert 1 <= target.running <= largest * data
