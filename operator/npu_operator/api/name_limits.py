@@ -35,7 +35,9 @@ Upstream, as read (each function cited where its name is derived below):
 - Kubernetes' own limits (k8s.io/apimachinery pkg/util/validation): IsDNS1123Label,
   IsDNS1035Label and IsValidLabelValue, 63 characters each.
 
-A Deployment's names are not limited beyond 63: its ReplicaSets (`<deployment>-<hash>`) are DNS
+The routing objects add nothing: gateway-api-inference-extension v1.6.0 and llm-d-router v0.9.0 make
+no Kubernetes object named after the InferencePool, and the picker's own objects (`<name>-epp`) are
+ours. A Deployment's names are not limited beyond 63: its ReplicaSets (`<deployment>-<hash>`) are DNS
 subdomains (253), its pods are named by generateName, which truncates, and their hostnames are
 truncated by the kubelet. Our own children with a suffix (`-epp`, `-prefill`, `-calibration`...)
 are shortened by `child_name`, deterministically, so a long name keeps the same children.
