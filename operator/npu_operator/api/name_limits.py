@@ -80,6 +80,7 @@ class Derived:
     breaks: str  # what fails when it is longer
     source: str  # the upstream function(s) that make or check it
     parts: str = ""  # what the placeholders in `pattern` are at most, for this spec
+    otherwise: str = ""  # a change of the spec that lifts this limit, where there is one
 
     @property
     def limit(self) -> int:
@@ -108,6 +109,7 @@ def derived_names(spec: NPUInferenceSpec) -> list[Derived]:
                 DNS_1123,
                 "KEDA's admission webhook refuses the ScaledObject",
                 "KEDA v2.20.2 scaledobject_webhook.go verifyName, getHpaName",
+                otherwise="remove spec.autoscaling",
             )
         )
     if spec.disaggregation is not None:
@@ -141,6 +143,8 @@ def name_problems(name: str, spec: NPUInferenceSpec) -> list[SpecError]:
         f"{derived.pattern}{parts}, would be {len(name) + derived.added} characters, more than the {MAX_LABEL} "
         f"of {derived.kind}: {derived.breaks} ({derived.source}). Choose a name of at most {derived.limit} characters"
     )
+    if derived.otherwise:  # a name cannot change: for a resource that exists, the other way out
+        why += f", or {derived.otherwise}"
     return [SpecError("metadata.name", why)]
 
 

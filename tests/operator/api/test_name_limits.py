@@ -76,6 +76,7 @@ def test_an_autoscaled_name_is_refused_where_keda_refuses_its_scaled_object(leng
         assert upstream_names.hpa_name(scaled) == "keda-hpa-" + "a" * length
     else:
         assert len(problems) == 1 and problems[0].startswith(problem_text(length, 54)), problems
+        assert problems[0].endswith("Choose a name of at most 54 characters, or remove spec.autoscaling")
 
 
 @pytest.mark.parametrize(("name", "accepted"), LWS_NAMES)
