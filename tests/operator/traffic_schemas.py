@@ -5,8 +5,11 @@ kept from those projects' own published schemas and sources (never a copy of the
   scaleTargetRef.name and triggers[].type/metadata, metadata a map of strings, min/max/polling
   bounds, the minReplicaCount <= maxReplicaCount CEL rule) and pkg/scalers/prometheus_scaler.go
   (the Prometheus trigger's metadata: serverAddress, query and threshold required, threshold and
-  activationThreshold parsed as floats, ignoreNullValues as a bool). HPA bounds on the behaviour
-  from k8s.io/api autoscaling/v2 (periodSeconds 1..1800, stabilizationWindowSeconds 0..3600).
+  activationThreshold parsed as floats, ignoreNullValues and unsafeSsl as bools, authModes as
+  pkg/scalers/authentication's Config reads it), triggers[].authenticationRef (name, kind enum), and
+  no warning from the webhook's verifyScaledObjects (pollingInterval, cooldownPeriod). HPA bounds
+  on the behaviour from k8s.io/api autoscaling/v2 (periodSeconds 1..1800, stabilizationWindowSeconds
+  0..3600).
 - InferencePool: kubernetes-sigs/gateway-api-inference-extension v1.6.0, config/crd/bases/
   inference.networking.k8s.io_inferencepools.yaml (v1: selector.matchLabels 1..64 entries, label
   value pattern, targetPorts 1..8 unique ports, endpointPickerRef name/kind/port, failureMode enum,
@@ -100,7 +103,15 @@ SCALED_OBJECT: dict[str, Any] = {
                         "required": ["metadata", "type"],
                         "additionalProperties": False,
                         "properties": {
-                            "authenticationRef": {"type": "object", "required": ["name"]},
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "kind": {"enum": ["TriggerAuthentication", "ClusterTriggerAuthentication"]},
+                                    "name": {"type": "string"},
+                                },
+                            },
                             "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
                             "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
                             "name": {"type": "string"},
@@ -259,6 +270,46 @@ def validate_scaled_object(obj: dict[str, Any]) -> None:
                 assert _FLOAT.match(metadata[key]), f"{key} {metadata[key]!r} is not a float"
         if "ignoreNullValues" in metadata:
             assert metadata["ignoreNullValues"] in ("true", "false")
+        if "unsafeSsl" in metadata:
+            assert metadata["unsafeSsl"] in ("true", "false")
+        if "authModes" in metadata:
+            assert_auth_modes(metadata["authModes"])
+    assert not keda_warnings(obj), keda_warnings(obj)
+
+
+# pkg/scalers/authentication/authentication_types.go Config.Modes: `keda:"name=authModes;authMode, ...,
+# enum=apiKey;basic;tls;bearer;custom;oauth, exclusiveSet=bearer;basic;oauth"`, split on "," and trimmed
+# (pkg/scalers/scalersconfig/typed_config.go, the enum and exclusiveSet checks).
+AUTH_MODES = ("apiKey", "basic", "tls", "bearer", "custom", "oauth")
+EXCLUSIVE_AUTH_MODES = ("bearer", "basic", "oauth")
+
+
+def assert_auth_modes(value: str) -> None:
+    modes = [mode.strip() for mode in value.split(",")]
+    assert all(mode in AUTH_MODES for mode in modes), f"authModes {value!r} must be among {AUTH_MODES}"
+    assert sum(mode in EXCLUSIVE_AUTH_MODES for mode in modes) <= 1, (
+        f"authModes {value!r}: one of {EXCLUSIVE_AUTH_MODES}"
+    )
+
+
+POLLING_NOT_RELEVANT = "PollingInterval is configured but is not relevant"
+COOLDOWN_NOT_RELEVANT = "CooldownPeriod is configured but is not relevant"
+
+
+def keda_warnings(obj: dict[str, Any]) -> list[str]:
+    """The warnings KEDA's webhook answers a ScaledObject with about pollingInterval and cooldownPeriod
+    (v2.20.2 apis/keda/v1alpha1/scaledobject_webhook.go verifyScaledObjects): each is irrelevant with
+    minReplicaCount above 0 (unset: 0) unless idleReplicaCount is 0, pollingInterval also unless a
+    trigger uses cached metrics."""
+    spec = obj["spec"]
+    active = spec.get("minReplicaCount", 0) > 0 and spec.get("idleReplicaCount") != 0
+    cached = any(trigger.get("useCachedMetrics") for trigger in spec.get("triggers", ()))
+    warnings = []
+    if "pollingInterval" in spec and active and not cached:
+        warnings.append(POLLING_NOT_RELEVANT)
+    if "cooldownPeriod" in spec and active:
+        warnings.append(COOLDOWN_NOT_RELEVANT)
+    return warnings
 
 
 def validate_inference_pool(obj: dict[str, Any]) -> None:

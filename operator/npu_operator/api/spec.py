@@ -194,6 +194,24 @@ class DisaggregationSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class AuthenticationRef:
+    """A KEDA TriggerAuthentication (same namespace) or ClusterTriggerAuthentication, by name."""
+
+    name: str
+    kind: str  # TriggerAuthentication | ClusterTriggerAuthentication
+
+
+@dataclasses.dataclass(frozen=True)
+class PrometheusSpec:
+    """spec.autoscaling.prometheus: where KEDA queries, and how it authenticates."""
+
+    address: str | None = None  # None: the operator's setting
+    authentication: AuthenticationRef | None = None
+    auth_modes: tuple[str, ...] = ()  # KEDA's authModes: basic, bearer, tls, custom, oauth, apiKey
+    unsafe_ssl: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class AutoscalingSpec:
     """spec.autoscaling: a KEDA ScaledObject on the resource's scale subresource (see `scaling`)."""
 
@@ -204,8 +222,8 @@ class AutoscalingSpec:
     queue_depth_per_replica: int | None  # None: the running target
     scale_up_period_seconds: int | None  # None: the observed startup time
     scale_down_stabilization_seconds: int | None  # None: from the observed startup time
-    polling_interval_seconds: int
-    prometheus_address: str | None  # None: the operator's setting
+    polling_interval_seconds: int  # with minReplicas 0 only (KEDA's 0 <-> 1)
+    prometheus: PrometheusSpec = PrometheusSpec()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,7 +382,17 @@ def _autoscaling(value: JSON | None) -> AutoscalingSpec | None:
         scale_up_period_seconds=value.get("scaleUpPeriodSeconds"),
         scale_down_stabilization_seconds=value.get("scaleDownStabilizationSeconds"),
         polling_interval_seconds=value["pollingIntervalSeconds"],
-        prometheus_address=value.get("prometheus", {}).get("address"),
+        prometheus=_prometheus(value.get("prometheus", {})),
+    )
+
+
+def _prometheus(value: JSON) -> PrometheusSpec:
+    ref = value.get("authenticationRef")
+    return PrometheusSpec(
+        address=value.get("address"),
+        authentication=AuthenticationRef(ref["name"], ref["kind"]) if ref else None,
+        auth_modes=tuple(value.get("authModes", ())),
+        unsafe_ssl=value.get("unsafeSsl", False),
     )
 
 

@@ -2,7 +2,8 @@
 
 `validate_spec` finds what the schema lets through but the operator must refuse (for example an
 extended resource in the kubernetes.io domain, an extra engine argument that fights a field, a
-connector setting that breaks vllm-ascend's rules); the pod-template policy is `policy`'s.
+connector setting that breaks vllm-ascend's rules, a name too long for the names upstream
+controllers derive from it); the pod-template policy is `policy`'s.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Final
 from npu_runtime.contract import parse_size
 from npu_runtime.fetch.listing import REVISION_PATTERN
 
-from npu_operator.api import roles
+from npu_operator.api import name_limits, roles
 from npu_operator.api.spec import HUB_SOURCE_FIELDS, JSON, HubSource, NPUInferenceSpec, SpecError
 
 _DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -125,9 +126,14 @@ def extended_resource_problem(name: str) -> str | None:
     return None
 
 
-def validate_spec(spec: NPUInferenceSpec) -> list[SpecError]:
-    """What the schema and its CEL rules let through but cannot be served, each naming its field."""
+def validate_spec(spec: NPUInferenceSpec, name: str | None = None) -> list[SpecError]:
+    """What the schema and its CEL rules let through but cannot be served, each naming its field.
+
+    With the resource's `name` (metadata.name), also whether every name derived from it, by our
+    children and by the upstream controllers they are handed to, stays valid (`name_limits`)."""
     problems: list[SpecError] = []
+    if name is not None:
+        problems += name_limits.name_problems(name, spec)
     if spec.npu.resource_name is not None and (why := extended_resource_problem(spec.npu.resource_name)):
         problems.append(SpecError("spec.npu.resourceName", why))
     if spec.model.name.startswith("-"):

@@ -36,7 +36,7 @@ from npu_runtime.contract import PlanError, PlanOptions
 from npu_runtime.planner.plan import largest_decode_batch
 
 from npu_operator.api import crd
-from npu_operator.api.spec import AutoscalingSpec, NPUInferenceSpec, SpecError
+from npu_operator.api.spec import AutoscalingSpec, NPUInferenceSpec, PrometheusSpec, SpecError
 
 JSON = dict[str, Any]
 
@@ -235,46 +235,61 @@ def build_scaled_object(
 ) -> JSON:
     """The KEDA ScaledObject of one resource; `prometheus` is the operator's default address."""
     target = targets(autoscaling, cap)
-    address = autoscaling.prometheus_address or prometheus
+    server = dataclasses.replace(autoscaling.prometheus, address=autoscaling.prometheus.address or prometheus)
     triggers = [
-        _trigger("running-requests", address, running_query(name, namespace), target.running),
-        _trigger("waiting-requests", address, waiting_query(name, namespace), target.queue),
+        _trigger("running-requests", server, running_query(name, namespace), target.running),
+        _trigger("waiting-requests", server, waiting_query(name, namespace), target.queue),
     ]
     if autoscaling.min_replicas == 0:
         # With no replica there are no vLLM series: the picker's held requests wake the resource.
-        triggers.append(_trigger("held-requests", address, picker_queue_query(name, namespace), target.queue))
+        triggers.append(_trigger("held-requests", server, picker_queue_query(name, namespace), target.queue))
     down = behavior(autoscaling, startup)["scaleDown"]["stabilizationWindowSeconds"]
+    spec: JSON = {
+        "scaleTargetRef": {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": name},
+        "minReplicaCount": autoscaling.min_replicas,
+        "maxReplicaCount": autoscaling.max_replicas,
+    }
+    if autoscaling.min_replicas == 0:
+        # Both only matter between 0 and 1 replica: KEDA's own loop polls the triggers to wake the
+        # resource and waits cooldownPeriod before 1 -> 0 (as carefully as any scale-down); above
+        # that the HPA reads KEDA's metrics server on its own schedule. With minReplicaCount >= 1
+        # (and no idleReplicaCount, no useCachedMetrics) KEDA's webhook warns that they are not
+        # relevant (v2.20.2 apis/keda/v1alpha1/scaledobject_webhook.go verifyScaledObjects).
+        spec["pollingInterval"] = autoscaling.polling_interval_seconds
+        spec["cooldownPeriod"] = down
+    spec["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": behavior(autoscaling, startup)}}
+    spec["triggers"] = triggers
     return {
         "apiVersion": KEDA_API_VERSION,
         "kind": SCALED_OBJECT_KIND,
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
-        "spec": {
-            "scaleTargetRef": {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": name},
-            "minReplicaCount": autoscaling.min_replicas,
-            "maxReplicaCount": autoscaling.max_replicas,
-            "pollingInterval": autoscaling.polling_interval_seconds,
-            # Only used to go from 1 to 0 replicas (KEDA), as carefully as any other scale-down.
-            "cooldownPeriod": down,
-            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior(autoscaling, startup)}},
-            "triggers": triggers,
-        },
+        "spec": spec,
     }
 
 
-def _trigger(name: str, address: str, query: str, threshold: int) -> JSON:
-    return {
-        "type": "prometheus",
-        "name": name,
-        "metricType": "AverageValue",
-        # Every value a string: the CRD's triggers[].metadata is a map of strings.
-        "metadata": {
-            "serverAddress": address,
-            "query": query,
-            "threshold": str(threshold),
-            "activationThreshold": "0",
-            "ignoreNullValues": "true",
-        },
+def _trigger(name: str, prometheus: PrometheusSpec, query: str, threshold: int) -> JSON:
+    # Every value a string: the CRD's triggers[].metadata is a map of strings.
+    metadata = {
+        "serverAddress": prometheus.address,
+        "query": query,
+        "threshold": str(threshold),
+        "activationThreshold": "0",
+        "ignoreNullValues": "true",
     }
+    # KEDA's Prometheus scaler (pkg/scalers/prometheus_scaler.go prometheusMetadata): authModes is read
+    # from the trigger's metadata, then from the TriggerAuthentication's parameters, as a comma-separated
+    # list (pkg/scalers/authentication/authentication_types.go Config.Modes); the credentials (username
+    # and password, bearerToken, ca, cert and key...) only from the TriggerAuthentication.
+    if prometheus.auth_modes:
+        metadata["authModes"] = ",".join(prometheus.auth_modes)
+    if prometheus.unsafe_ssl:
+        metadata["unsafeSsl"] = "true"
+    trigger: JSON = {"type": "prometheus", "name": name, "metricType": "AverageValue", "metadata": metadata}
+    if prometheus.authentication is not None:
+        # triggers[].authenticationRef (keda.sh_scaledobjects.yaml v2.20.2): name, kind (enum).
+        ref = prometheus.authentication
+        trigger["authenticationRef"] = {"name": ref.name, "kind": ref.kind}
+    return trigger
 
 
 def autoscaling_status(autoscaling: AutoscalingSpec, cap: Capacity, startup_seen: int | None, timeout: int) -> JSON:

@@ -47,12 +47,15 @@ class Desired:
 
 
 def read_spec(body: Mapping[str, Any], config: OperatorConfig) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
-    """The typed spec and everything wrong with it (schema-level gaps and the pod-template policy included)."""
+    """The typed spec and everything wrong with it (schema-level gaps, a name too long for what is
+    derived from it, and the pod-template policy included)."""
     try:
         spec = parse_spec(body.get("spec", {}))
     except SpecError as exc:
         return None, [exc]
-    return spec, validate_spec(spec) + scaling.spec_problems(spec, plan_options(spec)) + policy_problems(spec, config)
+    name = (body.get("metadata") or {}).get("name")
+    problems = validate_spec(spec, name if isinstance(name, str) else None)
+    return spec, problems + scaling.spec_problems(spec, plan_options(spec)) + policy_problems(spec, config)
 
 
 def desired_state(

@@ -163,6 +163,143 @@ def test_scale_to_zero_wakes_on_the_pickers_held_requests() -> None:
     assert held["metadata"]["query"] == query
 
 
+# kedacore/keda v2.20.2, apis/keda/v1alpha1/scaledobject_webhook_test.go, "POLLINGINTERVAL WARNING TESTS",
+# "COOLDOWNPERIOD WARNING TESTS" and "COMBINED WARNING TESTS": (minReplicaCount, idleReplicaCount,
+# pollingInterval, cooldownPeriod, useCachedMetrics, the warnings expected).
+POLLING = traffic_schemas.POLLING_NOT_RELEVANT
+COOLDOWN = traffic_schemas.COOLDOWN_NOT_RELEVANT
+KEDA_WARNING_CASES = [
+    (1, None, 30, None, False, [POLLING]),  # "... PollingInterval ... minReplicaCount > 0 and idleReplicaCount not set"
+    (2, 1, 30, None, False, [POLLING]),  # "... PollingInterval ... minReplicaCount > 0 and idleReplicaCount > 0"
+    (2, 0, 30, None, False, []),  # "should NOT emit warning when PollingInterval is set with idleReplicaCount = 0"
+    (2, 1, 30, None, True, []),  # "... PollingInterval is set with useCachedMetrics enabled"
+    (2, 1, None, None, False, []),  # "should NOT emit warning when PollingInterval is not set"
+    (1, None, None, 300, False, [COOLDOWN]),  # "... CooldownPeriod ... idleReplicaCount not set"
+    (2, 1, None, 300, False, [COOLDOWN]),  # "... CooldownPeriod ... idleReplicaCount > 0"
+    (2, 0, None, 300, False, []),  # "should NOT emit warning when CooldownPeriod is set with idleReplicaCount = 0"
+    (2, 1, None, None, False, []),  # "should NOT emit warning when CooldownPeriod is not set"
+    (2, 1, 30, 300, False, [POLLING, COOLDOWN]),  # "should emit both warnings when both ... are misconfigured"
+    (2, 0, 30, 300, False, []),  # "should emit no warnings when both are properly configured with idleReplicaCount = 0"
+]
+
+
+@pytest.mark.parametrize(("low", "idle", "polling", "cooldown", "cached", "expected"), KEDA_WARNING_CASES)
+def test_the_warning_check_is_kedas(
+    low: int, idle: int | None, polling: int | None, cooldown: int | None, cached: bool, expected: list[str]
+) -> None:
+    spec: dict[str, Any] = {"minReplicaCount": low, "triggers": [{"type": "prometheus", "useCachedMetrics": cached}]}
+    for key, value in (("idleReplicaCount", idle), ("pollingInterval", polling), ("cooldownPeriod", cooldown)):
+        if value is not None:
+            spec[key] = value
+    assert traffic_schemas.keda_warnings({"spec": spec}) == expected
+
+
+@pytest.mark.parametrize("min_replicas", [0, 1, 2])
+def test_polling_and_cooldown_are_rendered_only_where_keda_uses_them(min_replicas: int) -> None:
+    manifest = example(QWEN)
+    manifest["spec"]["autoscaling"].update(minReplicas=min_replicas, pollingIntervalSeconds=20)
+    scaled = of_kind(render(manifest), "ScaledObject")
+    traffic_schemas.validate_scaled_object(scaled)  # no warning from KEDA's webhook
+    assert traffic_schemas.keda_warnings(scaled) == []
+    spec = scaled["spec"]
+    if min_replicas == 0:  # 0 <-> 1 is KEDA's own loop: it polls, and waits the scale-down window
+        down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+        assert (spec["pollingInterval"], spec["cooldownPeriod"]) == (20, down["stabilizationWindowSeconds"])
+    else:
+        assert "pollingInterval" not in spec and "cooldownPeriod" not in spec
+
+
+# -- an authenticated or https Prometheus ---------------------------------------------------------------------
+
+
+def test_an_authenticated_prometheus_is_queried_through_the_trigger_authentication() -> None:
+    manifest = example(QWEN)
+    manifest["spec"]["autoscaling"]["prometheus"] = {
+        "address": "https://prometheus.example.com",
+        "authenticationRef": {"name": "prometheus-reader"},
+        "authModes": ["bearer", "tls"],
+    }
+    assert crd.validate(manifest) == []
+    scaled = of_kind(render(manifest), "ScaledObject")
+    traffic_schemas.validate_scaled_object(scaled)
+    for trigger in scaled["spec"]["triggers"]:
+        assert trigger["authenticationRef"] == {"name": "prometheus-reader", "kind": "TriggerAuthentication"}
+        assert trigger["metadata"]["serverAddress"] == "https://prometheus.example.com"
+        assert trigger["metadata"]["authModes"] == "bearer,tls"
+        assert "unsafeSsl" not in trigger["metadata"]
+
+
+def test_a_cluster_trigger_authentication_and_unsafe_ssl() -> None:
+    manifest = example(QWEN)
+    manifest["spec"]["autoscaling"]["minReplicas"] = 0  # the picker's trigger too
+    manifest["spec"]["autoscaling"]["prometheus"] = {
+        "authenticationRef": {"name": "monitoring", "kind": "ClusterTriggerAuthentication"},
+        "unsafeSsl": True,
+    }
+    scaled = of_kind(render(manifest), "ScaledObject")
+    traffic_schemas.validate_scaled_object(scaled)
+    assert len(scaled["spec"]["triggers"]) == 3
+    for trigger in scaled["spec"]["triggers"]:
+        assert trigger["authenticationRef"] == {"name": "monitoring", "kind": "ClusterTriggerAuthentication"}
+        assert trigger["metadata"]["unsafeSsl"] == "true" and "authModes" not in trigger["metadata"]
+        assert trigger["metadata"]["serverAddress"] == CONFIG.prometheus_address
+
+
+def test_without_authentication_the_triggers_are_as_before() -> None:
+    scaled = of_kind(render(example(QWEN)), "ScaledObject")
+    for trigger in scaled["spec"]["triggers"]:
+        assert "authenticationRef" not in trigger
+        assert set(trigger["metadata"]) == {
+            "serverAddress",
+            "query",
+            "threshold",
+            "activationThreshold",
+            "ignoreNullValues",
+        }
+
+
+# kedacore/keda v2.20.2, pkg/scalers/prometheus_scaler_test.go testPrometheusAuthMetadata: the authModes
+# values of its accepted cases ("tls, basic" spaced as written), and pkg/scalers/scalersconfig/
+# typed_config_test.go TestExclusive's rule (two of an exclusive set refused), with our modes.
+KEDA_AUTH_MODES = [("tls", True), ("bearer", True), ("basic", True), ("tls, basic", True), ("custom", True)]
+KEDA_AUTH_MODES += [("basic,bearer", False), ("bearer,oauth", False), ("digest", False)]
+
+
+@pytest.mark.parametrize(("modes", "accepted"), KEDA_AUTH_MODES)
+def test_auth_modes_are_read_as_kedas_scaler_reads_them(modes: str, accepted: bool) -> None:
+    try:
+        traffic_schemas.assert_auth_modes(modes)
+    except AssertionError:
+        assert not accepted
+    else:
+        assert accepted
+
+
+@pytest.mark.parametrize(
+    ("prometheus", "fragment"),
+    [
+        ({"authModes": ["basic"]}, "authModes needs authenticationRef"),
+        ({"authenticationRef": {"name": "a"}, "authModes": ["basic", "bearer"]}, "only one of basic, bearer and oauth"),
+        ({"authenticationRef": {"name": "a"}, "authModes": ["digest"]}, "authModes[0]"),
+        ({"authenticationRef": {"name": "a"}, "authModes": ["tls", "tls"]}, "duplicate"),
+        ({"authenticationRef": {"name": "a", "kind": "Secret"}}, "'Secret' is not one of"),
+        ({"authenticationRef": {}}, "'name' is a required property"),
+        (
+            {
+                "address": "https://elsewhere.example.com",
+                "authenticationRef": {"name": "a", "kind": "ClusterTriggerAuthentication"},
+            },
+            "credentials go only to the operator's Prometheus",
+        ),
+    ],
+)
+def test_the_crd_refuses_what_keda_would(prometheus: dict[str, Any], fragment: str) -> None:
+    manifest = example(QWEN)
+    manifest["spec"]["autoscaling"]["prometheus"] = prometheus
+    errors = crd.validate(manifest)
+    assert any(fragment in error for error in errors), errors
+
+
 # -- without the APIs ----------------------------------------------------------------------------------------
 
 
@@ -276,7 +413,7 @@ def test_the_target_never_exceeds_the_largest_captured_batch_times_dp_ranks(
         max_capture_size=max_capture * q if max_capture else None,
     )
     largest = largest_decode_batch(options)
-    autoscaling = AutoscalingSpec(1, 4, utilization, explicit, None, None, None, 15, None)
+    autoscaling = AutoscalingSpec(1, 4, utilization, explicit, None, None, None, 15)
     cap = scaling.Capacity(largest, data, max_num_seqs)
     target = scaling.targets(autoscaling, cap)
     assert 1 <= target.running <= largest * data
