@@ -24,7 +24,7 @@ from npu_operator.cli import main
 from npu_operator.controller.desired import adopted_children, read_spec
 
 from tests.examples import EXAMPLES, SANDBOX_HOST_PATHS, TEST_CONFIG, example
-from tests.operator import upstream_names
+from tests.upstream import derived_names as upstream_names
 
 UID = "11111111-2222-3333-4444-555555555555"
 
