@@ -1,8 +1,9 @@
 """The operator's own settings: environment variables over an optional YAML file, checked at startup.
 
-Every setting has one key in the file (camelCase) and one variable (NPU_OPERATOR_ + upper snake
-case); the variable wins. A bad value stops the operator with a message naming the key and
-where it came from, before any resource is touched.
+Every setting has one key in the file (camelCase), one variable (NPU_OPERATOR_ + upper snake
+case) and one chart value (`SETTINGS`); the variable wins over the file, and `render --set` over
+both. A bad value stops the operator with a message naming the key and where it came from,
+before any resource is touched; a refusal that a setting decides names how to allow it (`how_to_allow`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import dataclasses
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+import shlex
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
+from npu_runtime.files import FileProblem, read_text
 
 from npu_operator.api.validation import extended_resource_problem
 
@@ -194,16 +197,104 @@ def env_variable(field: str) -> str:
     return "NPU_OPERATOR_" + field.upper()
 
 
-def load_config(environ: Mapping[str, str] | None = None) -> OperatorConfig:
-    """Read the file named by NPU_OPERATOR_CONFIG (if any), then the variables; raise ConfigError."""
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting under each of its names: the field, the file's key, the variable, the chart value."""
+
+    field: str
+    chart_value: str  # its path in charts/npu-inference-operator/values.yaml
+
+    @property
+    def key(self) -> str:
+        return _camel(self.field)
+
+    @property
+    def variable(self) -> str:
+        return env_variable(self.field)
+
+    @property
+    def is_list(self) -> bool:
+        return isinstance(getattr(OperatorConfig(), self.field), tuple)
+
+
+_CHART_VALUES: Final = {
+    "runtime_image": "operator.runtimeImage",  # repository and tag
+    "npu_resource_name": "operator.npuResourceName",
+    "namespaces": "watch.namespaces",
+    "log_level": "operator.logLevel",
+    "resync_seconds": "operator.resyncSeconds",
+    "status_poll_seconds": "operator.statusPollSeconds",
+    "status_concurrency": "operator.statusConcurrency",
+    "status_timeout_seconds": "operator.statusTimeoutSeconds",
+    "peering_name": "operator.peeringName",
+    "standalone": "operator.standalone",
+    "health_port": "operator.healthPort",
+    "metrics_port": "operator.metricsPort",
+    "prometheus_address": "operator.prometheusAddress",
+    "picker_image": "operator.pickerImage",  # repository and tag
+    "pod_template_policy": "operator.podTemplatePolicy.mode",
+    "allowed_registries": "operator.podTemplatePolicy.allowedRegistries",
+    "allowed_priority_classes": "operator.podTemplatePolicy.allowedPriorityClasses",
+    "allowed_host_paths": "operator.podTemplatePolicy.allowedHostPaths",
+    "allow_service_account_token": "operator.podTemplatePolicy.allowServiceAccountToken",
+}
+# Every setting by field: the one place that knows its key, variable and chart value.
+SETTINGS: Final = {field: Setting(field, _CHART_VALUES[field]) for field in _PARSERS}
+
+
+def how_to_allow(field: str, value: str | tuple[str, ...]) -> str | None:
+    """How to allow what the setting `field` refuses: its chart value and variable, and the `--set`
+    (for helm and `npu-operator render` alike) that gives it `value` (a list: the whole list).
+    None when `value` is not one the setting takes (such a refusal no value of it can lift)."""
+    setting = SETTINGS[field]
+    try:
+        _PARSERS[field](",".join(value) if isinstance(value, tuple) else value)
+    except (TypeError, ValueError):
+        return None
+    text = "{" + ",".join(value) + "}" if isinstance(value, tuple) else value
+    assignment = shlex.quote(f"{setting.chart_value}={text}")
+    return f"allowed by the chart value {setting.chart_value} (variable {setting.variable}), e.g. --set {assignment}"
+
+
+def setting_named(name: str) -> Setting:
+    """The setting that `name` (its key in the file, or its chart value) names; ConfigError if none."""
+    for setting in SETTINGS.values():
+        if name in (setting.key, setting.chart_value):
+            return setting
+    known = ", ".join(setting.chart_value for setting in SETTINGS.values())
+    raise ConfigError(f"--set {name}: no such setting (a chart value, or a key of the settings file); known: {known}")
+
+
+def _assignment(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` of `render --set`: the field and its value (a list also as helm writes it, {a,b})."""
+    name, equals, value = text.partition("=")
+    if not equals:
+        raise ConfigError(f"--set {text}: must be KEY=VALUE")
+    setting = setting_named(name.strip())
+    if setting.is_list and value.startswith("{") and value.endswith("}"):
+        value = value[1:-1]
+    return setting.field, value
+
+
+def load_config(
+    environ: Mapping[str, str] | None = None, *, file: Path | None = None, assignments: Sequence[str] = ()
+) -> OperatorConfig:
+    """Read the settings file (`file`, else the one NPU_OPERATOR_CONFIG names, if any), then the
+    variables, then `assignments` (KEY=VALUE, as `render --set` gives them); raise ConfigError."""
     environ = os.environ if environ is None else environ
     raw: dict[str, tuple[Any, str]] = {}
-    if path := environ.get(CONFIG_FILE_VARIABLE):
-        for key, value in _read_file(Path(path)).items():
+    named = environ.get(CONFIG_FILE_VARIABLE)
+    path = file if file is not None else Path(named) if named else None
+    if path is not None:
+        source = f"{CONFIG_FILE_VARIABLE}={path}" if file is None else str(path)
+        for key, value in _read_file(path, source).items():
             raw[key] = (value, f"{path}: {_camel(key)}")
     for field in _PARSERS:
         if (value := environ.get(env_variable(field))) is not None:
             raw[field] = (value, env_variable(field))
+    for text in assignments:
+        field, value = _assignment(text)
+        raw[field] = (value, f"--set {text}")
     values: dict[str, Any] = {}
     for field, (value, source) in raw.items():
         try:
@@ -213,11 +304,11 @@ def load_config(environ: Mapping[str, str] | None = None) -> OperatorConfig:
     return OperatorConfig(**values)
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def _read_file(path: Path, source: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise ConfigError(f"{CONFIG_FILE_VARIABLE}={path}: cannot read: {exc.strerror}") from None
+        data = yaml.safe_load(read_text(path)) or {}
+    except FileProblem as exc:
+        raise ConfigError(f"{source}: cannot read: {str(exc).removeprefix(f'{path}: ')}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import posixpath
 from typing import Final
 
-from npu_operator.api.config import OperatorConfig
+from npu_operator.api.config import OperatorConfig, how_to_allow
 from npu_operator.api.spec import NPUInferenceSpec, SpecError
 
 RESTRICTED: Final = "Restricted"
@@ -40,43 +40,29 @@ def path_under(path: str, prefixes: tuple[str, ...]) -> bool:
     return any(clean == prefix.rstrip("/") or clean.startswith(prefix.rstrip("/") + "/") for prefix in prefixes)
 
 
+def registry_of(image: str) -> str:
+    """The host/path that `image`'s repository lies under ("" for a bare name such as `vllm:1`)."""
+    name = image.split("@", 1)[0]
+    return name.rsplit("/", 1)[0] if "/" in name else ""
+
+
+def allowed_by(field: str, value: str | tuple[str, ...]) -> str:
+    """How to allow a refusal: the setting `field` with `value`, or, where no value of it can (a
+    bare image name, the host's root), the Permissive policy."""
+    return how_to_allow(field, value) or only_permissive()
+
+
+def only_permissive() -> str:
+    hint = how_to_allow("pod_template_policy", PERMISSIVE) or f"{PERMISSIVE} allows it"
+    return f"refused by podTemplatePolicy {RESTRICTED}; {hint}"
+
+
 def policy_problems(spec: NPUInferenceSpec, config: OperatorConfig) -> list[SpecError]:
-    """What the operator's pod-template policy refuses in `spec`, each naming its field."""
+    """What the operator's pod-template policy refuses in `spec`, each naming its field and the
+    setting (chart value, variable) that would allow it."""
     if config.pod_template_policy == PERMISSIVE:
         return []
-    setting = "podTemplatePolicy Restricted"
-    problems: list[SpecError] = []
-    image = spec.engine.image
-    if image is not None and image != config.runtime_image and not image_allowed(image, config.allowed_registries):
-        allowed = ", ".join(config.allowed_registries) or "none"
-        why = f"{image!r} is not from an allowed registry ({allowed}; the operator's allowedRegistries)"
-        problems.append(SpecError("spec.engine.image", why))
-    template = spec.template
-    if template.service_account_name is not None and not config.allow_service_account_token:
-        why = (
-            "a ServiceAccount puts its API token into the pod; the runtime never needs one"
-            f" ({setting}; the operator's allowServiceAccountToken allows it)"
-        )
-        problems.append(SpecError("spec.template.serviceAccountName", why))
-    priority = template.priority_class_name
-    if priority is not None and priority not in config.allowed_priority_classes:
-        allowed = ", ".join(config.allowed_priority_classes) or "none"
-        why = f"{priority!r} is not an allowed priority class ({allowed}; the operator's allowedPriorityClasses)"
-        problems.append(SpecError("spec.template.priorityClassName", why))
-    host = spec.model.host_path
-    if host is not None and not path_under(host.path, config.allowed_host_paths):
-        allowed = ", ".join(config.allowed_host_paths) or "none"
-        why = f"{host.path!r} is not under an allowed host directory ({allowed}; the operator's allowedHostPaths)"
-        problems.append(SpecError("spec.model.source.hostPath.path", why))
-    for index, toleration in enumerate(template.tolerations):
-        if toleration.get("operator") == "Exists" and not toleration.get("key"):
-            why = f"tolerates every taint (operator Exists without a key), control-plane ones too ({setting})"
-            problems.append(SpecError(f"spec.template.tolerations[{index}]", why))
-    for key in template.node_selector:
-        if key in CONTROL_PLANE_LABELS:
-            problems.append(SpecError(f"spec.template.nodeSelector[{key}]", f"selects control-plane nodes ({setting})"))
-    if template.affinity and any(label in repr(template.affinity) for label in CONTROL_PLANE_LABELS):
-        problems.append(SpecError("spec.template.affinity", f"selects control-plane nodes ({setting})"))
+    problems = _image_and_account(spec, config) + _host_and_priority(spec, config) + _placement(spec)
     envs = {"spec.engine.env": spec.engine.env}
     if spec.disaggregation is not None:
         envs["spec.disaggregation.prefill.env"] = spec.disaggregation.prefill.env
@@ -85,7 +71,58 @@ def policy_problems(spec: NPUInferenceSpec, config: OperatorConfig) -> list[Spec
             if "secretKeyRef" in (var.get("valueFrom") or {}):
                 why = (
                     "reads a Secret of the namespace into the engine's environment; a hub token goes in"
-                    f" model.source.*.tokenSecretRef ({setting})"
+                    f" model.source.*.tokenSecretRef; {only_permissive()}"
                 )
                 problems.append(SpecError(f"{field}[{index}].valueFrom.secretKeyRef", why))
+    return problems
+
+
+def _listed(values: tuple[str, ...]) -> str:
+    return f"allowed: {', '.join(values) or 'none'}"
+
+
+def _image_and_account(spec: NPUInferenceSpec, config: OperatorConfig) -> list[SpecError]:
+    problems: list[SpecError] = []
+    image = spec.engine.image
+    if image is not None and image != config.runtime_image and not image_allowed(image, config.allowed_registries):
+        registry = registry_of(image)
+        allowing = allowed_by("allowed_registries", (*config.allowed_registries, registry)) if registry else None
+        why = f"{image!r} is not from an allowed registry ({_listed(config.allowed_registries)})"
+        problems.append(SpecError("spec.engine.image", f"{why}; {allowing or only_permissive()}"))
+    if spec.template.service_account_name is not None and not config.allow_service_account_token:
+        why = "a ServiceAccount puts its API token into the pod; the runtime never needs one"
+        problems.append(
+            SpecError("spec.template.serviceAccountName", f"{why}; {allowed_by('allow_service_account_token', 'true')}")
+        )
+    return problems
+
+
+def _host_and_priority(spec: NPUInferenceSpec, config: OperatorConfig) -> list[SpecError]:
+    problems: list[SpecError] = []
+    priority = spec.template.priority_class_name
+    if priority is not None and priority not in config.allowed_priority_classes:
+        why = f"{priority!r} is not an allowed priority class ({_listed(config.allowed_priority_classes)})"
+        allowing = allowed_by("allowed_priority_classes", (*config.allowed_priority_classes, priority))
+        problems.append(SpecError("spec.template.priorityClassName", f"{why}; {allowing}"))
+    host = spec.model.host_path
+    if host is not None and not path_under(host.path, config.allowed_host_paths):
+        why = f"{host.path!r} is not under an allowed host directory ({_listed(config.allowed_host_paths)})"
+        allowing = allowed_by("allowed_host_paths", (*config.allowed_host_paths, host.path))
+        problems.append(SpecError("spec.model.source.hostPath.path", f"{why}; {allowing}"))
+    return problems
+
+
+def _placement(spec: NPUInferenceSpec) -> list[SpecError]:
+    problems: list[SpecError] = []
+    template = spec.template
+    for index, toleration in enumerate(template.tolerations):
+        if toleration.get("operator") == "Exists" and not toleration.get("key"):
+            why = f"tolerates every taint (operator Exists without a key), control-plane ones too; {only_permissive()}"
+            problems.append(SpecError(f"spec.template.tolerations[{index}]", why))
+    control_plane = f"selects control-plane nodes; {only_permissive()}"
+    for key in template.node_selector:
+        if key in CONTROL_PLANE_LABELS:
+            problems.append(SpecError(f"spec.template.nodeSelector[{key}]", control_plane))
+    if template.affinity and any(label in repr(template.affinity) for label in CONTROL_PLANE_LABELS):
+        problems.append(SpecError("spec.template.affinity", control_plane))
     return problems
