@@ -1,15 +1,20 @@
-"""`npu-operator render` as a user runs it: a subprocess, a file, stdout and exit codes."""
+"""`npu-operator render` as a user runs it: files, directories, stdin, settings, stdout and exit codes."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import kubernetes_validate
+import pytest
 import yaml
+from npu_operator import cli
+from npu_runtime.files import MAX_TEXT_BYTES
 
 from tests.examples import EXAMPLES
 
@@ -142,3 +147,163 @@ def test_binary_and_special_files_are_refused_naming_the_path(tmp_path: Path) ->
         result = render("-f", str(path))
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert f"{path}: {why}" in result.stderr
+
+
+# --- inputs as kubectl reads them: -f -, -f DIR, -R, several -f -------------------------------------
+
+ROOT = EXAMPLES.parent
+QWEN = EXAMPLES / "qwen2.5-7b-910b.yaml"
+DEEPSEEK = EXAMPLES / "deepseek-r1-w8a8-2node.yaml"
+
+
+def kinds_and_names(stdout: str) -> list[tuple[str, str]]:
+    return [(c["kind"], c["metadata"]["name"]) for c in yaml.safe_load_all(stdout) if c]
+
+
+def test_dash_reads_standard_input_as_the_file_would_be_read() -> None:
+    from_file = render("-f", str(QWEN))
+    for name in ("-", "/dev/stdin"):
+        piped = subprocess.run(
+            [sys.executable, "-m", "npu_operator.cli", "render", "-f", name],
+            input=QWEN.read_text(encoding="utf-8"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (piped.returncode, piped.stdout) == (0, from_file.stdout), piped.stderr
+
+
+def test_standard_input_is_read_once_and_named_in_errors() -> None:
+    twice = render("-f", "-", "-f", "-")
+    assert twice.returncode == 2 and "<stdin>: named more than once" in twice.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "npu_operator.cli", "render", "-f", "-"],
+        input="spec: [\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "<stdin>: not YAML" in bad.stderr
+
+
+def test_an_endless_standard_input_is_refused_at_the_file_limit() -> None:
+    with open("/dev/zero", "rb") as zeros:
+        result = subprocess.run(
+            [sys.executable, "-m", "npu_operator.cli", "render", "-f", "-"],
+            stdin=zeros,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2
+    assert f"<stdin>: larger than {MAX_TEXT_BYTES} bytes" in result.stderr
+
+
+def test_standard_input_over_the_limit_or_not_utf8_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "MAX_INPUT_BYTES", 100)
+    for data, why in ((b"#" * 101, "larger than 100 bytes"), (b"\xff\xfe", "not UTF-8 text (byte 0)")):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+        assert cli.main(["render", "-f", "-"]) == 2
+        assert f"<stdin>: {why}" in capsys.readouterr().err
+
+
+def test_a_directory_is_read_like_kubectl_reads_it(tmp_path: Path) -> None:
+    (tmp_path / "b.yaml").write_text(QWEN.read_text(encoding="utf-8"))
+    (tmp_path / "a.json").write_text(json.dumps(yaml.safe_load(DEEPSEEK.read_text(encoding="utf-8"))))
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "c.yml").write_text(
+        (EXAMPLES / "deepseek-r1-w8a8-pd.yaml").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    flat = render("-f", str(tmp_path))
+    assert flat.returncode == 0, flat.stderr
+    assert [name for _kind, name in kinds_and_names(flat.stdout)] == ["deepseek-r1"] * 2 + ["qwen25-7b"] * 3
+    deep = render("-f", str(tmp_path), "-R")
+    assert deep.returncode == 0, deep.stderr
+    # a.json, b.yaml, then more/c.yml: by name, as kubectl walks it
+    assert kinds_and_names(deep.stdout) == kinds_and_names(flat.stdout) + kinds_and_names(
+        render("-f", str(tmp_path / "more" / "c.yml")).stdout
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = render("-f", str(empty))
+    assert result.returncode == 2 and f"{empty}: no .yaml, .yml, .json file in it" in result.stderr
+
+
+def test_several_files_render_in_the_order_given() -> None:
+    result = render("-f", str(QWEN), "-f", str(DEEPSEEK))
+    assert result.returncode == 0, result.stderr
+    names = [name for _kind, name in kinds_and_names(result.stdout)]
+    assert names == ["qwen25-7b"] * 3 + ["deepseek-r1"] * 2
+
+
+def test_a_list_from_kubectl_get_renders_each_item_with_its_uid() -> None:
+    item = yaml.safe_load(QWEN.read_text(encoding="utf-8"))
+    item["metadata"].update(uid="6f1c", resourceVersion="42", generation=3)
+    item["status"] = {"phase": "Ready"}
+    listed = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": [item]}
+    result = subprocess.run(
+        [sys.executable, "-m", "npu_operator.cli", "render", "-f", "-"],
+        input=yaml.safe_dump(listed),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    children = [c for c in yaml.safe_load_all(result.stdout) if c]
+    assert {c["metadata"]["ownerReferences"][0]["uid"] for c in children} == {"6f1c"}
+
+
+# --- the operator's settings: --config and --set ---------------------------------------------------
+
+
+def test_config_and_set_give_render_the_policy_a_cluster_has(tmp_path: Path) -> None:
+    sandbox = str(EXAMPLES / "sandbox-cpu.yaml")
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("allowedHostPaths: [/tmp/npu-sandbox/models]\n", encoding="utf-8")
+    assert render("-f", sandbox, "--config", str(settings)).returncode == 0
+    assert (
+        render("-f", sandbox, "--set", "operator.podTemplatePolicy.allowedHostPaths=/tmp/npu-sandbox").returncode == 0
+    )
+    assert render("-f", sandbox, "--set", "allowedHostPaths={/data,/tmp/npu-sandbox/models}").returncode == 0
+    unknown = render("-f", sandbox, "--set", "allowedHostPath=/tmp")
+    assert unknown.returncode == 2 and "--set allowedHostPath: no such setting" in unknown.stderr
+    missing = render("-f", sandbox, "--config", str(tmp_path / "none.yaml"))
+    assert missing.returncode == 2 and "none.yaml: cannot read: file not found" in missing.stderr
+
+
+# --- what optional APIs leave out ------------------------------------------------------------------
+
+
+def test_children_left_out_for_their_apis_are_named_in_a_last_comment_line() -> None:
+    result = render("-f", str(QWEN))
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.splitlines()[-1]
+    assert last == (
+        "# not rendered, their APIs not assumed served (--all-apis renders every one):"
+        " PodMonitor/qwen25-7b (--pod-monitor-api); ScaledObject/qwen25-7b (--keda-api);"
+        " ServiceAccount/qwen25-7b-epp, Role/qwen25-7b-epp, RoleBinding/qwen25-7b-epp, ConfigMap/qwen25-7b-epp,"
+        " Deployment/qwen25-7b-epp, Service/qwen25-7b-epp, InferencePool/qwen25-7b (--inference-pool-api)"
+    )
+    every = render("-f", str(QWEN), "--all-apis")
+    assert not any(line.startswith("#") for line in every.stdout.splitlines())
+    # Each group is what its flag adds.
+    listed = {flag: set(names.split(", ")) for names, flag in re.findall(r"([^:;]+) \((--[a-z-]+)\)", last)}
+    assert set(listed) == {api.flag for api in cli.OPTIONAL_APIS}
+    rendered = set(kinds_and_names(result.stdout))
+    for flag, names in listed.items():
+        added = set(kinds_and_names(render("-f", str(QWEN), flag).stdout)) - rendered
+        assert {f"{kind}/{name}" for kind, name in added} == {name.strip() for name in names}
+
+
+def test_json_output_names_what_was_left_out_on_stderr() -> None:
+    result = render("-f", str(QWEN), "-o", "json")
+    assert result.returncode == 0 and json.loads(result.stdout)
+    assert "# not rendered, their APIs not assumed served" in result.stderr
+
+
+def test_a_resource_without_optional_children_gets_no_comment() -> None:
+    result = render("-f", str(EXAMPLES / "qwen2.5-7b-modelscope.yaml"))
+    assert result.returncode == 0 and "#" not in result.stdout

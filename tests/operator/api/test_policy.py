@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from npu_operator import cli, topologies
-from npu_operator.api.config import ConfigError, OperatorConfig, load_config
+from npu_operator.api.config import SETTINGS, ConfigError, OperatorConfig, load_config
 from npu_operator.api.policy import policy_problems
 from npu_operator.api.spec import parse_spec
 from npu_operator.api.validation import owned_flag, validate_spec
@@ -26,7 +27,7 @@ from npu_operator.children import engine_pod
 from npu_operator.controller.desired import desired_state, read_spec
 from npu_operator.kube import names as kube_names
 
-from tests.examples import example
+from tests.examples import EXAMPLES, example
 
 CONFIG = OperatorConfig()
 OPERATOR_REFERENCES = {kube_names.LWS_LEADER_ADDRESS, kube_names.LWS_WORKER_INDEX}
@@ -246,7 +247,44 @@ def test_the_default_policy_refuses_what_widens_a_pod(
     path.write_text(yaml.safe_dump(manifest))
     monkeypatch.delenv("NPU_OPERATOR_CONFIG", raising=False)
     assert cli.main(["render", "-f", str(path)]) == 2
-    assert field in capsys.readouterr().err
+    refusal = next(line for line in capsys.readouterr().err.splitlines() if line.strip().startswith(field))
+    # It names the chart value and the variable that allow it, and the --set that does, which render takes.
+    hint = shlex.split(refusal.split("e.g. ", 1)[1])
+    setting = next(s for s in SETTINGS.values() if hint[1].startswith(s.chart_value + "="))
+    assert hint[0] == "--set" and f"chart value {setting.chart_value} (variable {setting.variable})" in refusal
+    assert cli.main(["render", "-f", str(path), *hint]) == 0, capsys.readouterr().err
+
+
+def test_a_refused_host_path_says_how_to_allow_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for setting in SETTINGS.values():
+        monkeypatch.delenv(setting.variable, raising=False)
+    monkeypatch.delenv("NPU_OPERATOR_CONFIG", raising=False)
+    assert cli.main(["render", "-f", str(EXAMPLES / "sandbox-cpu.yaml")]) == 2
+    assert capsys.readouterr().err.splitlines()[1] == (
+        "  spec.model.source.hostPath.path: '/tmp/npu-sandbox/models' is not under an allowed host directory"
+        " (allowed: none); allowed by the chart value operator.podTemplatePolicy.allowedHostPaths"
+        " (variable NPU_OPERATOR_ALLOWED_HOST_PATHS),"
+        " e.g. --set 'operator.podTemplatePolicy.allowedHostPaths={/tmp/npu-sandbox/models}'"
+    )
+    # With one directory allowed already, the --set keeps it: helm's --set replaces a whole list.
+    config = OperatorConfig(allowed_host_paths=("/data/models",))
+    (problem,) = policy_problems(parse_spec(example("sandbox-cpu.yaml")["spec"]), config)
+    assert problem.message.endswith(
+        "--set 'operator.podTemplatePolicy.allowedHostPaths={/data/models,/tmp/npu-sandbox/models}'"
+    )
+
+
+def test_what_only_the_permissive_policy_allows_says_so() -> None:
+    manifest = with_changes({"template": {"tolerations": [{"operator": "Exists"}]}, "engine": {"image": "vllm:1"}})
+    problems = policy_problems(parse_spec(manifest["spec"]), CONFIG)
+    assert [p.field for p in problems] == ["spec.engine.image", "spec.template.tolerations[0]"]
+    for problem in problems:  # a bare image name lies under no registry a setting can list
+        assert problem.message.endswith(
+            "refused by podTemplatePolicy Restricted; allowed by the chart value operator.podTemplatePolicy.mode"
+            " (variable NPU_OPERATOR_POD_TEMPLATE_POLICY), e.g. --set operator.podTemplatePolicy.mode=Permissive"
+        )
 
 
 def test_policy_settings_are_checked_at_startup() -> None:
