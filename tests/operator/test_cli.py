@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from npu_operator import cli
+from npu_operator.api.config import SETTINGS
 from npu_runtime.files import MAX_TEXT_BYTES
 
 from tests.examples import EXAMPLES
@@ -307,3 +309,30 @@ def test_json_output_names_what_was_left_out_on_stderr() -> None:
 def test_a_resource_without_optional_children_gets_no_comment() -> None:
     result = render("-f", str(EXAMPLES / "qwen2.5-7b-modelscope.yaml"))
     assert result.returncode == 0 and "#" not in result.stdout
+
+
+# --- the commands the examples and the documents print ----------------------------------------------
+
+
+def example_command(path: Path) -> list[str]:
+    """The `npu-operator render ...` command in an example's first comment line, as argv."""
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("#") and "npu-operator render " in first, f"{path.name}: first line {first!r}"
+    return shlex.split(first[first.index("npu-operator render ") :])
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in EXAMPLES.glob("*.yaml")))
+def test_every_example_renders_with_the_command_its_first_line_gives(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for variable in [*(s.variable for s in SETTINGS.values()), "NPU_OPERATOR_CONFIG"]:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.chdir(ROOT)
+    argv = example_command(EXAMPLES / name)
+    assert argv[:2] == ["npu-operator", "render"] and f"examples/{name}" in argv
+    assert cli.main(argv[1:]) == 0, capsys.readouterr().err
+    if "--set" not in argv:  # it says so when it needs a setting: without one it renders as it is
+        return
+    args = argv[1:]
+    without = [arg for index, arg in enumerate(args) if "--set" not in (arg, args[index - 1] if index else "")]
+    assert cli.main(without) == 2
