@@ -336,3 +336,47 @@ def test_every_example_renders_with_the_command_its_first_line_gives(
     args = argv[1:]
     without = [arg for index, arg in enumerate(args) if "--set" not in (arg, args[index - 1] if index else "")]
     assert cli.main(without) == 2
+
+
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+INLINE = re.compile(r"`([^`]*npu-operator render [^`]*)`")
+FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """Every `npu-operator render` command in README and docs/, inline or a line of a code block
+    (a shell prompt's `$ ` dropped), but those that need a cluster (kubectl, helm)."""
+    found: list[tuple[str, str]] = []
+    for path in DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        lines = [line for block in FENCE.findall(text) for line in block.splitlines()]
+        inline = [" ".join(span.split()) for span in INLINE.findall(FENCE.sub("", text))]
+        for command in [*inline, *(line.removeprefix("$ ") for line in lines if "npu-operator render " in line)]:
+            if not re.search(r"\b(kubectl|helm)\b", command) and not command.startswith("#"):
+                found.append((path.name, command))
+    return found
+
+
+def test_the_documents_show_render_reading_a_pipeline() -> None:
+    assert any(
+        re.search(r"\| (\.venv/bin/)?npu-operator render -f -", command) for _doc, command in documented_commands()
+    )
+
+
+@pytest.mark.parametrize(("document", "command"), documented_commands())
+def test_every_documented_render_command_works_as_printed(
+    document: str, command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for variable in [*(s.variable for s in SETTINGS.values()), "NPU_OPERATOR_CONFIG"]:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.chdir(ROOT)
+    words = shlex.split(command, comments=True)
+    if "|" in words:  # `cat FILE... | npu-operator render -f -`: the files become standard input
+        source, words = words[: words.index("|")], words[words.index("|") + 1 :]
+        assert source[0] == "cat", f"{document}: {command}"
+        piped = b"".join(Path(name).read_bytes() for name in source[1:])
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(piped)))
+    assert words[0] in ("npu-operator", ".venv/bin/npu-operator") and words[1] == "render", command
+    expected = 2 if command == "npu-operator render -f examples/sandbox-cpu.yaml" else 0  # README's refusal
+    assert cli.main(words[1:]) == expected, f"{document}: {command}\n{capsys.readouterr().err}"
+    assert expected or list(yaml.safe_load_all(capsys.readouterr().out)), f"{document}: {command} printed nothing"
