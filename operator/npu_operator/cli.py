@@ -283,6 +283,8 @@ def _children(
     owner = {**document, "metadata": {**meta, "uid": meta.get("uid", PLACEHOLDER_UID)}}
     rendered = adopted_children(owner, spec, config, capabilities)
     kept = {_name(child) for child in rendered}
+    if capabilities == Capabilities.everything():
+        return rendered, []
     every = adopted_children(owner, spec, config, Capabilities.everything())
     return rendered, [(_flag(child, meta["name"]), _name(child)) for child in every if _name(child) not in kept]
 

@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import kubernetes_validate
@@ -162,8 +163,30 @@ def kinds_and_names(stdout: str) -> list[tuple[str, str]]:
     return [(c["kind"], c["metadata"]["name"]) for c in yaml.safe_load_all(stdout) if c]
 
 
-def test_dash_reads_standard_input_as_the_file_would_be_read() -> None:
-    from_file = render("-f", str(QWEN))
+Render = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture
+def no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No NPU_OPERATOR_* variable: render decides with the defaults and what its flags give."""
+    for variable in [*(setting.variable for setting in SETTINGS.values()), "NPU_OPERATOR_CONFIG"]:
+        monkeypatch.delenv(variable, raising=False)
+
+
+@pytest.fixture
+def render_here(no_settings: None, capsys: pytest.CaptureFixture[str]) -> Render:
+    """`render` as `render()` runs it, in this process (no interpreter to start)."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        code = cli.main(["render", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["render", *args], code, out, err)
+
+    return run
+
+
+def test_dash_reads_standard_input_as_the_file_would_be_read(render_here: Render) -> None:
+    from_file = render_here("-f", str(QWEN))
     for name in ("-", "/dev/stdin"):
         piped = subprocess.run(
             [sys.executable, "-m", "npu_operator.cli", "render", "-f", name],
@@ -175,16 +198,16 @@ def test_dash_reads_standard_input_as_the_file_would_be_read() -> None:
         assert (piped.returncode, piped.stdout) == (0, from_file.stdout), piped.stderr
 
 
-def test_standard_input_is_read_once_and_named_in_errors() -> None:
-    twice = render("-f", "-", "-f", "-")
+def piped(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """`text` as this process's standard input."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+
+
+def test_standard_input_is_read_once_and_named_in_errors(render_here: Render, monkeypatch: pytest.MonkeyPatch) -> None:
+    twice = render_here("-f", "-", "-f", "/dev/stdin")
     assert twice.returncode == 2 and "<stdin>: named more than once" in twice.stderr
-    bad = subprocess.run(
-        [sys.executable, "-m", "npu_operator.cli", "render", "-f", "-"],
-        input="spec: [\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    piped(monkeypatch, "spec: [\n")
+    bad = render_here("-f", "-")
     assert bad.returncode == 2 and "<stdin>: not YAML" in bad.stderr
 
 
@@ -206,12 +229,12 @@ def test_standard_input_over_the_limit_or_not_utf8_is_refused(
 ) -> None:
     monkeypatch.setattr(cli, "MAX_INPUT_BYTES", 100)
     for data, why in ((b"#" * 101, "larger than 100 bytes"), (b"\xff\xfe", "not UTF-8 text (byte 0)")):
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))  # bytes, not text
         assert cli.main(["render", "-f", "-"]) == 2
         assert f"<stdin>: {why}" in capsys.readouterr().err
 
 
-def test_a_directory_is_read_like_kubectl_reads_it(tmp_path: Path) -> None:
+def test_a_directory_is_read_like_kubectl_reads_it(tmp_path: Path, render_here: Render) -> None:
     (tmp_path / "b.yaml").write_text(QWEN.read_text(encoding="utf-8"))
     (tmp_path / "a.json").write_text(json.dumps(yaml.safe_load(DEEPSEEK.read_text(encoding="utf-8"))))
     (tmp_path / "notes.txt").write_text("not a manifest")
@@ -219,40 +242,37 @@ def test_a_directory_is_read_like_kubectl_reads_it(tmp_path: Path) -> None:
     (tmp_path / "more" / "c.yml").write_text(
         (EXAMPLES / "deepseek-r1-w8a8-pd.yaml").read_text(encoding="utf-8"), encoding="utf-8"
     )
-    flat = render("-f", str(tmp_path))
+    flat = render_here("-f", str(tmp_path))
     assert flat.returncode == 0, flat.stderr
     assert [name for _kind, name in kinds_and_names(flat.stdout)] == ["deepseek-r1"] * 2 + ["qwen25-7b"] * 3
-    deep = render("-f", str(tmp_path), "-R")
+    deep = render_here("-f", str(tmp_path), "-R")
     assert deep.returncode == 0, deep.stderr
     # a.json, b.yaml, then more/c.yml: by name, as kubectl walks it
     assert kinds_and_names(deep.stdout) == kinds_and_names(flat.stdout) + kinds_and_names(
-        render("-f", str(tmp_path / "more" / "c.yml")).stdout
+        render_here("-f", str(tmp_path / "more" / "c.yml")).stdout
     )
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = render("-f", str(empty))
+    result = render_here("-f", str(empty))
     assert result.returncode == 2 and f"{empty}: no .yaml, .yml, .json file in it" in result.stderr
 
 
-def test_several_files_render_in_the_order_given() -> None:
-    result = render("-f", str(QWEN), "-f", str(DEEPSEEK))
+def test_several_files_render_in_the_order_given(render_here: Render) -> None:
+    result = render_here("-f", str(QWEN), "-f", str(DEEPSEEK))
     assert result.returncode == 0, result.stderr
     names = [name for _kind, name in kinds_and_names(result.stdout)]
     assert names == ["qwen25-7b"] * 3 + ["deepseek-r1"] * 2
 
 
-def test_a_list_from_kubectl_get_renders_each_item_with_its_uid() -> None:
+def test_a_list_from_kubectl_get_renders_each_item_with_its_uid(
+    render_here: Render, monkeypatch: pytest.MonkeyPatch
+) -> None:
     item = yaml.safe_load(QWEN.read_text(encoding="utf-8"))
     item["metadata"].update(uid="6f1c", resourceVersion="42", generation=3)
     item["status"] = {"phase": "Ready"}
     listed = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": [item]}
-    result = subprocess.run(
-        [sys.executable, "-m", "npu_operator.cli", "render", "-f", "-"],
-        input=yaml.safe_dump(listed),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    piped(monkeypatch, yaml.safe_dump(listed))
+    result = render_here("-f", "-")
     assert result.returncode == 0, result.stderr
     children = [c for c in yaml.safe_load_all(result.stdout) if c]
     assert {c["metadata"]["ownerReferences"][0]["uid"] for c in children} == {"6f1c"}
@@ -261,26 +281,27 @@ def test_a_list_from_kubectl_get_renders_each_item_with_its_uid() -> None:
 # --- the operator's settings: --config and --set ---------------------------------------------------
 
 
-def test_config_and_set_give_render_the_policy_a_cluster_has(tmp_path: Path) -> None:
+def test_config_and_set_give_render_the_policy_a_cluster_has(tmp_path: Path, render_here: Render) -> None:
     sandbox = str(EXAMPLES / "sandbox-cpu.yaml")
     settings = tmp_path / "settings.yaml"
     settings.write_text("allowedHostPaths: [/tmp/npu-sandbox/models]\n", encoding="utf-8")
-    assert render("-f", sandbox, "--config", str(settings)).returncode == 0
+    assert render_here("-f", sandbox, "--config", str(settings)).returncode == 0
     assert (
-        render("-f", sandbox, "--set", "operator.podTemplatePolicy.allowedHostPaths=/tmp/npu-sandbox").returncode == 0
+        render_here("-f", sandbox, "--set", "operator.podTemplatePolicy.allowedHostPaths=/tmp/npu-sandbox").returncode
+        == 0
     )
-    assert render("-f", sandbox, "--set", "allowedHostPaths={/data,/tmp/npu-sandbox/models}").returncode == 0
-    unknown = render("-f", sandbox, "--set", "allowedHostPath=/tmp")
+    assert render_here("-f", sandbox, "--set", "allowedHostPaths={/data,/tmp/npu-sandbox/models}").returncode == 0
+    unknown = render_here("-f", sandbox, "--set", "allowedHostPath=/tmp")
     assert unknown.returncode == 2 and "--set allowedHostPath: no such setting" in unknown.stderr
-    missing = render("-f", sandbox, "--config", str(tmp_path / "none.yaml"))
+    missing = render_here("-f", sandbox, "--config", str(tmp_path / "none.yaml"))
     assert missing.returncode == 2 and "none.yaml: cannot read: file not found" in missing.stderr
 
 
 # --- what optional APIs leave out ------------------------------------------------------------------
 
 
-def test_children_left_out_for_their_apis_are_named_in_a_last_comment_line() -> None:
-    result = render("-f", str(QWEN))
+def test_children_left_out_for_their_apis_are_named_in_a_last_comment_line(render_here: Render) -> None:
+    result = render_here("-f", str(QWEN))
     assert result.returncode == 0, result.stderr
     last = result.stdout.splitlines()[-1]
     assert last == (
@@ -289,25 +310,25 @@ def test_children_left_out_for_their_apis_are_named_in_a_last_comment_line() -> 
         " ServiceAccount/qwen25-7b-epp, Role/qwen25-7b-epp, RoleBinding/qwen25-7b-epp, ConfigMap/qwen25-7b-epp,"
         " Deployment/qwen25-7b-epp, Service/qwen25-7b-epp, InferencePool/qwen25-7b (--inference-pool-api)"
     )
-    every = render("-f", str(QWEN), "--all-apis")
+    every = render_here("-f", str(QWEN), "--all-apis")
     assert not any(line.startswith("#") for line in every.stdout.splitlines())
     # Each group is what its flag adds.
     listed = {flag: set(names.split(", ")) for names, flag in re.findall(r"([^:;]+) \((--[a-z-]+)\)", last)}
     assert set(listed) == {api.flag for api in cli.OPTIONAL_APIS}
     rendered = set(kinds_and_names(result.stdout))
     for flag, names in listed.items():
-        added = set(kinds_and_names(render("-f", str(QWEN), flag).stdout)) - rendered
+        added = set(kinds_and_names(render_here("-f", str(QWEN), flag).stdout)) - rendered
         assert {f"{kind}/{name}" for kind, name in added} == {name.strip() for name in names}
 
 
-def test_json_output_names_what_was_left_out_on_stderr() -> None:
-    result = render("-f", str(QWEN), "-o", "json")
+def test_json_output_names_what_was_left_out_on_stderr(render_here: Render) -> None:
+    result = render_here("-f", str(QWEN), "-o", "json")
     assert result.returncode == 0 and json.loads(result.stdout)
     assert "# not rendered, their APIs not assumed served" in result.stderr
 
 
-def test_a_resource_without_optional_children_gets_no_comment() -> None:
-    result = render("-f", str(EXAMPLES / "qwen2.5-7b-modelscope.yaml"))
+def test_a_resource_without_optional_children_gets_no_comment(render_here: Render) -> None:
+    result = render_here("-f", str(EXAMPLES / "qwen2.5-7b-modelscope.yaml"))
     assert result.returncode == 0 and "#" not in result.stdout
 
 
@@ -323,10 +344,8 @@ def example_command(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(path.name for path in EXAMPLES.glob("*.yaml")))
 def test_every_example_renders_with_the_command_its_first_line_gives(
-    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    name: str, no_settings: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for variable in [*(s.variable for s in SETTINGS.values()), "NPU_OPERATOR_CONFIG"]:
-        monkeypatch.delenv(variable, raising=False)
     monkeypatch.chdir(ROOT)
     argv = example_command(EXAMPLES / name)
     assert argv[:2] == ["npu-operator", "render"] and f"examples/{name}" in argv
@@ -365,10 +384,12 @@ def test_the_documents_show_render_reading_a_pipeline() -> None:
 
 @pytest.mark.parametrize(("document", "command"), documented_commands())
 def test_every_documented_render_command_works_as_printed(
-    document: str, command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    document: str,
+    command: str,
+    no_settings: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    for variable in [*(s.variable for s in SETTINGS.values()), "NPU_OPERATOR_CONFIG"]:
-        monkeypatch.delenv(variable, raising=False)
     monkeypatch.chdir(ROOT)
     words = shlex.split(command, comments=True)
     if "|" in words:  # `cat FILE... | npu-operator render -f -`: the files become standard input
