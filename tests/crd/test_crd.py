@@ -208,6 +208,9 @@ INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
     ("bad-cpu-quantity", setting("spec.resources", {"requests": {"cpu": "eight"}}), "does not match"),
     ("bad-toleration-operator", setting("spec.template", {"tolerations": [{"operator": "In"}]}), "is not one of"),
     ("bad-scrape-interval", setting("spec.metrics", {"podMonitor": {"interval": "30"}}), "does not match"),
+    # A millisecond or one-second scrape of every engine pod loads Prometheus and the pods for nothing.
+    ("scrape-interval-1ms", setting("spec.metrics", {"podMonitor": {"interval": "1ms"}}), "does not match"),
+    ("scrape-interval-4s", setting("spec.metrics", {"podMonitor": {"interval": "4s"}}), "does not match"),
     ("autoscaling-without-max", setting("spec.autoscaling", {"minReplicas": 1}), "'maxReplicas' is a required"),
     (
         "autoscaling-min-above-max",

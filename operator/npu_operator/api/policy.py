@@ -26,8 +26,21 @@ RESTRICTED: Final = "Restricted"
 PERMISSIVE: Final = "Permissive"
 POLICIES: Final = (RESTRICTED, PERMISSIVE)
 
-# Node labels that select control-plane nodes (kubeadm's, and the older name).
+# Node labels that select control-plane nodes (kubeadm's, and the older name), also the keys of the
+# taints that keep pods off them (kubeadm's init phase mark-control-plane).
 CONTROL_PLANE_LABELS: Final = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+# Pod annotations that change a pod's confinement or its network, which no field of the spec may:
+# AppArmor profiles (Kubernetes' apparmor annotations, `unconfined` included), seccomp profiles (the
+# annotations before the securityContext field), and CNI attachments (Multus' network selection,
+# which can attach a pod to another namespace's networks).
+CONFINEMENT_ANNOTATION_PREFIXES: Final = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+    "k8s.v1.cni.cncf.io/",
+    "v1.multus-cni.io/",
+)
 
 
 def image_allowed(image: str, registries: tuple[str, ...]) -> bool:
@@ -119,6 +132,14 @@ def _placement(spec: NPUInferenceSpec) -> list[SpecError]:
         if toleration.get("operator") == "Exists" and not toleration.get("key"):
             why = f"tolerates every taint (operator Exists without a key), control-plane ones too; {only_permissive()}"
             problems.append(SpecError(f"spec.template.tolerations[{index}]", why))
+        elif toleration.get("key") in CONTROL_PLANE_LABELS:
+            # With it, a nodeSelector on a control-plane node's hostname places the pod there.
+            why = f"tolerates the control-plane taint {toleration['key']!r}; {only_permissive()}"
+            problems.append(SpecError(f"spec.template.tolerations[{index}]", why))
+    for key in template.annotations:
+        if key.startswith(CONFINEMENT_ANNOTATION_PREFIXES):
+            why = f"the annotation {key!r} changes the pod's confinement or network; {only_permissive()}"
+            problems.append(SpecError(f"spec.template.metadata.annotations[{key}]", why))
     control_plane = f"selects control-plane nodes; {only_permissive()}"
     for key in template.node_selector:
         if key in CONTROL_PLANE_LABELS:

@@ -70,6 +70,17 @@ class CacheSpec:
 HUB_MODEL_DIR: Final = "/var/run/npu-model"
 HUB_MODEL_PATH: Final = f"{HUB_MODEL_DIR}/model"
 HUB_SOURCE_FIELDS: Final = {"huggingFace": "huggingface", "modelScope": "modelscope"}
+# The engine pod's own mounts, besides the model's: a model mounted at one of these paths would be a
+# second volume at the same path, which the API server refuses for the whole pod template.
+SHM_MOUNT: Final = "/dev/shm"
+RECORD_MOUNT: Final = "/etc/npu-runtime/calibration"  # the calibration record (a ConfigMap, read-only)
+HCCN_CONF: Final = "/etc/hccn.conf"  # the NPUs' network configuration, for a P/D role's KV connector
+POD_MOUNTS: Final = {
+    SHM_MOUNT: "the engine's shared memory",
+    RECORD_MOUNT: "the calibration record",
+    HUB_MODEL_DIR: "the downloaded revision's link",
+    HCCN_CONF: "the NPUs' network configuration",
+}
 
 
 @dataclasses.dataclass(frozen=True)

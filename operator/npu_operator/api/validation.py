@@ -9,6 +9,7 @@ controllers derive from it); the pod-template policy is `policy`'s.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Sequence
 from typing import Final
@@ -17,7 +18,7 @@ from npu_runtime.contract import parse_size
 from npu_runtime.fetch.listing import REVISION_PATTERN
 
 from npu_operator.api import name_limits, roles
-from npu_operator.api.spec import HUB_SOURCE_FIELDS, JSON, HubSource, NPUInferenceSpec, SpecError
+from npu_operator.api.spec import HUB_SOURCE_FIELDS, JSON, POD_MOUNTS, HubSource, NPUInferenceSpec, SpecError
 
 _DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _EXTENDED_RESOURCE = re.compile(rf"^(?P<domain>{_DNS_SUBDOMAIN})/(?P<name>[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
@@ -147,6 +148,11 @@ def validate_spec(spec: NPUInferenceSpec, name: str | None = None) -> list[SpecE
         problems.append(SpecError("spec.metrics.podMonitor.enabled", AUTOSCALING_NEEDS_POD_MONITOR))
     if spec.model.hub is not None and spec.model.cache is None:
         problems.append(SpecError("spec.model.cache", "a huggingFace or modelScope source needs a cache volume"))
+    if posixpath.normpath(spec.model.mount_path) in POD_MOUNTS:
+        why = (
+            f"{spec.model.mount_path!r} is where the pod mounts {POD_MOUNTS[posixpath.normpath(spec.model.mount_path)]}"
+        )
+        problems.append(SpecError("spec.model.mountPath", f"{why}; mount the model elsewhere"))
     if not _absolute_clean(spec.model.path):
         problems.append(SpecError("spec.model.path", f"{spec.model.path!r} must be an absolute path without '..'"))
     speculative_model = spec.engine.speculative.model if spec.engine.speculative else None
@@ -195,6 +201,12 @@ def _engine_problems(
     """One engine's extra arguments, env and additional config under `prefix` (spec.engine, a P/D role)."""
     problems: list[SpecError] = []
     for index, arg in enumerate(extra_args):
+        if _positional(extra_args, index):
+            why = (
+                f"{arg!r} is no option and follows no option that takes it: vLLM would read it as a positional"
+                " argument (the model to serve; a headless worker's --model); write options as --name value"
+            )
+            problems.append(SpecError(f"{prefix}.extraArgs[{index}]", why))
         if (flag := owned_flag(arg)) is not None:
             spelled = "" if arg.split("=", 1)[0] == flag else f"{arg.split('=', 1)[0]!r} is {flag}: "
             why = f"{spelled}{flag} is set from {FLAGS_OWNED_BY_FIELDS[flag]}; set it there instead"
@@ -227,6 +239,20 @@ def _disaggregation_problems(spec: NPUInferenceSpec) -> list[SpecError]:
             why = "is not supported with spec.disaggregation yet (the router is the resource's endpoint)"
             problems.append(SpecError(field, why))
     return problems
+
+
+def _positional(args: Sequence[str], index: int) -> bool:
+    """Whether args[index] is a positional argument to vLLM's parser: `--` (which ends the options), or
+    a value that no option before it takes (the first argument, or one after a value or after
+    `--name=value`). An option that takes no value followed by a value is not told apart here (it
+    needs the engine's own parser); the engine then refuses the extra positional argument."""
+    arg = args[index]
+    if arg == "--":
+        return True
+    if engine_flag(arg) is not None:
+        return False
+    before = args[index - 1] if index > 0 else None
+    return before is None or engine_flag(before) is None or "=" in before
 
 
 def _absolute_clean(path: str) -> bool:

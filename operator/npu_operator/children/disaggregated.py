@@ -34,7 +34,7 @@ from npu_runtime.routing.router import RouterOptions, route_argv
 
 from npu_operator.api.config import OperatorConfig
 from npu_operator.api.roles import POD_NAME_ENV, ROLES, kv_transfer, role_spec
-from npu_operator.api.spec import NPUInferenceSpec
+from npu_operator.api.spec import HCCN_CONF, NPUInferenceSpec
 from npu_operator.children import engine_pod, kinds, workloads
 from npu_operator.kube import names
 from npu_operator.kube.names import DS_API_VERSION, DS_KIND, ROLE_LABEL, ROUTER
@@ -42,7 +42,6 @@ from npu_operator.kube.names import DS_API_VERSION, DS_KIND, ROLE_LABEL, ROUTER
 JSON = dict[str, Any]
 
 ROUTER_CONTAINER: Final = "router"
-HCCN_CONF: Final = "/etc/hccn.conf"
 HCCN_VOLUME: Final = "hccn-conf"
 
 

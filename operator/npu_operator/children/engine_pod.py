@@ -16,7 +16,7 @@ from typing import Any, Final
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, ServeOptions, plan_argv, serve_argv
 
 from npu_operator.api.config import OperatorConfig
-from npu_operator.api.spec import HUB_MODEL_DIR, HUB_MODEL_PATH, NPUInferenceSpec, plan_options
+from npu_operator.api.spec import HUB_MODEL_DIR, HUB_MODEL_PATH, SHM_MOUNT, NPUInferenceSpec, plan_options
 from npu_operator.children.kinds import CALIBRATION_RECORD
 from npu_operator.kube.names import (
     CONTAINER_NAME,
@@ -315,7 +315,7 @@ def _volume_mounts(spec: NPUInferenceSpec) -> list[JSON]:
         model_mount["subPath"] = spec.model.claim.sub_path
     mounts = [
         model_mount,
-        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},
         {"name": CALIBRATION_VOLUME, "mountPath": RECORD_MOUNT, "readOnly": True},
     ]
     if spec.model.hub is not None:

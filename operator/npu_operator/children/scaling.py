@@ -169,6 +169,13 @@ def seen_startup_seconds(status: Mapping[str, Any]) -> int | None:
     return seen if isinstance(seen, int) and not isinstance(seen, bool) and seen > 0 else None
 
 
+def startup_in_force(pods: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> int | None:
+    """The startup the scaling pace follows: the ready pods' own (`observed_startup_seconds`) while
+    there are any, so that one cold start with its download counts while that pod lives and not for
+    ever; the one the status keeps while none is ready (scaled to zero, or before the first)."""
+    return observed_startup_seconds(pods) or seen_startup_seconds(status)
+
+
 def behavior(autoscaling: AutoscalingSpec, startup: int) -> JSON:
     """The HPA's scaling behaviour (autoscaling/v2 HorizontalPodAutoscalerBehavior), from the startup time.
 

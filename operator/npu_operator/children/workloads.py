@@ -8,7 +8,7 @@ applied, because they need the owner's uid.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from npu_operator.api.config import OperatorConfig
 from npu_operator.api.spec import NPUInferenceSpec
@@ -121,6 +121,16 @@ def build_pod_disruption_budget(name: str, namespace: str) -> JSON:
     }
 
 
+# The runtime exports a few hundred series (a replay histogram per captured size) and vLLM about as
+# many: ten times that is the most one pod may add per scrape.
+POD_MONITOR_LIMITS: Final = {
+    "sampleLimit": 20000,
+    "labelLimit": 32,
+    "labelNameLengthLimit": 128,
+    "labelValueLengthLimit": 1024,
+}
+
+
 def build_pod_monitor(name: str, namespace: str, spec: NPUInferenceSpec) -> JSON:
     interval = spec.pod_monitor.interval
     return {
@@ -136,6 +146,9 @@ def build_pod_monitor(name: str, namespace: str, spec: NPUInferenceSpec) -> JSON
             # Every series gets the resource's name as `inference_npu_dev_name` (prometheus-operator
             # makes the label name valid): what the chart's dashboard and alerts group by.
             "podTargetLabels": [NAME_LABEL],
+            # A pod is untrusted: these bound what one scrape may add to Prometheus (a scrape past a
+            # limit fails as a whole; prometheus-operator v0.93.0, PodMonitorSpec).
+            **POD_MONITOR_LIMITS,
             "podMetricsEndpoints": [
                 # npu_graph_* and npu_device_* from the runtime; vllm:* from the engine itself.
                 {"port": "metrics", "path": "/metrics", "interval": interval, "relabelings": rank_relabelings()},

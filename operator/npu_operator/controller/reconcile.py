@@ -202,8 +202,7 @@ async def observe(
         model["resolved"] = resolution.resolved
     startup: int | None = None  # read only by the autoscaling status
     if spec.autoscaling is not None:
-        seen = (scaling.observed_startup_seconds(pods), scaling.seen_startup_seconds(previous))
-        startup = max((seconds for seconds in seen if seconds), default=None)
+        startup = scaling.startup_in_force(pods, previous)
     return resource.Observed(
         workload=dict(found.workload) if found.workload is not None else None,
         workload_kind=topology.workload.kind,

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from npu_runtime.contract import DEFAULT_METRICS_PORT, DEFAULT_PORT
 
-from npu_operator.api import crd
+from npu_operator.api import crd, spec
 from npu_operator.kube.client import Resource
 
 JSON = dict[str, Any]
@@ -25,7 +25,7 @@ CONTAINER_NAME: Final = "runtime"
 FETCH_CONTAINER_NAME: Final = "fetch-model"
 # The calibration record's file, mounted read-only from its ConfigMap in every engine pod.
 RECORD_FILE: Final = "record.json"
-RECORD_MOUNT: Final = "/etc/npu-runtime/calibration"
+RECORD_MOUNT: Final = spec.RECORD_MOUNT
 
 NAME_LABEL: Final = f"{crd.GROUP}/name"
 # A disaggregated resource's pods: prefill, decode or router.

@@ -206,6 +206,34 @@ REFUSED: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = [
         {"pod_template_policy": "Permissive"},
     ),
     (
+        # With it, a nodeSelector on a control-plane node's kubernetes.io/hostname lands the pod there.
+        "control-plane-toleration",
+        {
+            "template": {
+                "nodeSelector": {"kubernetes.io/hostname": "master-0"},
+                "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+            }
+        },
+        "spec.template.tolerations[0]",
+        {"pod_template_policy": "Permissive"},
+    ),
+    (
+        "apparmor-unconfined",
+        {
+            "template": {
+                "metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/runtime": "unconfined"}}
+            }
+        },
+        "spec.template.metadata.annotations[container.apparmor.security.beta.kubernetes.io/runtime]",
+        {"pod_template_policy": "Permissive"},
+    ),
+    (
+        "multus-network-of-another-namespace",
+        {"template": {"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": "kube-system/host-net"}}}},
+        "spec.template.metadata.annotations[k8s.v1.cni.cncf.io/networks]",
+        {"pod_template_policy": "Permissive"},
+    ),
+    (
         "secret-in-env",
         {"engine": {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}},
         "spec.engine.env[0].valueFrom.secretKeyRef",

@@ -71,7 +71,7 @@ def test_no_vllm_option_that_is_not_owned_is_refused(vllm_parser: argparse.Argum
     options = {option for action in vllm_parser._actions for option in action.option_strings}
     refused = sorted(option for option in options if owned_flag(option) and option not in FLAGS_OWNED_BY_FIELDS)
     assert refused == []
-    assert problems(["--enable-prefix-caching", "-dpn", "1", "--kv-cache-dtype=fp8", "--seed", "7", "-1"]) == []
+    assert problems(["--enable-prefix-caching", "-dpn", "1", "--kv-cache-dtype=fp8", "--seed", "-1"]) == []
     # -q is vLLM's short form of --quantization, which spec.engine.quantization owns.
     assert problems(["-q", "awq"]) == [
         "spec.engine.extraArgs[0]: -q is set from spec.engine.quantization; set it there instead"
@@ -89,3 +89,31 @@ def test_the_message_names_the_spelling_and_the_field() -> None:
 @pytest.mark.parametrize("name", ["--", "--port=1", "-O0"])
 def test_a_model_name_that_reads_as_a_flag_is_refused(name: str) -> None:
     assert problems([], name=name) == [f"spec.model.name: {name!r} would be read as a flag; start it otherwise"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "index"),
+    [
+        (["/other/model"], 0),  # vLLM takes it as model_tag, a headless worker as --model
+        (["--seed", "1", "/other/model"], 2),
+        (["--kv-cache-dtype=fp8", "/other/model"], 1),
+        (["--", "--port", "1"], 0),  # `--` ends the options: everything after is positional
+    ],
+)
+def test_a_positional_extra_argument_is_refused(extra: list[str], index: int) -> None:
+    found = problems(extra)
+    assert found and found[0].startswith(f"spec.engine.extraArgs[{index}]: ")
+    assert "positional" in found[0]
+
+
+def test_options_with_their_values_are_no_positional_arguments() -> None:
+    assert problems(["--seed", "-1", "--max-log-len", "100", "--enable-prefix-caching", "--x=1"]) == []
+
+
+@pytest.mark.parametrize("mount", ["/dev/shm", "/dev/shm/", "/etc/npu-runtime/calibration", "/var/run/npu-model"])
+def test_a_model_mounted_over_one_of_the_pods_own_mounts_is_an_invalid_spec(mount: str) -> None:
+    # Kubernetes refuses a pod template with two volumes at one path: without this check the whole
+    # workload write is refused (ChildRejected) instead of the field being named.
+    found = problems([], mountPath=mount)
+    assert [p.split(":", 1)[0] for p in found] == ["spec.model.mountPath"]
+    assert "mount the model elsewhere" in found[0]

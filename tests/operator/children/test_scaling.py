@@ -474,3 +474,20 @@ def test_without_the_pod_monitor_api_the_status_says_autoscaling_sees_no_load() 
     served = frozenset({"ScaledObject", "InferencePool", "HTTPRoute"})  # no PodMonitor CRD
     desired = desired_state(manifest, CONFIG, served)
     assert any("PodMonitor not managed" in note and "sees no load" in note for note in desired.notes)
+
+
+def ready_pod(started: str, ready: str) -> dict[str, Any]:
+    return {
+        "status": {
+            "startTime": started,
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ready}],
+        }
+    }
+
+
+def test_the_startup_in_force_follows_the_ready_pods_and_is_kept_while_none_is() -> None:
+    after_cold_start = {"autoscaling": {"startupSeconds": 1800}}  # a first pod downloaded the weights
+    warm = ready_pod("2026-01-01T00:00:00Z", "2026-01-01T00:01:30Z")  # its successor, from the cache
+    assert scaling.startup_in_force([warm], after_cold_start) == 120  # in whole minutes, not stuck at 1800
+    assert scaling.startup_in_force([], after_cold_start) == 1800  # scaled to zero: the status keeps it
+    assert scaling.startup_in_force([], {}) is None

@@ -275,3 +275,10 @@ def test_a_named_service_account_gets_its_token() -> None:
     manifest["spec"].setdefault("template", {})["serviceAccountName"] = "model-reader"
     pod = render(manifest)[0]["spec"]["template"]["spec"]
     assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("model-reader", True)
+
+
+def test_the_pod_monitor_bounds_what_one_scrape_of_a_pod_may_add() -> None:
+    # A pod is untrusted input to Prometheus too: past a limit its scrape fails as a whole.
+    monitor = next(c for c in render(example("qwen2.5-7b-910b.yaml")) if c["kind"] == "PodMonitor")
+    assert {key: monitor["spec"][key] for key in workloads.POD_MONITOR_LIMITS} == workloads.POD_MONITOR_LIMITS
+    assert all(0 < value <= 20000 for value in workloads.POD_MONITOR_LIMITS.values())
