@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
-from npu_runtime.files import MAX_TEXT_BYTES, FileProblem, read_text
+from npu_runtime.files import MAX_TEXT_BYTES, FileProblem, read_bounded, read_text
 
 from npu_operator.api import crd
 from npu_operator.api.config import ConfigError, OperatorConfig, load_config, python_log_level
@@ -206,16 +206,7 @@ def read_stdin() -> str:
     """Standard input as UTF-8 text, refused beyond MAX_INPUT_BYTES: the bounds `read_text` keeps."""
     if sys.stdin is None:
         raise FileProblem(f"{STDIN_LABEL}: closed")
-    try:
-        data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
-    except OSError as exc:
-        raise FileProblem(f"{STDIN_LABEL}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > MAX_INPUT_BYTES:
-        raise FileProblem(f"{STDIN_LABEL}: larger than {MAX_INPUT_BYTES} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise FileProblem(f"{STDIN_LABEL}: not UTF-8 text (byte {exc.start})") from None
+    return read_bounded(sys.stdin.buffer, STDIN_LABEL, limit=MAX_INPUT_BYTES)
 
 
 def manifest_files(directory: Path, recursive: bool) -> list[Path]:

@@ -47,13 +47,19 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
 def read_text(path: str | os.PathLike[str], *, limit: int = MAX_TEXT_BYTES) -> str:
     """The UTF-8 text of the regular file `path`, at most `limit` bytes."""
     with open_regular(path) as handle:
-        try:
-            data = handle.read(limit + 1)
-        except OSError as exc:
-            raise FileProblem(f"{os.fspath(path)}: cannot read: {exc.strerror or exc}") from None
+        return read_bounded(handle, os.fspath(path), limit=limit)
+
+
+def read_bounded(handle: BinaryIO, name: str, *, limit: int = MAX_TEXT_BYTES) -> str:
+    """The UTF-8 text of an open binary stream (a file, standard input), at most `limit` bytes;
+    `name` is what a refusal calls it."""
+    try:
+        data = handle.read(limit + 1)
+    except OSError as exc:
+        raise FileProblem(f"{name}: cannot read: {exc.strerror or exc}") from None
     if len(data) > limit:
-        raise FileProblem(f"{os.fspath(path)}: larger than {limit} bytes")
+        raise FileProblem(f"{name}: larger than {limit} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise FileProblem(f"{os.fspath(path)}: not UTF-8 text (byte {exc.start})") from None
+        raise FileProblem(f"{name}: not UTF-8 text (byte {exc.start})") from None
