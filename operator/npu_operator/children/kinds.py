@@ -101,6 +101,11 @@ PICKER_ROLE_BINDING: Final = _picker(Resource("rbac.authorization.k8s.io", "v1",
 PICKER_CONFIG: Final = _picker(Resource("", "v1", "configmaps", "ConfigMap"))
 PICKER_DEPLOYMENT: Final = _picker(DEPLOYMENT.resource)
 PICKER_SERVICE: Final = _picker(SERVICE.resource)
+# What scrapes the picker's own /metrics (flow control's held requests wake a resource scaled to zero):
+# optional like the serving pods' PodMonitor, and only useful with the picker, so it also needs InferencePool.
+PICKER_POD_MONITOR: Final = ChildKind(
+    POD_MONITOR.resource, optional=True, suffix=PICKER_SUFFIX, needs=INFERENCE_POOL.kind
+)
 HTTP_ROUTE: Final = ChildKind(
     Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"), optional=True, needs="InferencePool"
 )
@@ -125,6 +130,7 @@ KINDS: Final = (
     PICKER_CONFIG,
     PICKER_DEPLOYMENT,
     PICKER_SERVICE,
+    PICKER_POD_MONITOR,
     INFERENCE_POOL,
     HTTP_ROUTE,
     CALIBRATION_RECORD,

@@ -23,6 +23,10 @@ saturation detector of flow control (feature gate "flowControl"), holds requests
 once the pool is full. maxConcurrency is the plan's largest captured decode batch x the DP ranks
 behind the pod, headroom 0; the in-flight counts come from `inflight-load-producer`, which the
 detector consumes. Scoring is llm-d's default (queue, KV-cache use, prefix cache).
+
+What a real cluster needs besides (each function below cites its upstream source):
+- the picker's own metrics scraped (`build_picker_pod_monitor`): its flow control's held requests are
+  what wakes a resource scaled to zero (`scaling.picker_queue_query`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,12 @@ from npu_runtime.contract import DEFAULT_PORT as HTTP_PORT
 
 from npu_operator.api import crd
 from npu_operator.api.spec import GatewayRef
-from npu_operator.children.kinds import HTTP_ROUTE, INFERENCE_POOL, PICKER_DEPLOYMENT
+from npu_operator.children.kinds import (
+    HTTP_ROUTE,
+    INFERENCE_POOL,
+    PICKER_DEPLOYMENT,
+    PICKER_POD_MONITOR,
+)
 
 JSON = dict[str, Any]
 
@@ -131,6 +140,10 @@ def picker_config(max_concurrency: int) -> JSON:
 
 
 def picker_args(pool: Pool) -> list[str]:
+    """The picker's flags (llm-d-router v0.9.0 pkg/epp/server/options.go AddFlags), its ports written
+    out so that the Service, the probes and the PodMonitor follow them. The metrics port serves
+    plain HTTP /metrics (cmd/epp/runner/runner.go: controller-runtime's metrics server, no
+    SecureServing), without authentication here."""
     return [
         "--pool-name",
         pool.name,
@@ -140,8 +153,12 @@ def picker_args(pool: Pool) -> list[str]:
         POOL_GROUP,
         "--config-file",
         f"{PICKER_CONFIG_DIR}/{PICKER_CONFIG_FILE}",
+        "--grpc-port",
+        str(PICKER_GRPC_PORT),
         "--grpc-health-port",
         str(PICKER_HEALTH_PORT),
+        "--metrics-port",
+        str(PICKER_METRICS_PORT),
         "--zap-encoder",
         "json",
         "--tracing=false",
@@ -274,6 +291,32 @@ def _picker_service(pool: Pool) -> JSON:
                 },
                 {"name": "metrics", "port": PICKER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
+        },
+    }
+
+
+def build_picker_pod_monitor(pool: Pool, interval: str, labels: Mapping[str, str]) -> JSON:
+    """A PodMonitor (monitoring.coreos.com/v1) of the picker's pods, on the one port that serves
+    /metrics (`metrics`, --metrics-port; `grpc` and `grpc-health` serve gRPC only).
+
+    prometheus-operator (v0.93.0 pkg/prometheus/promcfg.go generatePodMonitorConfig) keeps the
+    targets on the container port of that name and gives every series `namespace`, `pod`,
+    `container` and `job`; the picker's own labels on its flow-control gauge include
+    `inference_pool` = --pool-name (llm-d-router v0.9.0 pkg/epp/metrics/llm_d_router_metrics.go
+    llmdFlowControlQueueSize, set by pkg/epp/flowcontrol/controller/controller.go EnqueueAndWait):
+    the two labels `scaling.picker_queue_query` selects on. `labels` are spec.metrics.podMonitor's,
+    to match the Prometheus' podMonitorSelector."""
+    return {
+        "apiVersion": f"{PICKER_POD_MONITOR.resource.group}/{PICKER_POD_MONITOR.resource.version}",
+        "kind": PICKER_POD_MONITOR.kind,
+        "metadata": {
+            "name": pool.picker,
+            "namespace": pool.namespace,
+            "labels": dict(sorted({**labels, **pool.labels}.items())),
+        },
+        "spec": {
+            "selector": {"matchLabels": _picker_selector(pool)},
+            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": interval}],
         },
     }
 

@@ -43,7 +43,10 @@ def build_children(
 
     The topology's workload and companions (a workload whose API is not installed is built all the
     same: the caller reports the missing API), then the ScaledObject of spec.autoscaling and the
-    endpoint picker, InferencePool and HTTPRoute of spec.routing where `capabilities` has their APIs.
+    endpoint picker, InferencePool and HTTPRoute of spec.routing where `capabilities` has their APIs:
+    the picker's PodMonitor with the resource's own (spec.metrics.podMonitor, which spec.autoscaling
+    requires: the picker's held requests are what wakes a resource scaled to zero,
+    `scaling.picker_queue_query`).
     `seen` is what the resource's status remembers of the cluster (the startup seen so far, the
     roles' serving revision; `base.Seen.of`).
     """
@@ -69,6 +72,8 @@ def build_children(
             failure_mode=spec.routing.failure_mode,
         )
         children += routing.build_picker(pool, config.picker_image)
+        if capabilities.pod_monitor and spec.pod_monitor.enabled:
+            children.append(routing.build_picker_pod_monitor(pool, spec.pod_monitor.interval, spec.pod_monitor.labels))
         children.append(routing.build_inference_pool(pool))
         if spec.routing.gateway is not None and capabilities.http_route:
             children.append(routing.build_http_route(pool, spec.routing.gateway))

@@ -108,6 +108,7 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
         "ConfigMap-epp",
         "Deployment-epp",
         "Service-epp",
+        "PodMonitor-epp",
         "InferencePool",
         "HTTPRoute",
         "ConfigMap-calibration",
@@ -119,6 +120,7 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
         "DisaggregatedSet",
         "PodMonitor",
         "ScaledObject",
+        "PodMonitor",
         "InferencePool",
         "HTTPRoute",
     ]
@@ -130,6 +132,7 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
         "ConfigMap-epp",
         "Deployment-epp",
         "Service-epp",
+        "PodMonitor-epp",
         "HTTPRoute",
     }
     # A disaggregated resource's role Services are only made where DisaggregatedSets are served.

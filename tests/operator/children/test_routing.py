@@ -1,0 +1,167 @@
+"""spec.routing on a real cluster:
+- what scrapes the endpoint picker, and on which port.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from npu_operator.api.config import OperatorConfig
+from npu_operator.children import kinds, scaling
+from npu_operator.controller.desired import adopted_children, desired_state, read_spec
+
+from tests.chart import monitoring
+from tests.examples import example
+
+CONFIG = OperatorConfig()
+UID = "11111111-2222-3333-4444-555555555555"
+QWEN = "qwen2.5-7b-910b.yaml"  # one DP rank per pod, spec.metrics.podMonitor on
+DEEPSEEK = "deepseek-r1-w8a8-2node.yaml"  # 4 DP ranks behind each leader's API server
+
+# prometheus-operator v0.93.0 pkg/prometheus/promcfg.go generatePodMonitorConfig: the labels every
+# target of a PodMonitor gets (namespace, container, pod from the pod's metadata; job; endpoint, the port).
+POD_MONITOR_TARGET_LABELS = frozenset({"namespace", "container", "pod", "job", "endpoint"})
+# llm-d-router v0.9.0 pkg/epp/metrics/llm_d_router_metrics.go llmdFlowControlQueueSize: subsystem
+# LLMDRouterEndpointPickerSubsystem "llm_d_epp", name "flow_control_queue_size", labels
+# {"fairness_id", "priority", "inference_pool"} + modelLabels (pkg/epp/metrics/metrics.go:
+# "model_name", "target_model_name"); registered on controller-runtime's registry (metrics.go Register),
+# which the manager's metrics server serves on --metrics-port (cmd/epp/runner/runner.go).
+PICKER_QUEUE_SERIES = ("llm_d_epp_flow_control_queue_size", {"fairness_id", "priority", "inference_pool"})
+PICKER_MODEL_LABELS = frozenset({"model_name", "target_model_name"})
+
+
+def render(manifest: dict[str, Any], capabilities: kinds.Capabilities | None = None) -> list[dict[str, Any]]:
+    manifest["metadata"].setdefault("uid", UID)
+    spec, problems = read_spec(manifest, CONFIG)
+    assert spec is not None and not problems, problems
+    return adopted_children(manifest, spec, CONFIG, capabilities or kinds.Capabilities.everything())
+
+
+def of_kind(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, [(o["kind"], o["metadata"]["name"]) for o in objects]
+    return found[0]
+
+
+def scaled_to_zero(name: str = QWEN) -> dict[str, Any]:
+    manifest = example(name)
+    manifest["spec"]["autoscaling"]["minReplicas"] = 0
+    assert manifest["spec"]["metrics"]["podMonitor"]["enabled"], "spec.autoscaling requires it"
+    return manifest
+
+
+def flag(args: list[str], name: str) -> str:
+    for index, arg in enumerate(args):
+        if arg == name:
+            return args[index + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    raise KeyError(name)
+
+
+def picker_pod(objects: list[dict[str, Any]], resource: str) -> dict[str, Any]:
+    template: dict[str, Any] = of_kind(objects, "Deployment", f"{resource}-epp")["spec"]["template"]
+    return template
+
+
+def monitors_of(objects: list[dict[str, Any]], pod_labels: dict[str, str]) -> list[dict[str, Any]]:
+    return [
+        o
+        for o in objects
+        if o["kind"] == "PodMonitor" and o["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    ]
+
+
+def query_matchers(query: str) -> tuple[str, dict[str, str]]:
+    found = re.fullmatch(r"sum\(([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}\)", query)
+    assert found, query
+    return found.group(1), dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"', found.group(2)))
+
+
+# -- issue 2 and 6: what scrapes the picker, and on which port ---------------------------------------------
+
+
+def test_a_resource_scaled_to_zero_has_its_pickers_held_requests_scraped() -> None:
+    """The held-requests trigger reads the picker's flow-control gauge. Without a PodMonitor that
+    selects the picker's pods on the port that serves /metrics, Prometheus has no such series and
+    KEDA (ignoreNullValues) reads 0 for ever: a resource at zero replicas never wakes up."""
+    objects = render(scaled_to_zero())
+    pod = picker_pod(objects, "qwen25-7b")
+    monitors = monitors_of(objects, pod["metadata"]["labels"])
+    assert len(monitors) == 1, "exactly one PodMonitor selects the picker's pods (two would double the sum)"
+    monitor = monitors[0]
+    monitoring.validate(monitor)
+    assert monitor["metadata"]["namespace"] == "llm"
+    container = pod["spec"]["containers"][0]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    metrics_port = int(flag(container["args"], "--metrics-port"))
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        # Only the port where the picker serves /metrics; grpc (ext-proc) and grpc-health serve gRPC only.
+        assert ports[endpoint["port"]] == metrics_port, endpoint
+        assert endpoint.get("path", "/metrics") == "/metrics"
+        assert endpoint.get("scheme", "http") == "http", "controller-runtime's metrics server, plain HTTP"
+
+    # The trigger's query selects on labels the scraped series really carry, with the values they carry.
+    scaled = next(o for o in objects if o["kind"] == "ScaledObject")
+    held = next(t for t in scaled["spec"]["triggers"] if t["name"] == "held-requests")
+    metric, matchers = query_matchers(held["metadata"]["query"])
+    name, own = PICKER_QUEUE_SERIES
+    assert metric == name == scaling.PICKER_QUEUE_METRIC
+    assert set(matchers) <= own | PICKER_MODEL_LABELS | POD_MONITOR_TARGET_LABELS
+    assert matchers["namespace"] == monitor["metadata"]["namespace"]
+    assert matchers["inference_pool"] == flag(container["args"], "--pool-name")
+
+
+def test_every_pod_monitor_scrapes_only_ports_that_serve_metrics() -> None:
+    """A target on a port without /metrics is down for ever (and alerts on it)."""
+    for manifest in (scaled_to_zero(), scaled_to_zero(DEEPSEEK)):
+        objects = render(manifest)
+        resource = manifest["metadata"]["name"]
+        pod = picker_pod(objects, resource)
+        container = pod["spec"]["containers"][0]
+        ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+        for monitor in monitors_of(objects, pod["metadata"]["labels"]):
+            assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+        assert ports["metrics"] == int(flag(container["args"], "--metrics-port"))
+        # The picker's Service exposes the same port for a ServiceMonitor of your own.
+        service = of_kind(objects, "Service", f"{resource}-epp")
+        assert {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"} in service["spec"]["ports"]
+
+
+@pytest.mark.parametrize(
+    ("pod_monitor", "autoscaling", "served", "made"),
+    [
+        (True, True, True, True),  # monitoring asked for (autoscaling requires it): the picker too
+        (True, False, True, True),
+        (False, False, True, False),  # not asked for: no PodMonitor the user did not ask for
+        (True, True, False, False),  # no PodMonitor API: nothing to make
+    ],
+)
+def test_the_pickers_pod_monitor_follows_the_resources_monitoring(
+    pod_monitor: bool, autoscaling: bool, served: bool, made: bool
+) -> None:
+    manifest = example(QWEN)
+    if not autoscaling:
+        del manifest["spec"]["autoscaling"]
+    asked = {"enabled": pod_monitor, "interval": "15s", "labels": {"release": "kps"}}
+    manifest["spec"]["metrics"]["podMonitor"] = asked
+    capabilities = kinds.Capabilities(pod_monitor=served, scaled_object=True, inference_pool=True)
+    objects = render(manifest, capabilities)
+    monitors = [o for o in objects if o["kind"] == "PodMonitor" and o["metadata"]["name"] == "qwen25-7b-epp"]
+    assert len(monitors) == int(made)
+    if made:
+        monitor = monitors[0]
+        assert monitor["metadata"]["labels"]["release"] == "kps", "found by the same podMonitorSelector"
+        assert monitor["spec"]["podMetricsEndpoints"][0]["interval"] == "15s"
+
+
+def test_without_the_inference_pool_api_the_pickers_monitor_is_skipped_silently() -> None:
+    manifest = scaled_to_zero()
+    manifest["metadata"]["uid"] = UID
+    desired = desired_state(manifest, CONFIG, frozenset({"PodMonitor", "ScaledObject"}))
+    assert "PodMonitor-epp" not in desired.manifests
+    assert desired.notes == ("InferencePool not managed: the inference.networking.k8s.io/v1 API is not installed",)
+    served = desired_state(manifest, CONFIG, frozenset({"PodMonitor", "ScaledObject", "InferencePool"}))
+    assert "PodMonitor-epp" in served.manifests
