@@ -19,6 +19,9 @@ kept from those projects' own published schemas and sources (never a copy of the
   (EndpointPickerConfig), the plugin types registered in pkg/epp/framework/plugins, the concurrency
   detector's parameters (saturationdetector/concurrency/config.go: maxConcurrency > 0, headroom >= 0,
   concurrencyMode requests|tokens) and the flags of pkg/epp/server/options.go.
+- Istio's DestinationRule: istio/api v1.30.3 networking/v1alpha3/destination_rule.proto (host
+  required; TrafficPolicy.port_level_settings of PortSelector number and ClientTLSSettings: mode
+  DISABLE|SIMPLE|MUTUAL|ISTIO_MUTUAL, insecure_skip_verify a bool), the fields this operator sets.
 """
 
 from __future__ import annotations
@@ -246,6 +249,7 @@ PICKER_FLAGS = frozenset(
         "--grpc-port",
         "--grpc-health-port",
         "--metrics-port",
+        "--secure-serving",
         "--zap-encoder",
         "--tracing",
         "--metrics-endpoint-auth",
@@ -325,6 +329,22 @@ def validate_inference_pool(obj: dict[str, Any]) -> None:
 
 def validate_http_route(obj: dict[str, Any]) -> None:
     jsonschema.validate(obj, HTTP_ROUTE)
+
+
+def validate_destination_rule(obj: dict[str, Any]) -> None:
+    assert obj["apiVersion"] in ("networking.istio.io/v1", "networking.istio.io/v1beta1")
+    assert obj["kind"] == "DestinationRule"
+    spec = obj["spec"]
+    assert set(spec) <= {"host", "trafficPolicy", "subsets", "exportTo", "workloadSelector"}, spec
+    assert isinstance(spec["host"], str) and spec["host"], "host is required"
+    policy = spec.get("trafficPolicy", {})
+    for setting in policy.get("portLevelSettings", []):
+        assert set(setting) <= {"port", "loadBalancer", "connectionPool", "outlierDetection", "tls"}, setting
+        number = setting["port"]["number"]
+        assert isinstance(number, int) and 1 <= number <= 65535
+        tls = setting.get("tls", {})
+        assert tls.get("mode", "DISABLE") in ("DISABLE", "SIMPLE", "MUTUAL", "ISTIO_MUTUAL")
+        assert isinstance(tls.get("insecureSkipVerify", False), bool)
 
 
 def validate_picker_config(config: dict[str, Any]) -> None:

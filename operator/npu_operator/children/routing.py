@@ -26,7 +26,10 @@ detector consumes. Scoring is llm-d's default (queue, KV-cache use, prefix cache
 
 What a real cluster needs besides (each function below cites its upstream source):
 - the picker's own metrics scraped (`build_picker_pod_monitor`): its flow control's held requests are
-  what wakes a resource scaled to zero (`scaling.picker_queue_query`).
+  what wakes a resource scaled to zero (`scaling.picker_queue_query`);
+- TLS between the gateway and the picker (`picker_args`, `build_destination_rule`): the picker serves
+  its gRPC port with a self-signed certificate, which kgateway and Envoy AI Gateway dial with TLS
+  and no verification, and Istio only with a DestinationRule.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from npu_runtime.contract import DEFAULT_PORT as HTTP_PORT
 from npu_operator.api import crd
 from npu_operator.api.spec import GatewayRef
 from npu_operator.children.kinds import (
+    DESTINATION_RULES,
     HTTP_ROUTE,
     INFERENCE_POOL,
     PICKER_DEPLOYMENT,
@@ -141,7 +145,12 @@ def picker_config(max_concurrency: int) -> JSON:
 
 def picker_args(pool: Pool) -> list[str]:
     """The picker's flags (llm-d-router v0.9.0 pkg/epp/server/options.go AddFlags), its ports written
-    out so that the Service, the probes and the PodMonitor follow them. The metrics port serves
+    out so that the Service, the probes and the PodMonitor follow them. `--secure-serving` is true,
+    as its default: the gRPC port serves TLS with a self-signed certificate, which is what kgateway
+    and Envoy AI Gateway expect (both dial the picker with TLS and no certificate check; Envoy AI
+    Gateway v1.1.0 internal/extensionserver/inferencepool.go
+    buildExtProcClusterForInferencePoolEndpointPicker; kgateway-dev/kgateway#11429: a plaintext
+    picker fails there) and what Istio does with `build_destination_rule`. The metrics port serves
     plain HTTP /metrics (cmd/epp/runner/runner.go: controller-runtime's metrics server, no
     SecureServing), without authentication here."""
     return [
@@ -159,6 +168,7 @@ def picker_args(pool: Pool) -> list[str]:
         str(PICKER_HEALTH_PORT),
         "--metrics-port",
         str(PICKER_METRICS_PORT),
+        "--secure-serving=true",
         "--zap-encoder",
         "json",
         "--tracing=false",
@@ -274,6 +284,10 @@ def _picker_deployment(pool: Pool, image: str) -> JSON:
 
 
 def _picker_service(pool: Pool) -> JSON:
+    """The picker's Service, as llm-d-router v0.9.0's chart renders it
+    (config/charts/routerlib/templates/_service.yaml): no appProtocol. The gRPC port speaks TLS, so
+    `http2` (which Istio reads as cleartext HTTP/2) or `kubernetes.io/h2c` would be false; the port
+    name `grpc` tells Istio the protocol inside, and its DestinationRule the TLS around it."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -282,13 +296,7 @@ def _picker_service(pool: Pool) -> JSON:
             "type": "ClusterIP",
             "selector": _picker_selector(pool),
             "ports": [
-                {
-                    "name": "grpc",
-                    "port": PICKER_GRPC_PORT,
-                    "targetPort": "grpc",
-                    "protocol": "TCP",
-                    "appProtocol": "http2",
-                },
+                {"name": "grpc", "port": PICKER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
                 {"name": "metrics", "port": PICKER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
@@ -317,6 +325,32 @@ def build_picker_pod_monitor(pool: Pool, interval: str, labels: Mapping[str, str
         "spec": {
             "selector": {"matchLabels": _picker_selector(pool)},
             "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": interval}],
+        },
+    }
+
+
+def build_destination_rule(pool: Pool) -> JSON:
+    """Istio's DestinationRule for the picker's Service: TLS to its gRPC port without verifying the
+    self-signed certificate, as llm-d-router v0.9.0's chart renders for Istio
+    (config/charts/llm-d-router-gateway/templates/istio.yaml: tls mode SIMPLE, insecureSkipVerify),
+    on that port only (istio/api v1.30.3 networking/v1alpha3/destination_rule.proto
+    TrafficPolicy.port_level_settings, ClientTLSSettings). The short host is the picker's Service in
+    the rule's own namespace, whatever the cluster's domain (the proto's note on `host`); it is
+    exported to every namespace (no exportTo), so the gateway's proxies, wherever they run, find it."""
+    return {
+        "apiVersion": DESTINATION_RULES.api_version,
+        "kind": DESTINATION_RULES.kind,
+        "metadata": _metadata(pool, pool.picker),
+        "spec": {
+            "host": pool.picker,
+            "trafficPolicy": {
+                "portLevelSettings": [
+                    {
+                        "port": {"number": PICKER_GRPC_PORT},
+                        "tls": {"mode": "SIMPLE", "insecureSkipVerify": True},
+                    }
+                ]
+            },
         },
     }
 

@@ -46,7 +46,7 @@ def build_children(
     endpoint picker, InferencePool and HTTPRoute of spec.routing where `capabilities` has their APIs:
     the picker's PodMonitor with the resource's own (spec.metrics.podMonitor, which spec.autoscaling
     requires: the picker's held requests are what wakes a resource scaled to zero,
-    `scaling.picker_queue_query`).
+    `scaling.picker_queue_query`), its DestinationRule where Istio's API is served.
     `seen` is what the resource's status remembers of the cluster (the startup seen so far, the
     roles' serving revision; `base.Seen.of`).
     """
@@ -74,6 +74,8 @@ def build_children(
         children += routing.build_picker(pool, config.picker_image)
         if capabilities.pod_monitor and spec.pod_monitor.enabled:
             children.append(routing.build_picker_pod_monitor(pool, spec.pod_monitor.interval, spec.pod_monitor.labels))
+        if capabilities.destination_rule:
+            children.append(routing.build_destination_rule(pool))
         children.append(routing.build_inference_pool(pool))
         if spec.routing.gateway is not None and capabilities.http_route:
             children.append(routing.build_http_route(pool, spec.routing.gateway))

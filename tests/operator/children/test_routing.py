@@ -1,5 +1,6 @@
 """spec.routing on a real cluster:
-- what scrapes the endpoint picker, and on which port.
+- what scrapes the endpoint picker, and on which port;
+- how a gateway reaches the picker.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from npu_operator.controller.desired import adopted_children, desired_state, rea
 
 from tests.chart import monitoring
 from tests.examples import example
+from tests.operator import traffic_schemas
 
 CONFIG = OperatorConfig()
 UID = "11111111-2222-3333-4444-555555555555"
@@ -165,3 +167,50 @@ def test_without_the_inference_pool_api_the_pickers_monitor_is_skipped_silently(
     assert desired.notes == ("InferencePool not managed: the inference.networking.k8s.io/v1 API is not installed",)
     served = desired_state(manifest, CONFIG, frozenset({"PodMonitor", "ScaledObject", "InferencePool"}))
     assert "PodMonitor-epp" in served.manifests
+
+
+# -- issue 4: TLS between the gateway and the picker ---------------------------------------------------------
+
+
+def test_the_picker_serves_tls_and_its_service_does_not_claim_cleartext() -> None:
+    """kgateway and Envoy AI Gateway dial the picker with TLS (no verification); Istio speaks what the
+    Service and a DestinationRule tell it. A port that says cleartext HTTP/2 (`http2`, `kubernetes.io/h2c`)
+    in front of a TLS server fails every request on Istio, and with FailClose every request of the route."""
+    objects = render(example(QWEN))
+    container = picker_pod(objects, "qwen25-7b")["spec"]["containers"][0]
+    # options.go: --secure-serving defaults to true; written out so that an upstream change shows here.
+    assert flag(container["args"], "--secure-serving") == "true"
+    service = of_kind(objects, "Service", "qwen25-7b-epp")
+    ref = of_kind(objects, "InferencePool", "qwen25-7b")["spec"]["endpointPickerRef"]
+    grpc = next(port for port in service["spec"]["ports"] if port["port"] == ref["port"]["number"])
+    assert grpc.get("appProtocol") not in ("http", "http2", "kubernetes.io/h2c", "h2c")
+    assert int(flag(container["args"], "--grpc-port")) == ref["port"]["number"]
+
+
+def test_on_istio_a_destination_rule_makes_its_proxies_speak_tls_to_the_picker() -> None:
+    objects = render(example(QWEN))
+    rule = of_kind(objects, "DestinationRule", "qwen25-7b-epp")
+    traffic_schemas.validate_destination_rule(rule)
+    service = of_kind(objects, "Service", "qwen25-7b-epp")
+    ref = of_kind(objects, "InferencePool", "qwen25-7b")["spec"]["endpointPickerRef"]
+    assert rule["metadata"]["namespace"] == service["metadata"]["namespace"]
+    # A short host is the Service of that name in the rule's namespace (destination_rule.proto, `host`).
+    assert rule["spec"]["host"] == service["metadata"]["name"] == ref["name"]
+    assert "exportTo" not in rule["spec"], "the gateway's proxies run in another namespace"
+    assert rule["spec"]["trafficPolicy"] == {
+        "portLevelSettings": [
+            {"port": {"number": ref["port"]["number"]}, "tls": {"mode": "SIMPLE", "insecureSkipVerify": True}}
+        ]
+    }
+
+
+def test_without_istio_no_destination_rule_and_no_note() -> None:
+    manifest = example(QWEN)
+    manifest["metadata"]["uid"] = UID
+    apis = {"PodMonitor", "ScaledObject", "InferencePool", "HTTPRoute"}
+    plain = desired_state(manifest, CONFIG, frozenset(apis))
+    assert "DestinationRule-epp" not in plain.manifests
+    assert not [note for note in plain.notes if "DestinationRule" in note], "kgateway and Envoy users need none"
+    istio = desired_state(manifest, CONFIG, frozenset(apis | {"DestinationRule"}))
+    assert "DestinationRule-epp" in istio.manifests
+    assert {k: v for k, v in istio.manifests.items() if k != "DestinationRule-epp"} == dict(plain.manifests)
