@@ -14,7 +14,10 @@ kept from those projects' own published schemas and sources (never a copy of the
   inference.networking.k8s.io_inferencepools.yaml (v1: selector.matchLabels 1..64 entries, label
   value pattern, targetPorts 1..8 unique ports, endpointPickerRef name/kind/port, failureMode enum,
   its CEL rule "port is required when kind is 'Service'").
-- HTTPRoute: Gateway API v1 (parentRefs, backendRefs by group/kind/name), the fields this operator sets.
+- HTTPRoute: Gateway API v1 (parentRefs, backendRefs by group/kind/name), the fields this operator sets;
+  rules[].timeouts from kubernetes-sigs/gateway-api v1.4.0 apis/v1/httproute_types.go
+  (HTTPRouteTimeouts: request, backendRequest, its CEL rule "backendRequest timeout cannot be longer
+  than request timeout") and apis/v1/shared_types.go (Duration, GEP-2257's pattern).
 - The picker: llm-d/llm-d-router v0.9.0: apix/config/v1alpha1/endpointpickerconfig_types.go
   (EndpointPickerConfig), the plugin types registered in pkg/epp/framework/plugins, the concurrency
   detector's parameters (saturationdetector/concurrency/config.go: maxConcurrency > 0, headroom >= 0,
@@ -206,6 +209,17 @@ HTTP_ROUTE: dict[str, Any] = {
                         "type": "object",
                         "properties": {
                             "matches": {"type": "array", "maxItems": 64},
+                            "timeouts": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "request": {"type": "string", "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"},
+                                    "backendRequest": {
+                                        "type": "string",
+                                        "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$",
+                                    },
+                                },
+                            },
                             "backendRefs": {
                                 "type": "array",
                                 "maxItems": 16,
@@ -329,6 +343,20 @@ def validate_inference_pool(obj: dict[str, Any]) -> None:
 
 def validate_http_route(obj: dict[str, Any]) -> None:
     jsonschema.validate(obj, HTTP_ROUTE)
+    for rule in obj["spec"].get("rules", []):
+        timeouts = rule.get("timeouts", {})
+        if "request" in timeouts and "backendRequest" in timeouts and duration(timeouts["request"]) != 0:
+            # The CRD's CEL rule on HTTPRouteTimeouts.
+            assert duration(timeouts["backendRequest"]) <= duration(timeouts["request"]), (
+                "backendRequest timeout cannot be longer than request timeout"
+            )
+
+
+def duration(text: str) -> float:
+    """Seconds of a Gateway API Duration (GEP-2257: up to four <number><h|m|s|ms> parts)."""
+    assert re.fullmatch(r"([0-9]{1,5}(h|m|s|ms)){1,4}", text), text
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(float(n) * units[unit] for n, unit in re.findall(r"([0-9]+)(ms|h|m|s)", text))
 
 
 def validate_destination_rule(obj: dict[str, Any]) -> None:

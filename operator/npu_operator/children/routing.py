@@ -29,7 +29,9 @@ What a real cluster needs besides (each function below cites its upstream source
   what wakes a resource scaled to zero (`scaling.picker_queue_query`);
 - TLS between the gateway and the picker (`picker_args`, `build_destination_rule`): the picker serves
   its gRPC port with a self-signed certificate, which kgateway and Envoy AI Gateway dial with TLS
-  and no verification, and Istio only with a DestinationRule.
+  and no verification, and Istio only with a DestinationRule;
+- a request timeout on the route that covers a long completion and, with scale to zero, a cold
+  start (`route_timeouts`).
 """
 
 from __future__ import annotations
@@ -355,9 +357,34 @@ def build_destination_rule(pool: Pool) -> JSON:
     }
 
 
-def build_http_route(pool: Pool, gateway: GatewayRef) -> JSON:
+def gateway_duration(seconds: int) -> str:
+    """`seconds` as a Gateway API Duration (GEP-2257; kubernetes-sigs/gateway-api v1.4.0
+    apis/v1/shared_types.go Duration: ^([0-9]{1,5}(h|m|s|ms)){1,4}$), e.g. 2430 -> "40m30s"."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return "".join(parts) or "0s"
+
+
+def route_timeouts(request_timeout: int, cold_start: int) -> JSON:
+    """The route rule's timeouts (Gateway API v1 HTTPRouteRule.timeouts, apis/v1/httproute_types.go
+    HTTPRouteTimeouts, v1.4.0).
+
+    `backendRequest` bounds one request to a serving pod: one completion, `request_timeout`.
+    `request` bounds the whole exchange: that plus `cold_start`, the time the picker may hold a
+    request before a pod can take it (with scale to zero: KEDA's polling interval and a replica's
+    startup timeout; otherwise 0). The schema's rule "backendRequest timeout cannot be longer than
+    request timeout" holds by construction."""
+    return {
+        "request": gateway_duration(request_timeout + cold_start),
+        "backendRequest": gateway_duration(request_timeout),
+    }
+
+
+def build_http_route(pool: Pool, gateway: GatewayRef, timeouts: Mapping[str, str] | None = None) -> JSON:
     """An HTTPRoute (gateway.networking.k8s.io/v1) from the named Gateway to the pool, as the
-    inference extension's guides attach one (a backendRef of kind InferencePool)."""
+    inference extension's guides attach one (a backendRef of kind InferencePool), with `timeouts`
+    (`route_timeouts`) on its rule."""
     parent: JSON = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway.name}
     if gateway.namespace:
         parent["namespace"] = gateway.namespace
@@ -373,6 +400,7 @@ def build_http_route(pool: Pool, gateway: GatewayRef) -> JSON:
                 {
                     "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
                     "backendRefs": [{"group": POOL_GROUP, "kind": INFERENCE_POOL.kind, "name": pool.name}],
+                    **({"timeouts": dict(timeouts)} if timeouts else {}),
                 }
             ],
         },

@@ -78,5 +78,12 @@ def build_children(
             children.append(routing.build_destination_rule(pool))
         children.append(routing.build_inference_pool(pool))
         if spec.routing.gateway is not None and capabilities.http_route:
-            children.append(routing.build_http_route(pool, spec.routing.gateway))
+            # With scale to zero a request may wait in the picker for KEDA to notice it and a replica to start.
+            cold_start = (
+                spec.autoscaling.polling_interval_seconds + spec.engine.startup_timeout_seconds
+                if spec.autoscaling is not None and spec.autoscaling.min_replicas == 0
+                else 0
+            )
+            timeouts = routing.route_timeouts(spec.routing.request_timeout_seconds, cold_start)
+            children.append(routing.build_http_route(pool, spec.routing.gateway, timeouts))
     return children

@@ -1,6 +1,7 @@
 """spec.routing on a real cluster:
 - what scrapes the endpoint picker, and on which port;
-- how a gateway reaches the picker.
+- how a gateway reaches the picker;
+- how long a request through the route may take.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from npu_operator.api import crd
 from npu_operator.api.config import OperatorConfig
-from npu_operator.children import kinds, scaling
+from npu_operator.children import kinds, routing, scaling
 from npu_operator.controller.desired import adopted_children, desired_state, read_spec
 
 from tests.chart import monitoring
@@ -214,3 +218,48 @@ def test_without_istio_no_destination_rule_and_no_note() -> None:
     istio = desired_state(manifest, CONFIG, frozenset(apis | {"DestinationRule"}))
     assert "DestinationRule-epp" in istio.manifests
     assert {k: v for k, v in istio.manifests.items() if k != "DestinationRule-epp"} == dict(plain.manifests)
+
+
+# -- issue 7: the route's timeouts ---------------------------------------------------------------------------
+
+
+def routed(manifest: dict[str, Any]) -> dict[str, Any]:
+    manifest["spec"]["routing"]["gateway"] = {"name": "inference-gateway", "namespace": "gateways"}
+    route = of_kind(render(manifest), "HTTPRoute", manifest["metadata"]["name"])
+    traffic_schemas.validate_http_route(route)
+    timeouts: dict[str, Any] = route["spec"]["rules"][0]["timeouts"]
+    return timeouts
+
+
+def test_the_route_lets_a_long_completion_finish() -> None:
+    """Without timeouts a gateway applies its own default (Envoy's route timeout: 15 s) and cuts a long completion."""
+    timeouts = routed(example(QWEN))
+    assert timeouts == {"request": "10m", "backendRequest": "10m"}  # requestTimeoutSeconds' default, 600
+
+
+def test_with_scale_to_zero_the_route_also_waits_for_a_replica_to_start() -> None:
+    manifest = scaled_to_zero()
+    manifest["spec"]["routing"]["requestTimeoutSeconds"] = 900
+    manifest["spec"]["engine"]["startupTimeoutSeconds"] = 2400
+    manifest["spec"]["autoscaling"]["pollingIntervalSeconds"] = 30
+    timeouts = routed(manifest)
+    # One completion on a pod; the whole exchange adds KEDA's polling interval and a replica's startup.
+    assert traffic_schemas.duration(timeouts["backendRequest"]) == 900
+    assert traffic_schemas.duration(timeouts["request"]) == 900 + 30 + 2400
+    assert timeouts == {"request": "55m30s", "backendRequest": "15m"}
+
+
+@given(seconds=st.integers(1, 86400 + 86400 + 3600))
+@settings(max_examples=200, deadline=None)
+def test_every_timeout_is_a_gateway_api_duration_of_the_same_length(seconds: int) -> None:
+    text = routing.gateway_duration(seconds)
+    assert re.fullmatch(r"([0-9]{1,5}(h|m|s|ms)){1,4}", text)
+    assert traffic_schemas.duration(text) == seconds
+
+
+@pytest.mark.parametrize(("value", "valid"), [(0, False), (1, True), (600, True), (86400, True), (86401, False)])
+def test_the_request_timeout_field_is_bounded(value: int, valid: bool) -> None:
+    manifest = example(QWEN)
+    manifest["spec"]["routing"]["requestTimeoutSeconds"] = value
+    errors = [e for e in crd.validate(manifest) if "requestTimeoutSeconds" in e]
+    assert (not errors) == valid, errors
