@@ -21,7 +21,9 @@ kept from those projects' own published schemas and sources (never a copy of the
 - The picker: llm-d/llm-d-router v0.9.0: apix/config/v1alpha1/endpointpickerconfig_types.go
   (EndpointPickerConfig), the plugin types registered in pkg/epp/framework/plugins, the concurrency
   detector's parameters (saturationdetector/concurrency/config.go: maxConcurrency > 0, headroom >= 0,
-  concurrencyMode requests|tokens) and the flags of pkg/epp/server/options.go.
+  concurrencyMode requests|tokens), the core metrics extractor's parameters
+  (datalayer/extractor/metrics/factories.go: modelServerExtractorParams, engineConfigParams) and the
+  flags of pkg/epp/server/options.go.
 - Istio's DestinationRule: istio/api v1.30.3 networking/v1alpha3/destination_rule.proto (host
   required; TrafficPolicy.port_level_settings of PortSelector number and ClientTLSSettings: mode
   DISABLE|SIMPLE|MUTUAL|ISTIO_MUTUAL, insecure_skip_verify a bool), the fields this operator sets.
@@ -270,7 +272,34 @@ PICKER_FLAGS = frozenset(
     }
 )
 FEATURE_GATES = frozenset({"flowControl", "dataLayer"})
+# factories.go modelServerExtractorParams and engineConfigParams json tags.
+EXTRACTOR_FIELDS = frozenset({"engineLabelKey", "defaultEngine", "engineConfigs"})
+ENGINE_CONFIG_FIELDS = frozenset(
+    {
+        "name",
+        "queuedRequestsSpec",
+        "runningRequestsSpec",
+        "kvUsageSpec",
+        "loraSpec",
+        "cacheInfoSpec",
+        "cacheBlockSizeLabelName",
+        "cacheNumBlocksLabelName",
+        "cacheBlockSizeSpec",
+        "cacheNumBlocksSpec",
+        "customMetrics",
+    }
+)
+# factories.go defaultEngineConfigs (appended to the configured ones unless one has their name) and
+# DefaultEngineType, the name newCoreMetricsExtractorPlugin reserves.
+BUILT_IN_ENGINES = frozenset({"vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm", "triton"})
+RESERVED_ENGINE = "default"
 _FLOAT = re.compile(r"^-?\d+(\.\d+)?$")
+# A PromQL instant-vector selector as the extractor's metric specs are written (spec.go
+# parseStringToSpec): a metric name, then optionally {label=value,...} with quoted or bare values.
+_METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+_SPEC = re.compile(rf"^\s*({_METRIC_NAME})\s*(?:\{{([^}}]*)\}})?\s*$")
+_PAIR = re.compile(rf'^\s*({_LABEL_NAME})\s*=\s*(?:"([^"]*)"|([^",}}\s]+))\s*$')
 
 
 def validate_scaled_object(obj: dict[str, Any]) -> None:
@@ -359,6 +388,44 @@ def duration(text: str) -> float:
     return sum(float(n) * units[unit] for n, unit in re.findall(r"([0-9]+)(ms|h|m|s)", text))
 
 
+def metric_spec(text: str) -> tuple[str, dict[str, str]] | None:
+    """The (name, labels) of an extractor metric spec; None for "" (spec.go: the empty spec is nil).
+    Raises ValueError where parseStringToSpec returns an error."""
+    if text == "":
+        return None
+    found = _SPEC.match(text)
+    if found is None:
+        raise ValueError(f"not a valid metric specification: {text!r}")
+    labels: dict[str, str] = {}
+    block = (found.group(2) or "").strip()
+    for pair in block.split(",") if block else ():
+        matched = _PAIR.match(pair)
+        if matched is None:
+            raise ValueError(f"invalid label pair {pair!r} in specification: {text!r}")
+        labels[matched.group(1)] = matched.group(2) if matched.group(2) is not None else matched.group(3)
+    return found.group(1), labels
+
+
+def latest_sample(
+    spec: tuple[str, dict[str, str]], families: dict[str, list[tuple[dict[str, str], float, int | None]]]
+) -> float:
+    """The value the extractor reads for `spec` from `families` (name -> [(labels, value, timestamp ms)]):
+    among the series whose labels include the spec's, the one with the latest timestamp, the first one
+    when timestamps tie or are missing (spec.go Spec.getLatestMetric keeps a later one only when its
+    timestamp is strictly greater; a sample without one reads as 0). Raises LookupError where it errors."""
+    name, wanted = spec
+    series = families.get(name)
+    if not series:
+        raise LookupError(f"metric family {name!r} not found or empty")
+    best: tuple[float, int] | None = None
+    for labels, value, timestamp in series:
+        if wanted.items() <= labels.items() and (best is None or (timestamp or 0) > best[1]):
+            best = (value, timestamp or 0)
+    if best is None:
+        raise LookupError(f"no matching metric found for {name!r} with labels {wanted}")
+    return best[0]
+
+
 def validate_destination_rule(obj: dict[str, Any]) -> None:
     assert obj["apiVersion"] in ("networking.istio.io/v1", "networking.istio.io/v1beta1")
     assert obj["kind"] == "DestinationRule"
@@ -388,6 +455,8 @@ def validate_picker_config(config: dict[str, Any]) -> None:
             assert isinstance(params.get("maxConcurrency", 100), int) and params.get("maxConcurrency", 100) > 0
             assert params.get("headroom", 0.0) >= 0
             assert params.get("concurrencyMode", "requests") in ("requests", "tokens")
+        if plugin["type"] == "core-metrics-extractor":
+            validate_extractor_parameters(plugin.get("parameters", {}))
     for profile in config["schedulingProfiles"]:
         for ref in profile["plugins"]:
             assert ref["pluginRef"] in names, ref
@@ -397,6 +466,19 @@ def validate_picker_config(config: dict[str, Any]) -> None:
     # The concurrency detector consumes the in-flight counts (detector.go Consumes): a producer must exist.
     if "concurrency-detector" in names.values():
         assert "inflight-load-producer" in names.values()
+
+
+def validate_extractor_parameters(params: dict[str, Any]) -> None:
+    """The checks newCoreMetricsExtractorPlugin (factories.go) makes before the picker starts."""
+    assert set(params) <= EXTRACTOR_FIELDS, params
+    engines = params.get("engineConfigs", [])
+    for engine in engines:
+        assert set(engine) <= ENGINE_CONFIG_FIELDS, engine
+        assert engine["name"] and engine["name"] != RESERVED_ENGINE, engine["name"]
+        for key in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "loraSpec", "cacheInfoSpec"):
+            metric_spec(engine.get(key, ""))
+    known = {engine["name"] for engine in engines} | BUILT_IN_ENGINES
+    assert params.get("defaultEngine", "vllm") in known, "defaultEngine not found in engineConfigs"
 
 
 def picker_flags(args: list[str]) -> set[str]:

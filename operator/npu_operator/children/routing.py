@@ -31,7 +31,8 @@ What a real cluster needs besides (each function below cites its upstream source
   its gRPC port with a self-signed certificate, which kgateway and Envoy AI Gateway dial with TLS
   and no verification, and Istio only with a DestinationRule;
 - a request timeout on the route that covers a long completion and, with scale to zero, a cold
-  start (`route_timeouts`).
+  start (`route_timeouts`);
+- queue and KV-cache figures over every DP rank behind one API server (`picker_config`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,23 @@ PICKER_CONFIG_API: Final = "llm-d.ai/v1alpha1"
 # mirror the longest grace period of the pods within the pool").
 PICKER_GRACE_SECONDS: Final = 130
 DETECTOR: Final = "concurrency-detector"
+EXTRACTOR: Final = "core-metrics-extractor"
+# The series the picker reads from each serving pod's /metrics (port 8000, the pool's target port:
+# llm-d-router v0.9.0 pkg/epp/datastore/datastore.go podUpdateOrAddIfNotExist scrapes the target port
+# when --model-server-metrics-port is unset). vLLM writes one series per engine (DP rank, label
+# `engine`), and the extractor keeps one series per metric: the matching series with the latest
+# timestamp, the first when the exposition has none, as vLLM's has not
+# (pkg/epp/framework/plugins/datalayer/extractor/metrics/spec.go Spec.getLatestMetric); it has no
+# aggregation. With more than one DP rank behind a pod the picker therefore reads these, which the
+# runtime adds to the API server's /metrics with no `engine` label: the sum over the ranks of
+# vllm:num_requests_waiting and vllm:num_requests_running, and the mean of vllm:kv_cache_usage_perc
+# (the fraction of all the pod's KV blocks in use, the ranks being the same size).
+DP_WAITING_METRIC: Final = "npu_engine_num_requests_waiting"
+DP_RUNNING_METRIC: Final = "npu_engine_num_requests_running"
+DP_KV_USAGE_METRIC: Final = "npu_engine_kv_cache_usage_perc"
+# The extractor's engine config for them (factories.go engineConfigParams); the block size and LoRA
+# info stay vLLM's own (the same on every rank).
+DP_ENGINE: Final = "npu-runtime-dp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +105,7 @@ class Pool:
     pods: Mapping[str, str]  # the labels of the serving pods
     max_concurrency: int  # requests per serving pod: largest captured batch x its DP ranks
     failure_mode: str
+    data_parallel: int = 1  # DP ranks behind each serving pod's API server
 
     @property
     def picker(self) -> str:
@@ -112,8 +131,12 @@ def build_inference_pool(pool: Pool) -> JSON:
     }
 
 
-def picker_config(max_concurrency: int) -> JSON:
-    """The picker's EndpointPickerConfig: no pod above `max_concurrency` requests in flight."""
+def picker_config(max_concurrency: int, data_parallel: int = 1) -> JSON:
+    """The picker's EndpointPickerConfig: no pod above `max_concurrency` requests in flight, each
+    pod's load read over all its `data_parallel` ranks."""
+    extractor: JSON = {"type": EXTRACTOR}
+    if data_parallel > 1:
+        extractor["parameters"] = dp_extractor_parameters()
     return {
         "apiVersion": PICKER_CONFIG_API,
         "kind": "EndpointPickerConfig",
@@ -128,7 +151,7 @@ def picker_config(max_concurrency: int) -> JSON:
             {"type": "kv-cache-utilization-scorer"},
             {"type": "prefix-cache-scorer"},
             {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
-            {"type": "core-metrics-extractor"},
+            extractor,
         ],
         "saturationDetector": {"pluginRef": DETECTOR},
         "schedulingProfiles": [
@@ -140,6 +163,28 @@ def picker_config(max_concurrency: int) -> JSON:
                     {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
                     {"pluginRef": "prefix-cache-scorer", "weight": 3},
                 ],
+            }
+        ],
+    }
+
+
+def dp_extractor_parameters() -> JSON:
+    """The core metrics extractor's parameters for pods with several DP ranks behind one API server:
+    an engine config of the ranks' sums, the default for every pod of the pool (ours carry no
+    llm-d.ai/engine-type label). llm-d-router v0.9.0
+    pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go: modelServerExtractorParams
+    (engineLabelKey, defaultEngine, engineConfigs), engineConfigParams, newCoreMetricsExtractorPlugin
+    (a configured engine keeps its name, the built-in ones are appended, defaultEngine must name one)."""
+    return {
+        "defaultEngine": DP_ENGINE,
+        "engineConfigs": [
+            {
+                "name": DP_ENGINE,
+                "queuedRequestsSpec": DP_WAITING_METRIC,
+                "runningRequestsSpec": DP_RUNNING_METRIC,
+                "kvUsageSpec": DP_KV_USAGE_METRIC,
+                "loraSpec": "vllm:lora_requests_info",
+                "cacheInfoSpec": "vllm:cache_config_info",
             }
         ],
     }
@@ -186,7 +231,9 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(pool, name),
-        "data": {PICKER_CONFIG_FILE: yaml.safe_dump(picker_config(pool.max_concurrency), sort_keys=False)},
+        "data": {
+            PICKER_CONFIG_FILE: yaml.safe_dump(picker_config(pool.max_concurrency, pool.data_parallel), sort_keys=False)
+        },
     }
     return [
         account,

@@ -70,6 +70,7 @@ def build_children(
             pods=topology.serving_pods(name, spec),
             max_concurrency=cap.per_replica,
             failure_mode=spec.routing.failure_mode,
+            data_parallel=cap.data_parallel,
         )
         children += routing.build_picker(pool, config.picker_image)
         if capabilities.pod_monitor and spec.pod_monitor.enabled:

@@ -1,7 +1,14 @@
 """spec.routing on a real cluster:
 - what scrapes the endpoint picker, and on which port;
 - how a gateway reaches the picker;
-- how long a request through the route may take.
+- how long a request through the route may take;
+- what load the picker reads per pod.
+
+Upstream rules are checked with cases taken from upstream's own tests, kept here as data (never
+their code), each with its source:
+- llm-d/llm-d-router v0.9.0 pkg/epp/framework/plugins/datalayer/extractor/metrics/spec_test.go
+  (TestStringToMetricSpec, TestGetMetric): how the picker parses a metric spec and which series it
+  reads for one.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import re
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_operator.api import crd
@@ -263,3 +271,130 @@ def test_the_request_timeout_field_is_bounded(value: int, valid: bool) -> None:
     manifest["spec"]["routing"]["requestTimeoutSeconds"] = value
     errors = [e for e in crd.validate(manifest) if "requestTimeoutSeconds" in e]
     assert (not errors) == valid, errors
+
+
+# -- issue 8: the load of every DP rank behind one API server ------------------------------------------------
+
+# spec_test.go TestStringToMetricSpec: (input, (name, labels) or None for the nil spec, or "error").
+SPEC_CASES: list[tuple[str, Any]] = [
+    ("", None),
+    ("my_metric", ("my_metric", {})),
+    ("my_metric{label1=value1}", ("my_metric", {"label1": "value1"})),
+    ('my_metric{label1="value1"}', ("my_metric", {"label1": "value1"})),
+    ("my_metric{label1=value1,label2=value2}", ("my_metric", {"label1": "value1", "label2": "value2"})),
+    (
+        "  my_metric  {  label1  =  value1  ,  label2  =  value2  }  ",
+        ("my_metric", {"label1": "value1", "label2": "value2"}),
+    ),
+    ("my_metric{label1=value1", "error"),
+    ("my_metriclabel1=value1}", "error"),
+    ("my_metric{label1}", "error"),
+    ("my_metric{=value1}", "error"),
+    ("my_metric{label1=}", "error"),
+    ("my_metric{  =  }", "error"),
+    ("my_metric{label=val}extra", "error"),
+    ("{label=val}", "error"),
+    ("my_metric ", ("my_metric", {})),
+    ("  my_metric  ", ("my_metric", {})),
+]
+
+# spec_test.go TestGetMetric: its metric families (labels, value, timestamp in ms) and cases
+# (name, labels, value read or "error").
+FAMILIES: dict[str, list[tuple[dict[str, str], float, int | None]]] = {
+    "metric1": [({"label1": "value1"}, 1.0, 1000), ({"label1": "value2"}, 2.0, 2000)],
+    "metric2": [({"labelA": "A1", "labelB": "B1"}, 3.0, 1500), ({"labelA": "A2", "labelB": "B2"}, 4.0, 2500)],
+    "metric3": [({}, 5.0, 3000), ({}, 6.0, 1000)],
+    "empty_metric": [],
+}
+GET_CASES: list[tuple[str, dict[str, str], Any]] = [
+    ("metric1", {"label1": "value1"}, 1.0),  # get labeled metric, exists
+    ("metric1", {"label1": "value3"}, "error"),  # wrong value
+    ("metric1", {"label2": "value2"}, "error"),  # missing label
+    ("metric2", {"labelA": "A1"}, 3.0),  # extra label present
+    ("metric3", {}, 5.0),  # unlabeled metric: the latest
+    ("metric4", {}, "error"),  # metric family not found
+    ("metric4", {"label1": "value1"}, "error"),  # labeled, family not found
+    ("empty_metric", {}, "error"),  # no metrics available
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), SPEC_CASES)
+def test_the_model_of_the_pickers_metric_specs_agrees_with_its_tests(text: str, expected: Any) -> None:
+    if expected == "error":
+        with pytest.raises(ValueError, match="specification"):
+            traffic_schemas.metric_spec(text)
+    else:
+        assert traffic_schemas.metric_spec(text) == expected
+
+
+@pytest.mark.parametrize(("name", "labels", "expected"), GET_CASES)
+def test_the_model_of_the_series_the_picker_reads_agrees_with_its_tests(
+    name: str, labels: dict[str, str], expected: Any
+) -> None:
+    if expected == "error":
+        with pytest.raises(LookupError):
+            traffic_schemas.latest_sample((name, labels), FAMILIES)
+    else:
+        assert traffic_schemas.latest_sample((name, labels), FAMILIES) == expected
+
+
+def exposition(ranks: dict[str, tuple[int, int, float]]) -> dict[str, list[tuple[dict[str, str], float, int | None]]]:
+    """A serving pod's /metrics as the picker parses it: vLLM's gauges, one series per engine (DP rank,
+    no timestamps), and the series the runtime adds over all of them."""
+    families: dict[str, list[tuple[dict[str, str], float, int | None]]] = {}
+    for engine, (waiting, running, kv) in ranks.items():
+        labels = {"model_name": "deepseek-ai/DeepSeek-R1", "engine": engine}
+        families.setdefault("vllm:num_requests_waiting", []).append((labels, waiting, None))
+        families.setdefault("vllm:num_requests_running", []).append((labels, running, None))
+        families.setdefault("vllm:kv_cache_usage_perc", []).append((labels, kv, None))
+    model = {"model_name": "deepseek-ai/DeepSeek-R1"}
+    families[routing.DP_WAITING_METRIC] = [(model, float(sum(r[0] for r in ranks.values())), None)]
+    families[routing.DP_RUNNING_METRIC] = [(model, float(sum(r[1] for r in ranks.values())), None)]
+    families[routing.DP_KV_USAGE_METRIC] = [(model, sum(r[2] for r in ranks.values()) / len(ranks), None)]
+    return families
+
+
+def engine_specs(config: dict[str, Any]) -> dict[str, str]:
+    """The specs the extractor uses for a pod without the engine-type label (ours): defaultEngine's."""
+    extractor = next(p for p in config["plugins"] if p["type"] == "core-metrics-extractor")
+    params = extractor.get("parameters", {})
+    default = params.get("defaultEngine", "vllm")
+    configured = {engine["name"]: engine for engine in params.get("engineConfigs", [])}
+    # factories.go defaultEngineConfigs["vllm"], used unless configured under that name.
+    vllm = {
+        "queuedRequestsSpec": "vllm:num_requests_waiting",
+        "runningRequestsSpec": "vllm:num_requests_running",
+        "kvUsageSpec": "vllm:kv_cache_usage_perc",
+    }
+    return dict(configured.get(default, vllm if default == "vllm" else {}))
+
+
+def picker_config(objects: list[dict[str, Any]], resource: str) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load(
+        of_kind(objects, "ConfigMap", f"{resource}-epp")["data"][routing.PICKER_CONFIG_FILE]
+    )
+    traffic_schemas.validate_picker_config(config)
+    return config
+
+
+def test_the_picker_reads_the_load_of_every_dp_rank_behind_a_pod() -> None:
+    """vLLM writes one series per DP rank; the picker reads the first. A pod with 4 ranks whose rank 0
+    is idle while the others queue would look idle to the queue and KV-cache scorers."""
+    config = picker_config(render(example(DEEPSEEK)), "deepseek-r1")
+    specs = engine_specs(config)
+    pod = exposition({"0": (0, 2, 0.10), "1": (7, 16, 0.90), "2": (5, 16, 0.80), "3": (4, 16, 0.60)})
+    read = {
+        key: traffic_schemas.latest_sample(spec, pod)
+        for key in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec")
+        if (spec := traffic_schemas.metric_spec(specs[key])) is not None
+    }
+    assert read["queuedRequestsSpec"] == 16, "every rank's waiting requests"
+    assert read["runningRequestsSpec"] == 50, "every rank's running requests"
+    assert read["kvUsageSpec"] == pytest.approx(0.60), "the pod's KV blocks in use, over all ranks"
+
+
+def test_with_one_dp_rank_per_pod_the_picker_reads_vllms_own_series() -> None:
+    config = picker_config(render(example(QWEN)), "qwen25-7b")
+    assert engine_specs(config)["queuedRequestsSpec"] == "vllm:num_requests_waiting"
+    extractor = next(p for p in config["plugins"] if p["type"] == "core-metrics-extractor")
+    assert "parameters" not in extractor, "llm-d's defaults: exact for one rank, nothing the runtime must add"
