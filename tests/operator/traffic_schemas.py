@@ -19,7 +19,8 @@ kept from those projects' own published schemas and sources (never a copy of the
   (HTTPRouteTimeouts: request, backendRequest, its CEL rule "backendRequest timeout cannot be longer
   than request timeout") and apis/v1/shared_types.go (Duration, GEP-2257's pattern).
 - The picker: llm-d/llm-d-router v0.9.0: apix/config/v1alpha1/endpointpickerconfig_types.go
-  (EndpointPickerConfig), the plugin types registered in pkg/epp/framework/plugins, the concurrency
+  (EndpointPickerConfig, FlowControlConfig: the loader decodes strictly, pkg/epp/config/loader/
+  configloader.go decodeRawConfig), the plugin types registered in pkg/epp/framework/plugins, the concurrency
   detector's parameters (saturationdetector/concurrency/config.go: maxConcurrency > 0, headroom >= 0,
   concurrencyMode requests|tokens), the core metrics extractor's parameters
   (datalayer/extractor/metrics/factories.go: modelServerExtractorParams, engineConfigParams) and the
@@ -272,6 +273,33 @@ PICKER_FLAGS = frozenset(
     }
 )
 FEATURE_GATES = frozenset({"flowControl", "dataLayer"})
+# EndpointPickerConfig's fields and FlowControlConfig's (endpointpickerconfig_types.go json tags).
+PICKER_CONFIG_FIELDS = frozenset(
+    {
+        "apiVersion",
+        "kind",
+        "featureGates",
+        "plugins",
+        "schedulingProfiles",
+        "dataLayer",
+        "flowControl",
+        "requestHandler",
+        "saturationDetector",
+        "parser",
+    }
+)
+FLOW_CONTROL_FIELDS = frozenset(
+    {
+        "maxBytes",
+        "maxRequests",
+        "defaultRequestTTL",
+        "defaultPriorityBand",
+        "defaultNegativePriorityBand",
+        "priorityBands",
+        "usageLimitPolicyPluginRef",
+        "saturationDetector",
+    }
+)
 # factories.go modelServerExtractorParams and engineConfigParams json tags.
 EXTRACTOR_FIELDS = frozenset({"engineLabelKey", "defaultEngine", "engineConfigs"})
 ENGINE_CONFIG_FIELDS = frozenset(
@@ -445,6 +473,8 @@ def validate_destination_rule(obj: dict[str, Any]) -> None:
 def validate_picker_config(config: dict[str, Any]) -> None:
     """Raise when `config` is not an EndpointPickerConfig llm-d's picker v0.9.0 loads."""
     assert config["apiVersion"] == "llm-d.ai/v1alpha1" and config["kind"] == "EndpointPickerConfig"
+    assert set(config) <= PICKER_CONFIG_FIELDS, set(config) - PICKER_CONFIG_FIELDS
+    assert set(config.get("flowControl", {})) <= FLOW_CONTROL_FIELDS
     assert set(config.get("featureGates", [])) <= FEATURE_GATES
     names: dict[str, str] = {}
     for plugin in config["plugins"]:
@@ -460,8 +490,9 @@ def validate_picker_config(config: dict[str, Any]) -> None:
     for profile in config["schedulingProfiles"]:
         for ref in profile["plugins"]:
             assert ref["pluginRef"] in names, ref
-    detector = config.get("saturationDetector", {}).get("pluginRef")
+    detector = effective_saturation_detector(config)
     if detector is not None:
+        # validation.go validateSaturationDetector: it must name a configured plugin.
         assert names.get(detector) in ("concurrency-detector", "utilization-detector"), detector
     # The concurrency detector consumes the in-flight counts (detector.go Consumes): a producer must exist.
     if "concurrency-detector" in names.values():
@@ -479,6 +510,27 @@ def validate_extractor_parameters(params: dict[str, Any]) -> None:
             metric_spec(engine.get(key, ""))
     known = {engine["name"] for engine in engines} | BUILT_IN_ENGINES
     assert params.get("defaultEngine", "vllm") in known, "defaultEngine not found in engineConfigs"
+
+
+def effective_saturation_detector(config: dict[str, Any]) -> str | None:
+    """The detector the picker runs: flowControl.saturationDetector, else the deprecated top-level one
+    (configloader.go LoadRawConfig copies it there only when the new field is unset)."""
+    new = config.get("flowControl", {}).get("saturationDetector")
+    old = config.get("saturationDetector")
+    chosen = new if new is not None else old
+    return None if chosen is None else str(chosen["pluginRef"])
+
+
+def deprecations(config: dict[str, Any]) -> list[str]:
+    """The DEPRECATION lines configloader.go LoadRawConfig logs for `config`."""
+    found = []
+    if config.get("apiVersion") == "inference.networking.x-k8s.io/v1alpha1":
+        found.append("apiVersion inference.networking.x-k8s.io/v1alpha1/EndpointPickerConfig")
+    if "saturationDetector" in config:
+        found.append("top-level saturationDetector")
+    if "parser" in config:
+        found.append("top-level parser")
+    return found
 
 
 def picker_flags(args: list[str]) -> set[str]:

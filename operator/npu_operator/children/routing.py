@@ -133,7 +133,14 @@ def build_inference_pool(pool: Pool) -> JSON:
 
 def picker_config(max_concurrency: int, data_parallel: int = 1) -> JSON:
     """The picker's EndpointPickerConfig: no pod above `max_concurrency` requests in flight, each
-    pod's load read over all its `data_parallel` ranks."""
+    pod's load read over all its `data_parallel` ranks.
+
+    The saturation detector is named under `flowControl` (llm-d-router v0.9.0
+    apix/config/v1alpha1/endpointpickerconfig_types.go FlowControlConfig.SaturationDetector): the
+    top-level `saturationDetector` is deprecated there ("use flowControl.saturationDetector instead.
+    If both are set, the new field is used"), and pkg/epp/config/loader/configloader.go LoadRawConfig
+    logs a DEPRECATION line and copies it over when it finds one.
+    """
     extractor: JSON = {"type": EXTRACTOR}
     if data_parallel > 1:
         extractor["parameters"] = dp_extractor_parameters()
@@ -153,7 +160,7 @@ def picker_config(max_concurrency: int, data_parallel: int = 1) -> JSON:
             {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
             extractor,
         ],
-        "saturationDetector": {"pluginRef": DETECTOR},
+        "flowControl": {"saturationDetector": {"pluginRef": DETECTOR}},
         "schedulingProfiles": [
             {
                 "name": "default",

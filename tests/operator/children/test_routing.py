@@ -2,13 +2,17 @@
 - what scrapes the endpoint picker, and on which port;
 - how a gateway reaches the picker;
 - how long a request through the route may take;
-- what load the picker reads per pod.
+- what load the picker reads per pod;
+- where the picker's config names its saturation detector.
 
 Upstream rules are checked with cases taken from upstream's own tests, kept here as data (never
 their code), each with its source:
 - llm-d/llm-d-router v0.9.0 pkg/epp/framework/plugins/datalayer/extractor/metrics/spec_test.go
   (TestStringToMetricSpec, TestGetMetric): how the picker parses a metric spec and which series it
-  reads for one.
+  reads for one;
+- llm-d/llm-d-router v0.9.0 pkg/epp/config/loader/configloader_test.go TestLoadRawConfiguration
+  (with testdata_test.go's config texts): where the saturation detector is read from, and when the
+  loader reports a deprecation.
 """
 
 from __future__ import annotations
@@ -398,3 +402,71 @@ def test_with_one_dp_rank_per_pod_the_picker_reads_vllms_own_series() -> None:
     assert engine_specs(config)["queuedRequestsSpec"] == "vllm:num_requests_waiting"
     extractor = next(p for p in config["plugins"] if p["type"] == "core-metrics-extractor")
     assert "parameters" not in extractor, "llm-d's defaults: exact for one rank, nothing the runtime must add"
+
+
+# -- issue 9b: where the config names its saturation detector ------------------------------------------------
+
+# configloader_test.go TestLoadRawConfiguration: the cases that involve the saturation detector or a
+# deprecation (config fields of testdata_test.go's texts that matter here; the detector the loaded
+# config's flowControl.saturationDetector names; whether the case expects a deprecation). The last case
+# is the rule the deprecated field's own comment states (endpointpickerconfig_types.go: "If both are
+# set, the new field is used"), which LoadRawConfig implements; no upstream test case has both.
+LOADER_CASES: list[tuple[str, dict[str, Any], str | None, bool]] = [
+    (
+        "Success - Full Configuration",
+        {
+            "apiVersion": "llm-d.ai/v1alpha1",
+            "flowControl": {"saturationDetector": {"pluginRef": "utilization-detector"}},
+        },
+        "utilization-detector",
+        False,
+    ),
+    (
+        "Success - using deprecated Groupname",
+        {
+            "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+            "flowControl": {"saturationDetector": {"pluginRef": "utilization-detector"}},
+        },
+        "utilization-detector",
+        True,
+    ),
+    ("Success - No Profiles", {"apiVersion": "llm-d.ai/v1alpha1"}, None, False),
+    (
+        "Success - Deprecated Top-level SaturationDetector",
+        {"apiVersion": "llm-d.ai/v1alpha1", "saturationDetector": {"pluginRef": "utilization-detector"}},
+        "utilization-detector",
+        True,
+    ),
+    (
+        "Success - Deprecated Top-level Parser",
+        {"apiVersion": "llm-d.ai/v1alpha1", "parser": {"pluginRef": "openai-parser"}},
+        None,
+        True,
+    ),
+    (
+        "both set: the new field is used",
+        {
+            "apiVersion": "llm-d.ai/v1alpha1",
+            "saturationDetector": {"pluginRef": "old-detector"},
+            "flowControl": {"saturationDetector": {"pluginRef": "new-detector"}},
+        },
+        "new-detector",
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "config", "detector", "deprecated"), LOADER_CASES, ids=[c[0] for c in LOADER_CASES])
+def test_the_model_of_the_config_loader_agrees_with_its_tests(
+    case: str, config: dict[str, Any], detector: str | None, deprecated: bool
+) -> None:
+    assert traffic_schemas.effective_saturation_detector(config) == detector
+    assert bool(traffic_schemas.deprecations(config)) == deprecated
+
+
+@pytest.mark.parametrize("name", [QWEN, DEEPSEEK])
+def test_the_picker_config_names_its_detector_under_flow_control(name: str) -> None:
+    manifest = example(name)
+    config = picker_config(render(manifest), manifest["metadata"]["name"])
+    assert traffic_schemas.deprecations(config) == [], "the picker would log a DEPRECATION line at every start"
+    assert traffic_schemas.effective_saturation_detector(config) == routing.DETECTOR
