@@ -64,6 +64,7 @@ OPTIONAL_APIS: Final = (
         ("inference_pool", "http_route"),
         (kinds.INFERENCE_POOL.kind, kinds.HTTP_ROUTE.kind),
     ),
+    OptionalApi("--istio-api", "Istio's DestinationRules", ("destination_rule",), (kinds.DESTINATION_RULES.kind,)),
 )
 ALL_APIS: Final = "--all-apis"
 
@@ -285,10 +286,13 @@ def _name(child: JSON) -> str:
 
 
 def _flag(child: JSON, owner: str) -> str:
-    """The flag that renders `child`: the one of its optional API, or of the API it needs."""
+    """The flags that render `child`: the one of its optional API and the one of the API it needs
+    (both for the endpoint picker's PodMonitor), space-separated."""
     child_kind = kinds.kind_of(child, owner)
-    needed = child_kind.needs or child_kind.kind
-    return next((api.flag for api in OPTIONAL_APIS if needed in api.kinds), ALL_APIS)
+    needed = {child_kind.kind} if child_kind.optional else set()
+    needed |= {child_kind.needs} if child_kind.needs else set()
+    flags = [api.flag for api in OPTIONAL_APIS if needed & set(api.kinds)]
+    return " ".join(flags) or ALL_APIS
 
 
 def skipped_note(skipped: Sequence[tuple[str, str]]) -> str:

@@ -213,6 +213,7 @@ NAMESPACED_RULES = {
     ("keda.sh", "scaledobjects"): {"get", "list", "watch", "create", "patch", "delete"},
     ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch", "create", "patch", "delete"},
     ("gateway.networking.k8s.io", "httproutes"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("networking.istio.io", "destinationrules"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "serviceaccounts"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "patch", "delete"},

@@ -308,17 +308,27 @@ def test_children_left_out_for_their_apis_are_named_in_a_last_comment_line(rende
         "# not rendered, their APIs not assumed served (--all-apis renders every one):"
         " PodMonitor/qwen25-7b (--pod-monitor-api); ScaledObject/qwen25-7b (--keda-api);"
         " ServiceAccount/qwen25-7b-epp, Role/qwen25-7b-epp, RoleBinding/qwen25-7b-epp, ConfigMap/qwen25-7b-epp,"
-        " Deployment/qwen25-7b-epp, Service/qwen25-7b-epp, InferencePool/qwen25-7b (--inference-pool-api)"
+        " Deployment/qwen25-7b-epp, Service/qwen25-7b-epp, InferencePool/qwen25-7b (--inference-pool-api);"
+        " PodMonitor/qwen25-7b-epp (--pod-monitor-api --inference-pool-api);"
+        " DestinationRule/qwen25-7b-epp (--istio-api)"
     )
     every = render_here("-f", str(QWEN), "--all-apis")
     assert not any(line.startswith("#") for line in every.stdout.splitlines())
-    # Each group is what its flag adds.
-    listed = {flag: set(names.split(", ")) for names, flag in re.findall(r"([^:;]+) \((--[a-z-]+)\)", last)}
-    assert set(listed) == {api.flag for api in cli.OPTIONAL_APIS}
-    rendered = set(kinds_and_names(result.stdout))
-    for flag, names in listed.items():
-        added = set(kinds_and_names(render_here("-f", str(QWEN), flag).stdout)) - rendered
-        assert {f"{kind}/{name}" for kind, name in added} == {name.strip() for name in names}
+    # Each group is what its flags add (the picker's PodMonitor needs two APIs).
+    groups = re.findall(r"([^:;]+) \(((?:--[a-z-]+ ?)+)\)", last)
+    listed = {flags: set(names.split(", ")) for names, flags in groups}
+    assert {flag for flags in listed for flag in flags.split()} == {api.flag for api in cli.OPTIONAL_APIS}
+    rendered = {f"{kind}/{name}" for kind, name in kinds_and_names(result.stdout)}
+
+    def added(*flags: str) -> set[str]:
+        out = render_here("-f", str(QWEN), *flags).stdout
+        return {f"{kind}/{name}" for kind, name in kinds_and_names(out)} - rendered
+
+    for flags, names in listed.items():
+        each = flags.split()
+        # A child that needs two APIs is what their flags add together, beyond what each adds alone.
+        alone = set().union(*(added(flag) for flag in each)) if len(each) > 1 else set()
+        assert added(*each) - alone == {name.strip() for name in names}
 
 
 def test_json_output_names_what_was_left_out_on_stderr(render_here: Render) -> None:

@@ -14,11 +14,20 @@ kept from those projects' own published schemas and sources (never a copy of the
   inference.networking.k8s.io_inferencepools.yaml (v1: selector.matchLabels 1..64 entries, label
   value pattern, targetPorts 1..8 unique ports, endpointPickerRef name/kind/port, failureMode enum,
   its CEL rule "port is required when kind is 'Service'").
-- HTTPRoute: Gateway API v1 (parentRefs, backendRefs by group/kind/name), the fields this operator sets.
+- HTTPRoute: Gateway API v1 (parentRefs, backendRefs by group/kind/name), the fields this operator sets;
+  rules[].timeouts from kubernetes-sigs/gateway-api v1.4.0 apis/v1/httproute_types.go
+  (HTTPRouteTimeouts: request, backendRequest, its CEL rule "backendRequest timeout cannot be longer
+  than request timeout") and apis/v1/shared_types.go (Duration, GEP-2257's pattern).
 - The picker: llm-d/llm-d-router v0.9.0: apix/config/v1alpha1/endpointpickerconfig_types.go
-  (EndpointPickerConfig), the plugin types registered in pkg/epp/framework/plugins, the concurrency
+  (EndpointPickerConfig, FlowControlConfig: the loader decodes strictly, pkg/epp/config/loader/
+  configloader.go decodeRawConfig), the plugin types registered in pkg/epp/framework/plugins, the concurrency
   detector's parameters (saturationdetector/concurrency/config.go: maxConcurrency > 0, headroom >= 0,
-  concurrencyMode requests|tokens) and the flags of pkg/epp/server/options.go.
+  concurrencyMode requests|tokens), the core metrics extractor's parameters
+  (datalayer/extractor/metrics/factories.go: modelServerExtractorParams, engineConfigParams) and the
+  flags of pkg/epp/server/options.go.
+- Istio's DestinationRule: istio/api v1.30.3 networking/v1alpha3/destination_rule.proto (host
+  required; TrafficPolicy.port_level_settings of PortSelector number and ClientTLSSettings: mode
+  DISABLE|SIMPLE|MUTUAL|ISTIO_MUTUAL, insecure_skip_verify a bool), the fields this operator sets.
 """
 
 from __future__ import annotations
@@ -203,6 +212,17 @@ HTTP_ROUTE: dict[str, Any] = {
                         "type": "object",
                         "properties": {
                             "matches": {"type": "array", "maxItems": 64},
+                            "timeouts": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "request": {"type": "string", "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"},
+                                    "backendRequest": {
+                                        "type": "string",
+                                        "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$",
+                                    },
+                                },
+                            },
                             "backendRefs": {
                                 "type": "array",
                                 "maxItems": 16,
@@ -243,14 +263,71 @@ PICKER_FLAGS = frozenset(
         "--pool-namespace",
         "--pool-group",
         "--config-file",
+        "--grpc-port",
         "--grpc-health-port",
+        "--metrics-port",
+        "--secure-serving",
         "--zap-encoder",
         "--tracing",
         "--metrics-endpoint-auth",
     }
 )
 FEATURE_GATES = frozenset({"flowControl", "dataLayer"})
+# EndpointPickerConfig's fields and FlowControlConfig's (endpointpickerconfig_types.go json tags).
+PICKER_CONFIG_FIELDS = frozenset(
+    {
+        "apiVersion",
+        "kind",
+        "featureGates",
+        "plugins",
+        "schedulingProfiles",
+        "dataLayer",
+        "flowControl",
+        "requestHandler",
+        "saturationDetector",
+        "parser",
+    }
+)
+FLOW_CONTROL_FIELDS = frozenset(
+    {
+        "maxBytes",
+        "maxRequests",
+        "defaultRequestTTL",
+        "defaultPriorityBand",
+        "defaultNegativePriorityBand",
+        "priorityBands",
+        "usageLimitPolicyPluginRef",
+        "saturationDetector",
+    }
+)
+# factories.go modelServerExtractorParams and engineConfigParams json tags.
+EXTRACTOR_FIELDS = frozenset({"engineLabelKey", "defaultEngine", "engineConfigs"})
+ENGINE_CONFIG_FIELDS = frozenset(
+    {
+        "name",
+        "queuedRequestsSpec",
+        "runningRequestsSpec",
+        "kvUsageSpec",
+        "loraSpec",
+        "cacheInfoSpec",
+        "cacheBlockSizeLabelName",
+        "cacheNumBlocksLabelName",
+        "cacheBlockSizeSpec",
+        "cacheNumBlocksSpec",
+        "customMetrics",
+    }
+)
+# factories.go defaultEngineConfigs (appended to the configured ones unless one has their name) and
+# DefaultEngineType, the name newCoreMetricsExtractorPlugin reserves.
+BUILT_IN_ENGINES = frozenset({"vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm", "triton"})
+RESERVED_ENGINE = "default"
 _FLOAT = re.compile(r"^-?\d+(\.\d+)?$")
+# A PromQL instant-vector selector as the extractor's metric specs are written (spec.go
+# parseStringToSpec): a metric name, then optionally {label=value,...} with quoted or bare values.
+_METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+_SPEC = re.compile(rf"^\s*({_METRIC_NAME})\s*(?:\{{([^}}]*)\}})?\s*$")
+_PAIR = re.compile(rf'^\s*({_LABEL_NAME})\s*=\s*(?:"([^"]*)"|([^",}}\s]+))\s*$')
 
 
 def validate_scaled_object(obj: dict[str, Any]) -> None:
@@ -323,11 +400,81 @@ def validate_inference_pool(obj: dict[str, Any]) -> None:
 
 def validate_http_route(obj: dict[str, Any]) -> None:
     jsonschema.validate(obj, HTTP_ROUTE)
+    for rule in obj["spec"].get("rules", []):
+        timeouts = rule.get("timeouts", {})
+        if "request" in timeouts and "backendRequest" in timeouts and duration(timeouts["request"]) != 0:
+            # The CRD's CEL rule on HTTPRouteTimeouts.
+            assert duration(timeouts["backendRequest"]) <= duration(timeouts["request"]), (
+                "backendRequest timeout cannot be longer than request timeout"
+            )
+
+
+def duration(text: str) -> float:
+    """Seconds of a Gateway API Duration (GEP-2257: up to four <number><h|m|s|ms> parts)."""
+    assert re.fullmatch(r"([0-9]{1,5}(h|m|s|ms)){1,4}", text), text
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(float(n) * units[unit] for n, unit in re.findall(r"([0-9]+)(ms|h|m|s)", text))
+
+
+def metric_spec(text: str) -> tuple[str, dict[str, str]] | None:
+    """The (name, labels) of an extractor metric spec; None for "" (spec.go: the empty spec is nil).
+    Raises ValueError where parseStringToSpec returns an error."""
+    if text == "":
+        return None
+    found = _SPEC.match(text)
+    if found is None:
+        raise ValueError(f"not a valid metric specification: {text!r}")
+    labels: dict[str, str] = {}
+    block = (found.group(2) or "").strip()
+    for pair in block.split(",") if block else ():
+        matched = _PAIR.match(pair)
+        if matched is None:
+            raise ValueError(f"invalid label pair {pair!r} in specification: {text!r}")
+        labels[matched.group(1)] = matched.group(2) if matched.group(2) is not None else matched.group(3)
+    return found.group(1), labels
+
+
+def latest_sample(
+    spec: tuple[str, dict[str, str]], families: dict[str, list[tuple[dict[str, str], float, int | None]]]
+) -> float:
+    """The value the extractor reads for `spec` from `families` (name -> [(labels, value, timestamp ms)]):
+    among the series whose labels include the spec's, the one with the latest timestamp, the first one
+    when timestamps tie or are missing (spec.go Spec.getLatestMetric keeps a later one only when its
+    timestamp is strictly greater; a sample without one reads as 0). Raises LookupError where it errors."""
+    name, wanted = spec
+    series = families.get(name)
+    if not series:
+        raise LookupError(f"metric family {name!r} not found or empty")
+    best: tuple[float, int] | None = None
+    for labels, value, timestamp in series:
+        if wanted.items() <= labels.items() and (best is None or (timestamp or 0) > best[1]):
+            best = (value, timestamp or 0)
+    if best is None:
+        raise LookupError(f"no matching metric found for {name!r} with labels {wanted}")
+    return best[0]
+
+
+def validate_destination_rule(obj: dict[str, Any]) -> None:
+    assert obj["apiVersion"] in ("networking.istio.io/v1", "networking.istio.io/v1beta1")
+    assert obj["kind"] == "DestinationRule"
+    spec = obj["spec"]
+    assert set(spec) <= {"host", "trafficPolicy", "subsets", "exportTo", "workloadSelector"}, spec
+    assert isinstance(spec["host"], str) and spec["host"], "host is required"
+    policy = spec.get("trafficPolicy", {})
+    for setting in policy.get("portLevelSettings", []):
+        assert set(setting) <= {"port", "loadBalancer", "connectionPool", "outlierDetection", "tls"}, setting
+        number = setting["port"]["number"]
+        assert isinstance(number, int) and 1 <= number <= 65535
+        tls = setting.get("tls", {})
+        assert tls.get("mode", "DISABLE") in ("DISABLE", "SIMPLE", "MUTUAL", "ISTIO_MUTUAL")
+        assert isinstance(tls.get("insecureSkipVerify", False), bool)
 
 
 def validate_picker_config(config: dict[str, Any]) -> None:
     """Raise when `config` is not an EndpointPickerConfig llm-d's picker v0.9.0 loads."""
     assert config["apiVersion"] == "llm-d.ai/v1alpha1" and config["kind"] == "EndpointPickerConfig"
+    assert set(config) <= PICKER_CONFIG_FIELDS, set(config) - PICKER_CONFIG_FIELDS
+    assert set(config.get("flowControl", {})) <= FLOW_CONTROL_FIELDS
     assert set(config.get("featureGates", [])) <= FEATURE_GATES
     names: dict[str, str] = {}
     for plugin in config["plugins"]:
@@ -338,15 +485,52 @@ def validate_picker_config(config: dict[str, Any]) -> None:
             assert isinstance(params.get("maxConcurrency", 100), int) and params.get("maxConcurrency", 100) > 0
             assert params.get("headroom", 0.0) >= 0
             assert params.get("concurrencyMode", "requests") in ("requests", "tokens")
+        if plugin["type"] == "core-metrics-extractor":
+            validate_extractor_parameters(plugin.get("parameters", {}))
     for profile in config["schedulingProfiles"]:
         for ref in profile["plugins"]:
             assert ref["pluginRef"] in names, ref
-    detector = config.get("saturationDetector", {}).get("pluginRef")
+    detector = effective_saturation_detector(config)
     if detector is not None:
+        # validation.go validateSaturationDetector: it must name a configured plugin.
         assert names.get(detector) in ("concurrency-detector", "utilization-detector"), detector
     # The concurrency detector consumes the in-flight counts (detector.go Consumes): a producer must exist.
     if "concurrency-detector" in names.values():
         assert "inflight-load-producer" in names.values()
+
+
+def validate_extractor_parameters(params: dict[str, Any]) -> None:
+    """The checks newCoreMetricsExtractorPlugin (factories.go) makes before the picker starts."""
+    assert set(params) <= EXTRACTOR_FIELDS, params
+    engines = params.get("engineConfigs", [])
+    for engine in engines:
+        assert set(engine) <= ENGINE_CONFIG_FIELDS, engine
+        assert engine["name"] and engine["name"] != RESERVED_ENGINE, engine["name"]
+        for key in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "loraSpec", "cacheInfoSpec"):
+            metric_spec(engine.get(key, ""))
+    known = {engine["name"] for engine in engines} | BUILT_IN_ENGINES
+    assert params.get("defaultEngine", "vllm") in known, "defaultEngine not found in engineConfigs"
+
+
+def effective_saturation_detector(config: dict[str, Any]) -> str | None:
+    """The detector the picker runs: flowControl.saturationDetector, else the deprecated top-level one
+    (configloader.go LoadRawConfig copies it there only when the new field is unset)."""
+    new = config.get("flowControl", {}).get("saturationDetector")
+    old = config.get("saturationDetector")
+    chosen = new if new is not None else old
+    return None if chosen is None else str(chosen["pluginRef"])
+
+
+def deprecations(config: dict[str, Any]) -> list[str]:
+    """The DEPRECATION lines configloader.go LoadRawConfig logs for `config`."""
+    found = []
+    if config.get("apiVersion") == "inference.networking.x-k8s.io/v1alpha1":
+        found.append("apiVersion inference.networking.x-k8s.io/v1alpha1/EndpointPickerConfig")
+    if "saturationDetector" in config:
+        found.append("top-level saturationDetector")
+    if "parser" in config:
+        found.append("top-level parser")
+    return found
 
 
 def picker_flags(args: list[str]) -> set[str]:

@@ -250,6 +250,7 @@ class RoutingSpec:
 
     failure_mode: str  # FailOpen | FailClose
     gateway: GatewayRef | None
+    request_timeout_seconds: int = 600  # one completion on a serving pod (the route's backendRequest timeout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,6 +415,7 @@ def _routing(value: JSON | None) -> RoutingSpec | None:
     return RoutingSpec(
         failure_mode=value["failureMode"],
         gateway=GatewayRef(gateway["name"], gateway.get("namespace"), gateway.get("sectionName")) if gateway else None,
+        request_timeout_seconds=value["requestTimeoutSeconds"],
     )
 
 

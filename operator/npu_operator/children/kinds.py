@@ -101,6 +101,19 @@ PICKER_ROLE_BINDING: Final = _picker(Resource("rbac.authorization.k8s.io", "v1",
 PICKER_CONFIG: Final = _picker(Resource("", "v1", "configmaps", "ConfigMap"))
 PICKER_DEPLOYMENT: Final = _picker(DEPLOYMENT.resource)
 PICKER_SERVICE: Final = _picker(SERVICE.resource)
+# What scrapes the picker's own /metrics (flow control's held requests wake a resource scaled to zero):
+# optional like the serving pods' PodMonitor, and only useful with the picker, so it also needs InferencePool.
+PICKER_POD_MONITOR: Final = ChildKind(
+    POD_MONITOR.resource, optional=True, suffix=PICKER_SUFFIX, needs=INFERENCE_POOL.kind
+)
+# Istio's DestinationRule (networking.istio.io/v1) that makes Istio's proxies, the Istio gateway among
+# them, speak TLS to the picker's gRPC port (its certificate is self-signed). It `needs` its own kind:
+# where Istio's API is not served it is skipped without a note (a cluster without Istio needs none),
+# and where the InferencePool API is not served either, Istio ignores a rule for a host it does not know.
+DESTINATION_RULES: Final = Resource("networking.istio.io", "v1", "destinationrules", "DestinationRule")
+PICKER_DESTINATION_RULE: Final = ChildKind(
+    DESTINATION_RULES, optional=True, suffix=PICKER_SUFFIX, needs=DESTINATION_RULES.kind
+)
 HTTP_ROUTE: Final = ChildKind(
     Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"), optional=True, needs="InferencePool"
 )
@@ -125,6 +138,8 @@ KINDS: Final = (
     PICKER_CONFIG,
     PICKER_DEPLOYMENT,
     PICKER_SERVICE,
+    PICKER_POD_MONITOR,
+    PICKER_DESTINATION_RULE,
     INFERENCE_POOL,
     HTTP_ROUTE,
     CALIBRATION_RECORD,
@@ -153,12 +168,13 @@ class Capabilities:
     scaled_object: bool = False  # keda.sh/v1alpha1
     inference_pool: bool = False  # inference.networking.k8s.io/v1
     http_route: bool = False  # gateway.networking.k8s.io/v1
+    destination_rule: bool = False  # networking.istio.io/v1
 
     NONE: ClassVar[Capabilities]
 
     @classmethod
     def everything(cls) -> Capabilities:
-        return cls(pod_monitor=True, scaled_object=True, inference_pool=True, http_route=True)
+        return cls(pod_monitor=True, scaled_object=True, inference_pool=True, http_route=True, destination_rule=True)
 
 
 Capabilities.NONE = Capabilities()

@@ -23,6 +23,16 @@ saturation detector of flow control (feature gate "flowControl"), holds requests
 once the pool is full. maxConcurrency is the plan's largest captured decode batch x the DP ranks
 behind the pod, headroom 0; the in-flight counts come from `inflight-load-producer`, which the
 detector consumes. Scoring is llm-d's default (queue, KV-cache use, prefix cache).
+
+What a real cluster needs besides (each function below cites its upstream source):
+- the picker's own metrics scraped (`build_picker_pod_monitor`): its flow control's held requests are
+  what wakes a resource scaled to zero (`scaling.picker_queue_query`);
+- TLS between the gateway and the picker (`picker_args`, `build_destination_rule`): the picker serves
+  its gRPC port with a self-signed certificate, which kgateway and Envoy AI Gateway dial with TLS
+  and no verification, and Istio only with a DestinationRule;
+- a request timeout on the route that covers a long completion and, with scale to zero, a cold
+  start (`route_timeouts`);
+- queue and KV-cache figures over every DP rank behind one API server (`picker_config`).
 """
 
 from __future__ import annotations
@@ -37,7 +47,13 @@ from npu_runtime.contract import DEFAULT_PORT as HTTP_PORT
 
 from npu_operator.api import crd
 from npu_operator.api.spec import GatewayRef
-from npu_operator.children.kinds import HTTP_ROUTE, INFERENCE_POOL, PICKER_DEPLOYMENT
+from npu_operator.children.kinds import (
+    DESTINATION_RULES,
+    HTTP_ROUTE,
+    INFERENCE_POOL,
+    PICKER_DEPLOYMENT,
+    PICKER_POD_MONITOR,
+)
 
 JSON = dict[str, Any]
 
@@ -60,6 +76,23 @@ PICKER_CONFIG_API: Final = "llm-d.ai/v1alpha1"
 # mirror the longest grace period of the pods within the pool").
 PICKER_GRACE_SECONDS: Final = 130
 DETECTOR: Final = "concurrency-detector"
+EXTRACTOR: Final = "core-metrics-extractor"
+# The series the picker reads from each serving pod's /metrics (port 8000, the pool's target port:
+# llm-d-router v0.9.0 pkg/epp/datastore/datastore.go podUpdateOrAddIfNotExist scrapes the target port
+# when --model-server-metrics-port is unset). vLLM writes one series per engine (DP rank, label
+# `engine`), and the extractor keeps one series per metric: the matching series with the latest
+# timestamp, the first when the exposition has none, as vLLM's has not
+# (pkg/epp/framework/plugins/datalayer/extractor/metrics/spec.go Spec.getLatestMetric); it has no
+# aggregation. With more than one DP rank behind a pod the picker therefore reads these, which the
+# runtime adds to the API server's /metrics with no `engine` label: the sum over the ranks of
+# vllm:num_requests_waiting and vllm:num_requests_running, and the mean of vllm:kv_cache_usage_perc
+# (the fraction of all the pod's KV blocks in use, the ranks being the same size).
+DP_WAITING_METRIC: Final = "npu_engine_num_requests_waiting"
+DP_RUNNING_METRIC: Final = "npu_engine_num_requests_running"
+DP_KV_USAGE_METRIC: Final = "npu_engine_kv_cache_usage_perc"
+# The extractor's engine config for them (factories.go engineConfigParams); the block size and LoRA
+# info stay vLLM's own (the same on every rank).
+DP_ENGINE: Final = "npu-runtime-dp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +105,7 @@ class Pool:
     pods: Mapping[str, str]  # the labels of the serving pods
     max_concurrency: int  # requests per serving pod: largest captured batch x its DP ranks
     failure_mode: str
+    data_parallel: int = 1  # DP ranks behind each serving pod's API server
 
     @property
     def picker(self) -> str:
@@ -97,8 +131,19 @@ def build_inference_pool(pool: Pool) -> JSON:
     }
 
 
-def picker_config(max_concurrency: int) -> JSON:
-    """The picker's EndpointPickerConfig: no pod above `max_concurrency` requests in flight."""
+def picker_config(max_concurrency: int, data_parallel: int = 1) -> JSON:
+    """The picker's EndpointPickerConfig: no pod above `max_concurrency` requests in flight, each
+    pod's load read over all its `data_parallel` ranks.
+
+    The saturation detector is named under `flowControl` (llm-d-router v0.9.0
+    apix/config/v1alpha1/endpointpickerconfig_types.go FlowControlConfig.SaturationDetector): the
+    top-level `saturationDetector` is deprecated there ("use flowControl.saturationDetector instead.
+    If both are set, the new field is used"), and pkg/epp/config/loader/configloader.go LoadRawConfig
+    logs a DEPRECATION line and copies it over when it finds one.
+    """
+    extractor: JSON = {"type": EXTRACTOR}
+    if data_parallel > 1:
+        extractor["parameters"] = dp_extractor_parameters()
     return {
         "apiVersion": PICKER_CONFIG_API,
         "kind": "EndpointPickerConfig",
@@ -113,9 +158,9 @@ def picker_config(max_concurrency: int) -> JSON:
             {"type": "kv-cache-utilization-scorer"},
             {"type": "prefix-cache-scorer"},
             {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
-            {"type": "core-metrics-extractor"},
+            extractor,
         ],
-        "saturationDetector": {"pluginRef": DETECTOR},
+        "flowControl": {"saturationDetector": {"pluginRef": DETECTOR}},
         "schedulingProfiles": [
             {
                 "name": "default",
@@ -130,7 +175,38 @@ def picker_config(max_concurrency: int) -> JSON:
     }
 
 
+def dp_extractor_parameters() -> JSON:
+    """The core metrics extractor's parameters for pods with several DP ranks behind one API server:
+    an engine config of the ranks' sums, the default for every pod of the pool (ours carry no
+    llm-d.ai/engine-type label). llm-d-router v0.9.0
+    pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go: modelServerExtractorParams
+    (engineLabelKey, defaultEngine, engineConfigs), engineConfigParams, newCoreMetricsExtractorPlugin
+    (a configured engine keeps its name, the built-in ones are appended, defaultEngine must name one)."""
+    return {
+        "defaultEngine": DP_ENGINE,
+        "engineConfigs": [
+            {
+                "name": DP_ENGINE,
+                "queuedRequestsSpec": DP_WAITING_METRIC,
+                "runningRequestsSpec": DP_RUNNING_METRIC,
+                "kvUsageSpec": DP_KV_USAGE_METRIC,
+                "loraSpec": "vllm:lora_requests_info",
+                "cacheInfoSpec": "vllm:cache_config_info",
+            }
+        ],
+    }
+
+
 def picker_args(pool: Pool) -> list[str]:
+    """The picker's flags (llm-d-router v0.9.0 pkg/epp/server/options.go AddFlags), its ports written
+    out so that the Service, the probes and the PodMonitor follow them. `--secure-serving` is true,
+    as its default: the gRPC port serves TLS with a self-signed certificate, which is what kgateway
+    and Envoy AI Gateway expect (both dial the picker with TLS and no certificate check; Envoy AI
+    Gateway v1.1.0 internal/extensionserver/inferencepool.go
+    buildExtProcClusterForInferencePoolEndpointPicker; kgateway-dev/kgateway#11429: a plaintext
+    picker fails there) and what Istio does with `build_destination_rule`. The metrics port serves
+    plain HTTP /metrics (cmd/epp/runner/runner.go: controller-runtime's metrics server, no
+    SecureServing), without authentication here."""
     return [
         "--pool-name",
         pool.name,
@@ -140,8 +216,13 @@ def picker_args(pool: Pool) -> list[str]:
         POOL_GROUP,
         "--config-file",
         f"{PICKER_CONFIG_DIR}/{PICKER_CONFIG_FILE}",
+        "--grpc-port",
+        str(PICKER_GRPC_PORT),
         "--grpc-health-port",
         str(PICKER_HEALTH_PORT),
+        "--metrics-port",
+        str(PICKER_METRICS_PORT),
+        "--secure-serving=true",
         "--zap-encoder",
         "json",
         "--tracing=false",
@@ -157,7 +238,9 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(pool, name),
-        "data": {PICKER_CONFIG_FILE: yaml.safe_dump(picker_config(pool.max_concurrency), sort_keys=False)},
+        "data": {
+            PICKER_CONFIG_FILE: yaml.safe_dump(picker_config(pool.max_concurrency, pool.data_parallel), sort_keys=False)
+        },
     }
     return [
         account,
@@ -257,6 +340,10 @@ def _picker_deployment(pool: Pool, image: str) -> JSON:
 
 
 def _picker_service(pool: Pool) -> JSON:
+    """The picker's Service, as llm-d-router v0.9.0's chart renders it
+    (config/charts/routerlib/templates/_service.yaml): no appProtocol. The gRPC port speaks TLS, so
+    `http2` (which Istio reads as cleartext HTTP/2) or `kubernetes.io/h2c` would be false; the port
+    name `grpc` tells Istio the protocol inside, and its DestinationRule the TLS around it."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -265,22 +352,93 @@ def _picker_service(pool: Pool) -> JSON:
             "type": "ClusterIP",
             "selector": _picker_selector(pool),
             "ports": [
-                {
-                    "name": "grpc",
-                    "port": PICKER_GRPC_PORT,
-                    "targetPort": "grpc",
-                    "protocol": "TCP",
-                    "appProtocol": "http2",
-                },
+                {"name": "grpc", "port": PICKER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
                 {"name": "metrics", "port": PICKER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
     }
 
 
-def build_http_route(pool: Pool, gateway: GatewayRef) -> JSON:
+def build_picker_pod_monitor(pool: Pool, interval: str, labels: Mapping[str, str]) -> JSON:
+    """A PodMonitor (monitoring.coreos.com/v1) of the picker's pods, on the one port that serves
+    /metrics (`metrics`, --metrics-port; `grpc` and `grpc-health` serve gRPC only).
+
+    prometheus-operator (v0.93.0 pkg/prometheus/promcfg.go generatePodMonitorConfig) keeps the
+    targets on the container port of that name and gives every series `namespace`, `pod`,
+    `container` and `job`; the picker's own labels on its flow-control gauge include
+    `inference_pool` = --pool-name (llm-d-router v0.9.0 pkg/epp/metrics/llm_d_router_metrics.go
+    llmdFlowControlQueueSize, set by pkg/epp/flowcontrol/controller/controller.go EnqueueAndWait):
+    the two labels `scaling.picker_queue_query` selects on. `labels` are spec.metrics.podMonitor's,
+    to match the Prometheus' podMonitorSelector."""
+    return {
+        "apiVersion": f"{PICKER_POD_MONITOR.resource.group}/{PICKER_POD_MONITOR.resource.version}",
+        "kind": PICKER_POD_MONITOR.kind,
+        "metadata": {
+            "name": pool.picker,
+            "namespace": pool.namespace,
+            "labels": dict(sorted({**labels, **pool.labels}.items())),
+        },
+        "spec": {
+            "selector": {"matchLabels": _picker_selector(pool)},
+            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": interval}],
+        },
+    }
+
+
+def build_destination_rule(pool: Pool) -> JSON:
+    """Istio's DestinationRule for the picker's Service: TLS to its gRPC port without verifying the
+    self-signed certificate, as llm-d-router v0.9.0's chart renders for Istio
+    (config/charts/llm-d-router-gateway/templates/istio.yaml: tls mode SIMPLE, insecureSkipVerify),
+    on that port only (istio/api v1.30.3 networking/v1alpha3/destination_rule.proto
+    TrafficPolicy.port_level_settings, ClientTLSSettings). The short host is the picker's Service in
+    the rule's own namespace, whatever the cluster's domain (the proto's note on `host`); it is
+    exported to every namespace (no exportTo), so the gateway's proxies, wherever they run, find it."""
+    return {
+        "apiVersion": DESTINATION_RULES.api_version,
+        "kind": DESTINATION_RULES.kind,
+        "metadata": _metadata(pool, pool.picker),
+        "spec": {
+            "host": pool.picker,
+            "trafficPolicy": {
+                "portLevelSettings": [
+                    {
+                        "port": {"number": PICKER_GRPC_PORT},
+                        "tls": {"mode": "SIMPLE", "insecureSkipVerify": True},
+                    }
+                ]
+            },
+        },
+    }
+
+
+def gateway_duration(seconds: int) -> str:
+    """`seconds` as a Gateway API Duration (GEP-2257; kubernetes-sigs/gateway-api v1.4.0
+    apis/v1/shared_types.go Duration: ^([0-9]{1,5}(h|m|s|ms)){1,4}$), e.g. 2430 -> "40m30s"."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return "".join(parts) or "0s"
+
+
+def route_timeouts(request_timeout: int, cold_start: int) -> JSON:
+    """The route rule's timeouts (Gateway API v1 HTTPRouteRule.timeouts, apis/v1/httproute_types.go
+    HTTPRouteTimeouts, v1.4.0).
+
+    `backendRequest` bounds one request to a serving pod: one completion, `request_timeout`.
+    `request` bounds the whole exchange: that plus `cold_start`, the time the picker may hold a
+    request before a pod can take it (with scale to zero: KEDA's polling interval and a replica's
+    startup timeout; otherwise 0). The schema's rule "backendRequest timeout cannot be longer than
+    request timeout" holds by construction."""
+    return {
+        "request": gateway_duration(request_timeout + cold_start),
+        "backendRequest": gateway_duration(request_timeout),
+    }
+
+
+def build_http_route(pool: Pool, gateway: GatewayRef, timeouts: Mapping[str, str] | None = None) -> JSON:
     """An HTTPRoute (gateway.networking.k8s.io/v1) from the named Gateway to the pool, as the
-    inference extension's guides attach one (a backendRef of kind InferencePool)."""
+    inference extension's guides attach one (a backendRef of kind InferencePool), with `timeouts`
+    (`route_timeouts`) on its rule."""
     parent: JSON = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway.name}
     if gateway.namespace:
         parent["namespace"] = gateway.namespace
@@ -296,6 +454,7 @@ def build_http_route(pool: Pool, gateway: GatewayRef) -> JSON:
                 {
                     "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
                     "backendRefs": [{"group": POOL_GROUP, "kind": INFERENCE_POOL.kind, "name": pool.name}],
+                    **({"timeouts": dict(timeouts)} if timeouts else {}),
                 }
             ],
         },

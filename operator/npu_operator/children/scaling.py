@@ -49,7 +49,9 @@ RESOURCE_LABEL: Final = "inference_npu_dev_name"
 RUNNING_METRIC: Final = "vllm:num_requests_running"
 WAITING_METRIC: Final = "vllm:num_requests_waiting"
 # llm-d's endpoint picker: requests its flow control holds (llm-d/llm-d-router v0.9.0,
-# pkg/epp/metrics/llm_d_router_metrics.go llmdFlowControlQueueSize, label inference_pool).
+# pkg/epp/metrics/llm_d_router_metrics.go llmdFlowControlQueueSize: labels fairness_id, priority,
+# inference_pool (= --pool-name), model_name, target_model_name), scraped by the picker's own
+# PodMonitor, which adds `namespace` (routing.build_picker_pod_monitor).
 PICKER_QUEUE_METRIC: Final = "llm_d_epp_flow_control_queue_size"
 
 # HPA's own bounds (k8s.io/api autoscaling/v2 HPAScalingRules): periodSeconds 1..1800,
@@ -224,7 +226,9 @@ def waiting_query(name: str, namespace: str) -> str:
 
 
 def picker_queue_query(name: str, namespace: str) -> str:
-    """Requests the endpoint picker holds for the resource's pool (what wakes a resource scaled to zero)."""
+    """Requests the endpoint picker holds for the resource's pool (what wakes a resource scaled to zero),
+    over every fairness flow, priority and model; the series exist only where the picker's PodMonitor
+    scrapes it (`routing.build_picker_pod_monitor`)."""
     return f'sum({PICKER_QUEUE_METRIC}{{namespace="{namespace}",inference_pool="{name}"}})'
 
 

@@ -43,7 +43,10 @@ def build_children(
 
     The topology's workload and companions (a workload whose API is not installed is built all the
     same: the caller reports the missing API), then the ScaledObject of spec.autoscaling and the
-    endpoint picker, InferencePool and HTTPRoute of spec.routing where `capabilities` has their APIs.
+    endpoint picker, InferencePool and HTTPRoute of spec.routing where `capabilities` has their APIs:
+    the picker's PodMonitor with the resource's own (spec.metrics.podMonitor, which spec.autoscaling
+    requires: the picker's held requests are what wakes a resource scaled to zero,
+    `scaling.picker_queue_query`), its DestinationRule where Istio's API is served.
     `seen` is what the resource's status remembers of the cluster (the startup seen so far, the
     roles' serving revision; `base.Seen.of`).
     """
@@ -59,7 +62,7 @@ def build_children(
                 name, namespace, spec.autoscaling, cap, labels(name), config.prometheus_address, startup
             )
         )
-    if spec.routing is not None and capabilities.inference_pool:
+    if spec.routing is not None:
         pool = routing.Pool(
             name=name,
             namespace=namespace,
@@ -67,9 +70,32 @@ def build_children(
             pods=topology.serving_pods(name, spec),
             max_concurrency=cap.per_replica,
             failure_mode=spec.routing.failure_mode,
+            data_parallel=cap.data_parallel,
         )
-        children += routing.build_picker(pool, config.picker_image)
-        children.append(routing.build_inference_pool(pool))
-        if spec.routing.gateway is not None and capabilities.http_route:
-            children.append(routing.build_http_route(pool, spec.routing.gateway))
+        if capabilities.inference_pool:
+            children += routing.build_picker(pool, config.picker_image)
+            monitor = spec.pod_monitor
+            if capabilities.pod_monitor and monitor.enabled:
+                children.append(routing.build_picker_pod_monitor(pool, monitor.interval, monitor.labels))
+        # Istio's API alone decides (the kind `needs` itself, as the controller applies it): where
+        # InferencePools are not served, Istio ignores a rule for a Service that does not exist.
+        if capabilities.destination_rule:
+            children.append(routing.build_destination_rule(pool))
+        if capabilities.inference_pool:
+            children.append(routing.build_inference_pool(pool))
+            if spec.routing.gateway is not None and capabilities.http_route:
+                children.append(routing.build_http_route(pool, spec.routing.gateway, _route_timeouts(spec)))
     return children
+
+
+def _route_timeouts(spec: NPUInferenceSpec) -> dict[str, str]:
+    """The route's timeouts: one completion, and with scale to zero the wait for KEDA to notice a held
+    request (its polling interval) and for a replica to start (the spec's startup timeout)."""
+    assert spec.routing is not None
+    autoscaling = spec.autoscaling
+    cold_start = (
+        autoscaling.polling_interval_seconds + spec.engine.startup_timeout_seconds
+        if autoscaling is not None and autoscaling.min_replicas == 0
+        else 0
+    )
+    return routing.route_timeouts(spec.routing.request_timeout_seconds, cold_start)

@@ -108,6 +108,8 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
         "ConfigMap-epp",
         "Deployment-epp",
         "Service-epp",
+        "PodMonitor-epp",
+        "DestinationRule-epp",
         "InferencePool",
         "HTTPRoute",
         "ConfigMap-calibration",
@@ -119,6 +121,8 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
         "DisaggregatedSet",
         "PodMonitor",
         "ScaledObject",
+        "PodMonitor",
+        "DestinationRule",
         "InferencePool",
         "HTTPRoute",
     ]
@@ -130,8 +134,11 @@ def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
         "ConfigMap-epp",
         "Deployment-epp",
         "Service-epp",
+        "PodMonitor-epp",
         "HTTPRoute",
     }
+    # Istio's rule for the picker is only made where Istio serves it, and never noted where it does not.
+    assert {kind.key for kind in children.KINDS if kind.needs == "DestinationRule"} == {"DestinationRule-epp"}
     # A disaggregated resource's role Services are only made where DisaggregatedSets are served.
     assert {kind.key for kind in children.KINDS if kind.needs == "DisaggregatedSet"} == {
         "Service-prefill",

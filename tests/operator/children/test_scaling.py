@@ -130,7 +130,7 @@ def test_the_pickers_objects_are_valid_kubernetes_with_least_rbac() -> None:
     for selector in (
         of_kind(objects, "Service", "qwen25-7b")["spec"]["selector"],
         of_kind(objects, "InferencePool")["spec"]["selector"]["matchLabels"],
-        of_kind(objects, "PodMonitor")["spec"]["selector"]["matchLabels"],
+        of_kind(objects, "PodMonitor", "qwen25-7b")["spec"]["selector"]["matchLabels"],
     ):
         assert not selector.items() <= labels.items()
     # The pool points at the picker's Service and gRPC port.
