@@ -88,7 +88,7 @@ def desired_state(
             why = refused.get(kind.kind) or f"the {kind.resource.api_version} API is not installed"
             if kind is topology.workload:
                 blocked = topology.missing_api(spec, why)
-            else:
+            elif not any(note.startswith(f"{kind.kind} not managed:") for note in notes):  # one note per API
                 notes.append(f"{kind.kind} not managed: {why}" + _consequence(kind, spec))
             continue
         manifests[kind.key] = children.stamped(child)

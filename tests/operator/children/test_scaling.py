@@ -491,3 +491,10 @@ def test_the_startup_in_force_follows_the_ready_pods_and_is_kept_while_none_is()
     assert scaling.startup_in_force([warm], after_cold_start) == 120  # in whole minutes, not stuck at 1800
     assert scaling.startup_in_force([], after_cold_start) == 1800  # scaled to zero: the status keeps it
     assert scaling.startup_in_force([], {}) is None
+
+
+def test_a_missing_api_is_noted_once_whatever_the_children_that_need_it() -> None:
+    manifest = example(QWEN)  # its own PodMonitor and the endpoint picker's
+    manifest["metadata"]["uid"] = UID
+    notes = desired_state(manifest, CONFIG, frozenset({"ScaledObject", "InferencePool", "HTTPRoute"})).notes
+    assert sum(note.startswith("PodMonitor not managed:") for note in notes) == 1
