@@ -58,6 +58,7 @@ from npu_sandbox.demo.reports import prometheus_report, report
 from npu_sandbox.demo.repository import CHART, KUBECTL, ROOT
 from npu_sandbox.demo.steps import delete_resource, kill_worker_engine, second_resource, wait_ready, workload_of
 from npu_sandbox.fixtures.local_hub import LocalHub, Repo
+from npu_sandbox.node.isolation import IsolationUnavailable
 from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LocalKubelet
 from npu_sandbox.node.network import free_port
 
@@ -199,6 +200,8 @@ async def run(
         )
         try:
             return await tell(sandbox)
+        except IsolationUnavailable as exc:  # the kubelet cannot give pods their own names here
+            raise SandboxFailed(str(exc)) from exc
         finally:
             await clean_up(sandbox)
 
@@ -249,7 +252,7 @@ async def start_model_pods(sandbox: Sandbox) -> None:
     heading(
         f"kubelet: the {workload[1]}'s pods on this machine"
         + (" (the LeaderWorkerSet controller's stand-in makes its StatefulSets)" if multi_node else "")
-        + (" (the DisaggregatedSet stand-in makes a LeaderWorkerSet per role; the router waits for both)" if pd else "")
+        + (" (the DisaggregatedSet stand-in makes a LeaderWorkerSet per role; then the router)" if pd else "")
     )
     pods = await sandbox.kubelet.start_pods()
     for pod in pods:

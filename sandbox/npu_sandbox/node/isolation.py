@@ -117,10 +117,11 @@ def check() -> None:
     with tempfile.TemporaryDirectory(prefix="npu-sandbox-probe-") as directory:
         for name in REPLACED.values():
             (Path(directory) / name).write_text("probe\n", encoding="utf-8")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}  # finds this module
         result = subprocess.run(
-            [sys.executable, "-c", _PROBE, directory], capture_output=True, text=True, timeout=30, check=False
+            [sys.executable, "-c", _PROBE, directory], capture_output=True, text=True, timeout=30, check=False, env=env
         )
     if result.returncode != 0:
-        detail = (result.stdout.strip() or result.stderr.strip().splitlines()[-1:] or ["no output"])[-1]
+        detail = (result.stdout.strip() or result.stderr.strip() or "no output").splitlines()[-1]
         user = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}, not root"
         raise IsolationUnavailable(f"{WHAT}; here ({user}) it failed: {detail}")
