@@ -683,8 +683,8 @@ class Kubelet:
     async def start(self) -> None:
         """Start the reconcile loop (once); return after its first round. IsolationUnavailable, naming
         what is missing, when this machine cannot give pods their own name files."""
+        await asyncio.to_thread(isolation.check)  # once per process (cached), before any loop: no await below
         if self._loop is None:
-            await asyncio.to_thread(isolation.check)
             self._loop = asyncio.create_task(self._run(), name="kubelet")
         await self._synced.wait()
 

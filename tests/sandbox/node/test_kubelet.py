@@ -31,7 +31,7 @@ from npu_operator.kube import names
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.controllers import lws
 from npu_sandbox.controllers.workloads import POD_TEMPLATE_HASH, pod_ready
-from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LocalKubelet, LocalPod, ServeRunner
+from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, Kubelet, LocalKubelet, LocalPod, ServeRunner
 
 from tests.examples import example
 from tests.runtime.serve_helpers import alive
@@ -384,3 +384,14 @@ async def test_a_config_map_volume_is_projected_when_the_pod_starts_and_an_optio
     assert (directory / "record.json").read_text(encoding="utf-8") == record
     args = second.command(second.container, {}, second.volume_paths())
     assert args[args.index("--calibration") + 1] == str(directory / "record.json")
+
+
+async def test_starting_twice_at_once_runs_one_loop(tmp_path: Path) -> None:
+    """`follow` and `start_pods` both start the kubelet: one reconcile loop, or every pod would run twice."""
+    async with LocalCluster() as cluster:
+        kubelet = Kubelet(cluster, NS, workdir=tmp_path / "pods")
+        await asyncio.gather(kubelet.start(), kubelet.start())
+        try:
+            assert [task.get_name() for task in asyncio.all_tasks()].count("kubelet") == 1
+        finally:
+            await kubelet.stop()
