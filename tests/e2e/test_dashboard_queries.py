@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from npu_sandbox.demo import prometheus
-from npu_sandbox.node.kubelet import free_port
+from npu_sandbox.node.network import free_port
 
 from tests.e2e.conftest import SandboxRun
 

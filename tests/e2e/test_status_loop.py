@@ -1,9 +1,9 @@
 """The whole loop on this machine: the operator, the API emulator, and a real `npu-runtime serve` on CPU.
 
 The test plays the kubelet (npu_sandbox.node.kubelet): it starts the Deployment's pod args as a local
-process and reports the Pod (IP 127.0.0.1, Ready from /readyz, termination message on exit).
-The operator reads the runtime's /status over HTTP and must tell, in the NPUInference status and
-Events, what the engine really did.
+process and reports the Pod (its own loopback address as its IP, Ready from /readyz, termination
+message on exit). The operator reads the runtime's /status over HTTP and must tell, in the
+NPUInference status and Events, what the engine really did.
 """
 
 from __future__ import annotations

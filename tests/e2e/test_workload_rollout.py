@@ -37,7 +37,8 @@ from npu_operator.api import crd
 from npu_sandbox.apiserver.emulator import KubeEmulator
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.demo import prometheus
-from npu_sandbox.node.kubelet import LocalKubelet, LocalPod, free_port
+from npu_sandbox.node.kubelet import LocalKubelet, LocalPod
+from npu_sandbox.node.network import free_port
 
 from tests.e2e.conftest import ready, scale, wait_ready
 from tests.e2e.test_status_loop import CONFIG, ENGINE_STARTUP, NAME, NS, tiny_manifest
@@ -132,7 +133,7 @@ async def test_the_scaled_objects_query_under_load(serving: Serving) -> None:
         await server.start([], free_port())
         pod = await cluster.get("v1", "pods", NS, first.name)
         assert pod is not None
-        server.set_targets("pods", prometheus.pod_targets(pod, first.ports))
+        server.set_targets("pods", prometheus.pod_targets(pod))
         await server.wait_for_scrapes_after(time.time(), within=60)  # the engine is scraped before the load
 
         # Requests in flight (8 clients, each sending its next request when one is answered: the engine's

@@ -40,8 +40,9 @@ shared cache volume needs around them:
   and every pod after them gets the commit they reported as `--revision`.
 - **config.json first**, so the model can be planned (`--plan` runs `npu-runtime plan` with
   the given flags) before gigabytes of weights arrive: a model that cannot fit fails in seconds.
-- **Progress** (`--status-port`): `/status` answers `{"model": {...}}` with the phase, bytes
-  done/total and files, which the operator folds into `status.model`.
+- **Progress** (`--status-port`, on `--status-host`, all addresses by default): `/status` answers
+  `{"model": {...}}` with the phase, bytes done/total and files, which the operator folds into
+  `status.model`.
 - **The end** is one line in the termination message: `ModelReady: {...}` (the final progress,
   resolved revision included), or `<Reason>: <message>` naming the repository, also on stderr:
   ModelAccessDenied (401/403), ModelNotFound (repository, revision or file), ModelCacheFull (no
@@ -780,6 +781,7 @@ def fetch_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--link", type=Path, help="make this path a symlink to the snapshot directory")
     parser.add_argument("--status-port", type=int, help="serve /status with the progress on this port")
+    parser.add_argument("--status-host", default="0.0.0.0", help="the address the status port listens on")
     parser.add_argument(
         "--lock-timeout",
         type=float,
@@ -826,7 +828,7 @@ def fetch_command(argv: list[str]) -> int:
             default_path=DEFAULT_TERMINATION_LOG,
         )
         return EXIT_INVALID
-    server = StatusServer(progress, args.status_port) if args.status_port else None
+    server = StatusServer(progress, args.status_port, args.status_host) if args.status_port else None
     started = time.monotonic()
     try:
         hub = hub_for(options.hub)

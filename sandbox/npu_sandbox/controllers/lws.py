@@ -14,12 +14,21 @@ follows (repository kubernetes-sigs/lws, tag v0.10.0; paths under it):
   (pkg/controllers/pod_controller.go `constructWorkerStatefulSetApplyConfiguration`), made as soon
   as the leader pod exists (startupPolicy LeaderCreated) or once it is ready (LeaderReady),
   from the template of the leader's revision (`Reconcile`);
-- the headless Service named after it (pkg/utils/controller/controller_utils.go
-  `CreateHeadlessServiceIfNotExists`, subdomainPolicy Shared);
-- the pod webhook's labels and environment (pkg/webhooks/pod_webhook.go `Default`,
+- the headless Services of networkConfig.subdomainPolicy, each created only if no Service of its
+  name exists yet, whoever made it (pkg/utils/controller/controller_utils.go
+  `CreateHeadlessServiceIfNotExists`: clusterIP None, publishNotReadyAddresses, the set's name
+  label): under Shared one named after the LeaderWorkerSet, selecting all its pods
+  (leaderworkerset_controller.go `reconcileHeadlessServices`), which the leader and worker
+  StatefulSets name as their serviceName; under UniquePerReplica one per group, named after the
+  group's leader pod, selecting the group's pods and owned by the leader pod (pod_controller.go
+  `Reconcile`), the leader pod template annotated with the policy
+  (`constructLeaderStatefulSetApplyConfiguration`) and the worker StatefulSet's serviceName the
+  leader pod's name (`constructWorkerStatefulSetApplyConfiguration`);
+- the pod webhook's labels, subdomain and environment (pkg/webhooks/pod_webhook.go `Default`,
   pkg/utils/pod/pod_utils.go `AddLWSVariables`): group-index and group-key on leaders,
-  worker-index on workers, LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX first in every
-  container's env (v0.10 injects no other LWS_* variable);
+  worker-index on workers, a UniquePerReplica leader's subdomain set to its own name,
+  LWS_LEADER_ADDRESS (`<lws>-<group>.<the pod's subdomain>.<namespace>`), LWS_GROUP_SIZE,
+  LWS_WORKER_INDEX first in every container's env (v0.10 injects no other LWS_* variable);
 - revisions as ControllerRevisions labelled with the template-revision-hash
   (pkg/utils/revision/revision_utils.go `NewRevision`; the hash here is of the same fields,
   leaderWorkerTemplate and networkConfig, with another function);
@@ -33,13 +42,13 @@ follows (repository kubernetes-sigs/lws, tag v0.10.0; paths under it):
   pkg/webhooks/leaderworkerset_webhook.go `Default`): the emulator stores a LeaderWorkerSet as
   written, so the stand-in reads it with them.
 
-Its one liberty is the leader's address: LWS_LEADER_ADDRESS names the leader pod's DNS name
-(`<lws>-<group>.<lws>.<namespace>`) exactly as LWS writes it, and on this machine the kubelet
-resolves that name to 127.0.0.1 with the leader's ports mapped to free local ports, as it maps
-every pod's IP and ports (see `npu_sandbox.node.kubelet`). Not emulated: subGroupPolicy, exclusive
-topology, volumeClaimTemplates, the UniquePerReplica subdomain policy, scheduler providers, and a
-deleted (not restarted) pod triggering a group restart (the emulator deletes pods at once, with
-no deletionTimestamp for the controller to see).
+LWS_LEADER_ADDRESS resolves in a pod exactly when the cluster DNS would answer it: through a
+headless Service named after the pod's subdomain that selects the leader (the kubelet's DNS,
+`npu_sandbox.node.dns`). So a Shared LeaderWorkerSet whose name another Service (the operator's
+ClusterIP Service, say) already holds gets no headless Service, and its workers cannot resolve
+their leader, here as on a cluster. Not emulated: subGroupPolicy, exclusive topology,
+volumeClaimTemplates, scheduler providers, and a deleted (not restarted) pod triggering a group
+restart (the emulator deletes pods at once, with no deletionTimestamp for the controller to see).
 """
 
 from __future__ import annotations
@@ -77,6 +86,9 @@ REVISION_LABEL: Final = "leaderworkerset.sigs.k8s.io/template-revision-hash"  # 
 SIZE_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/size"  # SizeAnnotationKey
 REPLICAS_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/replicas"  # ReplicasAnnotationKey
 LEADER_NAME_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/leader-name"  # LeaderPodNameAnnotationKey
+SUBDOMAIN_POLICY_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/subdomainPolicy"  # SubdomainPolicyAnnotationKey
+SHARED: Final = "Shared"  # SubdomainShared
+UNIQUE_PER_REPLICA: Final = "UniquePerReplica"  # SubdomainUniquePerReplica
 LEADER_ADDRESS_ENV: Final = "LWS_LEADER_ADDRESS"
 GROUP_SIZE_ENV: Final = "LWS_GROUP_SIZE"
 WORKER_INDEX_ENV: Final = "LWS_WORKER_INDEX"
@@ -105,9 +117,14 @@ def defaulted(lws: Mapping[str, Any]) -> JSON:
     rolling.setdefault("maxSurge", 0)
     rolling.setdefault("partition", 0)
     network = spec.get("networkConfig") or {}
-    network.setdefault("subdomainPolicy", "Shared")
+    network.setdefault("subdomainPolicy", SHARED)
     spec["networkConfig"] = network
     return obj
+
+
+def unique_per_replica(lws: Mapping[str, Any]) -> bool:
+    """networkConfig.subdomainPolicy is UniquePerReplica (missing: Shared)."""
+    return bool(defaulted(lws)["spec"]["networkConfig"]["subdomainPolicy"] == UNIQUE_PER_REPLICA)
 
 
 def revision_key(lws: Mapping[str, Any]) -> str:
@@ -161,6 +178,8 @@ def leader_statefulset(lws: Mapping[str, Any], partition: int, replicas: int, ke
         REVISION_LABEL: key,
     }
     template_meta["annotations"] = {**template_meta.get("annotations", {}), SIZE_ANNOTATION: str(lwt["size"])}
+    if unique_per_replica(obj):  # the pod webhook then makes the leader's subdomain its own name
+        template_meta["annotations"][SUBDOMAIN_POLICY_ANNOTATION] = UNIQUE_PER_REPLICA
     surge, unavailable = _max_surge_and_unavailable(spec)
     return {
         "apiVersion": "apps/v1",
@@ -218,7 +237,8 @@ def worker_statefulset(
             "ownerReferences": [controller_reference(leader_pod)],
         },
         "spec": {
-            "serviceName": meta["name"],  # subdomainPolicy Shared
+            # The group's own headless Service under UniquePerReplica, the set's under Shared.
+            "serviceName": leader_pod["metadata"]["name"] if unique_per_replica(obj) else meta["name"],
             "replicas": int(lwt["size"]) - 1,
             "podManagementPolicy": "Parallel",
             "template": template,
@@ -231,20 +251,51 @@ def worker_statefulset(
     return statefulset
 
 
-def headless_service(lws: Mapping[str, Any]) -> JSON:
-    """controller_utils.go CreateHeadlessServiceIfNotExists, subdomainPolicy Shared."""
+def headless_service(
+    lws: Mapping[str, Any],
+    name: str | None = None,
+    selector: Mapping[str, str] | None = None,
+    owner: Mapping[str, Any] | None = None,
+) -> JSON:
+    """controller_utils.go CreateHeadlessServiceIfNotExists's Service: by default Shared's (named after
+    the set, selecting all its pods, owned by it); UniquePerReplica passes the leader pod's name, the
+    group's selector and the leader pod as the owner (`group_service`)."""
     meta = lws["metadata"]
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": meta["name"],
+            "name": name or meta["name"],
             "namespace": meta["namespace"],
             "labels": {NAME_LABEL: meta["name"]},
-            "ownerReferences": [controller_reference(lws)],
+            "ownerReferences": [controller_reference(owner or lws)],
         },
-        "spec": {"clusterIP": "None", "selector": {NAME_LABEL: meta["name"]}, "publishNotReadyAddresses": True},
+        "spec": {
+            "clusterIP": "None",
+            "selector": dict(selector or {NAME_LABEL: meta["name"]}),
+            "publishNotReadyAddresses": True,
+        },
     }
+
+
+def group_service(lws: Mapping[str, Any], leader_pod: Mapping[str, Any]) -> JSON:
+    """pod_controller.go Reconcile, UniquePerReplica: the group's headless Service, named after its leader
+    pod, selecting the set's pods of the leader's group, owned by the leader pod."""
+    name = lws["metadata"]["name"]
+    group = leader_pod["metadata"]["labels"][GROUP_INDEX_LABEL]
+    return headless_service(
+        lws, leader_pod["metadata"]["name"], {NAME_LABEL: name, GROUP_INDEX_LABEL: group}, leader_pod
+    )
+
+
+async def create_headless_service_if_not_exists(cluster: ApiClient, snapshot: Snapshot, service: JSON) -> None:
+    """controller_utils.go CreateHeadlessServiceIfNotExists: created only when no Service has its name, whatever
+    that Service is (another's ClusterIP Service keeps the name, and no pod of the set gets a DNS record
+    through it). A create that loses a race to the same name is the same case."""
+    if snapshot.named("services", service["metadata"]["name"]) is not None:
+        return
+    with contextlib.suppress(ApiRejected):
+        await cluster.create(service, "services")
 
 
 def parent_and_ordinal(name: str) -> tuple[str, int]:
@@ -267,6 +318,8 @@ def admit_pod(pod: JSON) -> None:
     _, ordinal = parent_and_ordinal(meta["name"])
     if labels.get(WORKER_INDEX_LABEL) == "0":
         labels.setdefault(GROUP_INDEX_LABEL, str(ordinal))
+        if meta.get("annotations", {}).get(SUBDOMAIN_POLICY_ANNOTATION) == UNIQUE_PER_REPLICA:
+            pod["spec"]["subdomain"] = meta["name"]
         labels.setdefault(GROUP_KEY_LABEL, group_key(meta["namespace"], meta["name"]))
     else:
         labels[WORKER_INDEX_LABEL] = str(ordinal)
@@ -517,9 +570,8 @@ async def reconcile(cluster: ApiClient, snapshot: Snapshot, written: JSON, now: 
             name,
             {"metadata": {k: wanted["metadata"][k] for k in ("labels", "annotations")}, "spec": wanted["spec"]},
         )
-    if snapshot.named("services", name) is None:
-        with contextlib.suppress(ApiRejected):
-            await cluster.create(headless_service(lws), "services")
+    if not unique_per_replica(lws):  # reconcileHeadlessServices: Shared's one Service
+        await create_headless_service_if_not_exists(cluster, snapshot, headless_service(lws))
     await _reconcile_pods(cluster, snapshot, lws, written, revisions)
     status = status_of(lws, snapshot, leader, key, now)
     current = written.get("status", {})
@@ -567,6 +619,10 @@ async def _reconcile_pods(
             failed = pod["metadata"]["name"]
             message = f"Worker pod {failed} failed, deleted leader pod {leader_name} to recreate group {group}"
             await _record(cluster, written, "RecreateGroup", message)
+    if unique_per_replica(lws):  # each leader's group Service, before (and whatever) its workers
+        for leader_name, leader in leaders.items():
+            if leader_name not in recreated:
+                await create_headless_service_if_not_exists(cluster, snapshot, group_service(lws, leader))
     if int(spec["leaderWorkerTemplate"]["size"]) == 1:
         return
     by_key = {r["metadata"]["labels"].get(REVISION_LABEL): r for r in revisions}

@@ -58,10 +58,11 @@ from npu_sandbox.demo.reports import prometheus_report, report
 from npu_sandbox.demo.repository import CHART, KUBECTL, ROOT
 from npu_sandbox.demo.steps import delete_resource, kill_worker_engine, second_resource, wait_ready, workload_of
 from npu_sandbox.fixtures.local_hub import LocalHub, Repo
-from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LOCAL_IP, LocalKubelet, free_port
+from npu_sandbox.node.isolation import IsolationUnavailable
+from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LocalKubelet
+from npu_sandbox.node.network import free_port
 
 DEFAULT_WORKDIR: Final = Path("/tmp/npu-sandbox")
-LOCAL_URL: Final = f"http://{LOCAL_IP}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,6 +200,8 @@ async def run(
         )
         try:
             return await tell(sandbox)
+        except IsolationUnavailable as exc:  # the kubelet cannot give pods their own names here
+            raise SandboxFailed(str(exc)) from exc
         finally:
             await clean_up(sandbox)
 
@@ -228,7 +231,7 @@ async def tell(sandbox: Sandbox) -> dict[str, Any]:
     await cluster.apply_npu_inference(manifest)
     say(f"npuinference.inference.npu.dev/{sandbox.name} created")
     if sandbox.prometheus is not None:
-        await start_prometheus(sandbox.prometheus, operator_pod.ports["metrics"])
+        await start_prometheus(sandbox.prometheus, operator_pod.ip, operator_pod.ports["metrics"])
     await start_model_pods(sandbox)
     summary = await once_ready(sandbox)
     if sandbox.args.keep_running:
@@ -249,12 +252,12 @@ async def start_model_pods(sandbox: Sandbox) -> None:
     heading(
         f"kubelet: the {workload[1]}'s pods on this machine"
         + (" (the LeaderWorkerSet controller's stand-in makes its StatefulSets)" if multi_node else "")
-        + (" (the DisaggregatedSet stand-in makes a LeaderWorkerSet per role; the router waits for both)" if pd else "")
+        + (" (the DisaggregatedSet stand-in makes a LeaderWorkerSet per role; then the router)" if pd else "")
     )
     pods = await sandbox.kubelet.start_pods()
     for pod in pods:
         say(f"pod {pod.name}: npu-runtime serve ... (log {pod.log_path})")
-        say("  ports: " + ", ".join(f"{key} {value}" for key, value in pod.ports.items()) + " (127.0.0.1)")
+        say(f"  address {pod.ip}, ports " + ", ".join(f"{key} {value}" for key, value in pod.ports.items()))
     if sandbox.prometheus is not None:
         await set_pod_targets(cluster, sandbox.kubelet, sandbox.prometheus)
 
@@ -293,7 +296,7 @@ async def keep_running(sandbox: Sandbox) -> None:
     )
     say(f"OpenAI API        {pod.api_url}/v1  (model {sandbox.manifest['spec']['model']['name']})")
     say(f"runtime metrics   {pod.metrics_url}/metrics   status {pod.metrics_url}/status")
-    say(f"operator metrics  {LOCAL_URL}:{operator_pod.ports['metrics']}/metrics  (log {operator_pod.log_path})")
+    say(f"operator metrics  {operator_pod.metrics_url}/metrics  (log {operator_pod.log_path})")
     if sandbox.prometheus is not None:
         say(f"Prometheus        {sandbox.prometheus.url}  (alerts {sandbox.prometheus.url}/alerts)")
     await asyncio.Event().wait()
@@ -345,13 +348,13 @@ def choose_prometheus(wanted: bool | None, workdir: Path) -> prom.LocalPrometheu
     return prom.LocalPrometheus(workdir)
 
 
-async def start_prometheus(prometheus: prom.LocalPrometheus, operator_metrics_port: int) -> None:
+async def start_prometheus(prometheus: prom.LocalPrometheus, operator_address: str, operator_metrics_port: int) -> None:
     try:
         groups = await asyncio.to_thread(prom.chart_rule_groups)
         await prometheus.start(groups, free_port())
     except prom.PrometheusUnavailable as exc:
         raise SandboxFailed(f"Prometheus: {exc}") from exc
-    prometheus.set_targets("operator", prom.operator_targets(operator_metrics_port))
+    prometheus.set_targets("operator", prom.operator_targets(operator_address, operator_metrics_port))
     rules = sum(len(group["rules"]) for group in groups)
     heading("Prometheus: scraping the operator and, once it runs, the pod; the chart's alerts loaded")
     say(f"Prometheus  {prometheus.url} (scrapes every {prom.SCRAPE_INTERVAL_SECONDS}s, {rules} alerts)")
@@ -362,7 +365,7 @@ async def set_pod_targets(cluster: LocalCluster, kubelet: LocalKubelet, promethe
     targets = []
     for pod in kubelet.pods:
         pod_object = await cluster.get("v1", "pods", pod.namespace, pod.name) or {}
-        targets += prom.pod_targets(pod_object, pod.ports)
+        targets += prom.pod_targets(pod_object)
     prometheus.set_targets("pods", targets)
 
 

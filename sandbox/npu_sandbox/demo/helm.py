@@ -97,11 +97,13 @@ class OperatorRunner:
         return args if given else [OPERATOR_IMAGE, *args]
 
     def environment(self, pod: LocalPod, container: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
-        """The ports the chart puts in env, moved to the pod's mapped local ports; the /tmp emptyDir as TMPDIR."""
+        """The ports the chart puts in env, mapped to free ports (`npu-operator run` listens on all
+        addresses and has no flag to take the pod's: on the declared ports it would hold them on
+        every pod's address); the /tmp emptyDir as TMPDIR."""
         result = dict(env)
         for port_name, variable in PORT_ENV.items():
             if variable in result and port_name in pod.ports:
-                result[variable] = str(pod.ports[port_name])
+                result[variable] = str(pod.map_port(port_name))
         for mount_path, local in mounts(container, pod.volumes):
             if mount_path == "/tmp":
                 result["TMPDIR"] = str(local)
@@ -170,7 +172,7 @@ async def install_operator(
     account = deployment["spec"]["template"]["spec"].get("serviceAccountName")
     heading("kubelet: the chart's operator pod on this machine")
     say(f"pod {pod.name}: npu-operator run (ServiceAccount {OPERATOR_NAMESPACE}/{account}; log {pod.log_path})")
-    say("  ports: " + ", ".join(f"{key} {value}" for key, value in pod.ports.items()) + " (127.0.0.1)")
+    say(f"  address {pod.ip}, ports " + ", ".join(f"{key} {value}" for key, value in pod.ports.items()))
     return pod
 
 

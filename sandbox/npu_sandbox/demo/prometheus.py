@@ -6,9 +6,9 @@ with the labels the PodMonitors give (`namespace`, `pod`, `container`, `endpoint
 `inference_npu_dev_name` copied from the pod label inference.npu.dev/name; `group` and
 `node_rank` from a LeaderWorkerSet pod's group and worker index, as the endpoints' relabelings
 do: `builders.RANK_TARGET_LABELS`), and the chart's
-PrometheusRule groups, rendered by the real helm, as the rule file. Everything listens on
-127.0.0.1; the TSDB lies in the workdir, so a later Prometheus can open it again (the dashboard
-test does).
+PrometheusRule groups, rendered by the real helm, as the rule file. Prometheus listens on
+127.0.0.1 and scrapes each pod at its own address; the TSDB lies in the workdir, so a later
+Prometheus can open it again (the dashboard test does).
 
 The binary is Debian's `prometheus` package (scripts/bootstrap installs it as root on Debian).
 """
@@ -233,9 +233,14 @@ def describe_target(target: Mapping[str, Any]) -> str:
     return f"{target['scrapeUrl']} {target['health']} (last scrape {duration:.1f}s, {error})"
 
 
-def pod_targets(pod: Mapping[str, Any], ports: Mapping[str, int]) -> list[tuple[list[str], dict[str, str]]]:
-    """What the chart's inference PodMonitor makes of a pod: one target per endpoint, its labels."""
+def pod_targets(pod: Mapping[str, Any]) -> list[tuple[list[str], dict[str, str]]]:
+    """What the chart's inference PodMonitor makes of a pod: one target per endpoint (the pod's IP and
+    the container port of that name, as the Pod object says), its labels."""
     metadata = pod["metadata"]
+    address = pod.get("status", {}).get("podIP")
+    ports = {
+        p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", []) if "name" in p
+    }
     common = {
         "job": POD_MONITOR_JOB,
         "namespace": metadata["namespace"],
@@ -245,10 +250,10 @@ def pod_targets(pod: Mapping[str, Any], ports: Mapping[str, int]) -> list[tuple[
     }
     labels = metadata.get("labels", {})
     common |= {target: labels[label] for target, label in builders.RANK_TARGET_LABELS.items() if labels.get(label)}
-    return [([f"127.0.0.1:{ports[endpoint]}"], {**common, "endpoint": endpoint}) for endpoint in ("metrics", "http")]
+    return [([f"{address}:{ports[endpoint]}"], {**common, "endpoint": endpoint}) for endpoint in ("metrics", "http")]
 
 
-def operator_targets(port: int) -> list[tuple[list[str], dict[str, str]]]:
+def operator_targets(address: str, port: int) -> list[tuple[list[str], dict[str, str]]]:
     """The operator's pod (the chart's Deployment, run by the sandbox's kubelet), labelled as its PodMonitor would."""
     labels = {
         "job": OPERATOR_JOB,
@@ -257,7 +262,7 @@ def operator_targets(port: int) -> list[tuple[list[str], dict[str, str]]]:
         "container": "operator",
         "endpoint": "metrics",
     }
-    return [([f"127.0.0.1:{port}"], labels)]
+    return [([f"{address}:{port}"], labels)]
 
 
 async def report(prometheus: LocalPrometheus, since: float) -> dict[str, Any]:

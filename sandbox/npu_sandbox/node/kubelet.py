@@ -10,23 +10,33 @@ deletions all happen through the API, as in a cluster; anything that writes the 
 kubectl, a test, an autoscaler through the scale subresource) drives it.
 
 Each pod reports back as a kubelet does: its IP, phase, Ready condition (from its readiness
-probe: an HTTP GET on the mapped port), init container statuses, and on exit the container's
+probe: an HTTP GET on the pod's address), init container statuses, and on exit the container's
 termination message, with restartCount 1 and CrashLoopBackOff (a real kubelet restarts the
 container with back-off; here it stays down and says why, which is also what LeaderWorkerSet's
 RecreateGroupOnPodRestart reacts to).
 
 How a container runs here is pluggable: the first of the kubelet's `runners` that accepts the
 container turns it into a command line (`ServeRunner` for `npu-runtime serve`, `FetchRunner` for
-`npu-runtime fetch`, `ProcessRunner` for anything else; tests add their own). Before a runner
-sees them, the args get Kubernetes' `$(VAR)` expansion from the container's env, volume paths are
-rewritten to where the volumes lie on this machine (hostPath as is, a claim under volumes/, an
-emptyDir per pod, a configMap's keys as files per pod, projected when the pod starts).
+`npu-runtime fetch`, `RouteRunner` for `npu-runtime route`, `ProcessRunner` for anything else;
+tests add their own). Before a runner sees them, the args get Kubernetes' `$(VAR)` expansion from
+the container's env, volume paths are rewritten to where the volumes lie on this machine
+(hostPath as is, a claim under volumes/, an emptyDir per pod, a configMap's keys as files per pod,
+projected when the pod starts).
 
-The only liberty: each pod has its own IP in a cluster; here every pod is 127.0.0.1, its
-container ports are mapped to free local ports (and the Pod object's containerPorts say so,
-where the operator reads them), and a pod's DNS name (`<hostname>.<subdomain>.<namespace>`, as
-LeaderWorkerSet's LWS_LEADER_ADDRESS names the leader) resolves to 127.0.0.1. A multi-node
-replica's worker is pointed at its leader's mapped API and data-parallel RPC ports.
+The network, as a cluster's (`npu_sandbox.node.network`, `npu_sandbox.node.dns`): each pod has its
+own address, 127.N.x.y on this machine's loopback (status.podIP says so), and its processes bind it
+(the runners give `npu-runtime serve`, `route` and `fetch` the pod's address as their host) on the
+ports its containers declare, so two pods listen on 8000 side by side. Names resolve only as the
+cluster DNS would answer them: each pod's processes run in a mount namespace of their own
+(`npu_sandbox.node.isolation`) where /etc/hosts is the pod's, holding its own name and the
+cluster's records (Services, and a headless Service's pods by hostname.subdomain), rewritten in
+place each round that they change; any other name fails to resolve. Nothing rewrites a name in
+the args or env: a pod's `$(LWS_LEADER_ADDRESS)` resolves here exactly when it would on a cluster.
+What differs: one network namespace for all (a pod can reach any other's address and this
+machine's 127.0.0.1, where the API runs; there is no NetworkPolicy and no kube-proxy: a ClusterIP
+Service's name resolves to its ready pods' addresses, see `dns`), and a process that can only
+listen on all addresses (the operator's `npu-operator run`) gets its declared ports mapped to free
+ones (`LocalPod.map_port`; the Pod object's containerPorts then say where they are).
 """
 
 from __future__ import annotations
@@ -41,7 +51,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,18 +66,13 @@ from npu_sandbox.cluster.client import ApiClient, ApiRejected
 from npu_sandbox.controllers import disaggregated, lws, workloads
 from npu_sandbox.controllers.manager import KINDS, ControllerManager
 from npu_sandbox.controllers.workloads import JSON, Snapshot
+from npu_sandbox.node import dns, isolation
+from npu_sandbox.node.isolation import PodNamespace
+from npu_sandbox.node.network import LOCAL_IP, PodNetwork
+from npu_sandbox.node.network import free_port as free_port  # where tests and scripts import it from
 
 PR_SET_PDEATHSIG = 1
-LOCAL_IP: Final = "127.0.0.1"
-RPC_PORT: Final = "data-parallel-rpc"  # the name of a multi-node leader's extra mapped port
 logger = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOCAL_IP, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def die_with_parent() -> None:
@@ -111,13 +115,6 @@ def expand(text: str, env: Mapping[str, str]) -> str:
     return _VARIABLE.sub(one, text)
 
 
-def resolve(value: str, namespace: str) -> str:
-    """A pod's DNS name (`host.subdomain.namespace[.svc[.cluster.local]]`) is this machine here."""
-    label = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-    pattern = rf"{label}\.{label}\.{re.escape(namespace)}(\.svc(\.cluster\.local)?)?"
-    return LOCAL_IP if re.fullmatch(pattern, value) else value
-
-
 # --- how a container runs here --------------------------------------------------------------------
 
 
@@ -131,8 +128,8 @@ class Runner(Protocol):
     def accepts(self, container: Mapping[str, Any]) -> bool: ...
 
     def command(self, pod: LocalPod, container: Mapping[str, Any], args: list[str]) -> list[str]:
-        """The command line, from the container's command and args ($(VAR) expanded, paths mapped; pod
-        DNS names not yet resolved, see `resolve`). May raise NotYet."""
+        """The command line, from the container's command and args ($(VAR) expanded, paths mapped).
+        May raise NotYet."""
         ...
 
 
@@ -142,93 +139,47 @@ def _args(container: Mapping[str, Any]) -> list[str]:
 
 @runtime_checkable
 class EnvironmentRunner(Runner, Protocol):
-    """A runner that also rewrites the container's environment (e.g. ports it takes from env)."""
+    """A runner that also rewrites the container's environment (e.g. ports it takes from env, mapped)."""
 
     def environment(self, pod: LocalPod, container: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]: ...
 
 
 class ServeRunner:
     """`npu-runtime serve`: its own flags rewritten through the serve contract's parser and writer:
-    the mapped ports, a termination log here; a multi-node worker gets its leader's mapped ports."""
+    the pod's address as its host (where a pod's own network would have 0.0.0.0), a termination log
+    here. Ports and the leader's address stay as written: the pod's DNS resolves the address."""
 
     def accepts(self, container: Mapping[str, Any]) -> bool:
         return _args(container)[:2] == ["npu-runtime", "serve"]
 
     def command(self, pod: LocalPod, container: Mapping[str, Any], args: list[str]) -> list[str]:
         options = parse_serve_args(args[2:])
-        changes: dict[str, Any] = {
-            "port": pod.ports["http"],
-            "metrics_port": pod.ports["metrics"],
-            "termination_log": str(pod.termination_log),
-        }
-        if options.plan.nodes > 1 and options.data_parallel_address:
-            leader = pod.kubelet.pod_at(options.data_parallel_address, pod.namespace) if options.node_rank else pod
-            if leader is None or not leader.ports:
-                raise NotYet(f"its leader {options.data_parallel_address} is not running yet")
-            changes["data_parallel_address"] = LOCAL_IP
-            changes["data_parallel_rpc_port"] = leader.port(RPC_PORT)
-            if options.node_rank:  # a headless worker serves no API: its --port is where the leader's is
-                changes["port"] = leader.ports["http"]
-        return [*args[:2], *serve_argv(dataclasses.replace(options, **changes))]
+        changed = dataclasses.replace(options, host=pod.ip, termination_log=str(pod.termination_log))
+        return [*args[:2], *serve_argv(changed)]
 
 
 class FetchRunner:
-    """`npu-runtime fetch` (the init container): its status on the pod's metrics port, a termination log here."""
+    """`npu-runtime fetch` (the init container): its status port on the pod's address, a termination log here."""
 
     def accepts(self, container: Mapping[str, Any]) -> bool:
         return _args(container)[:2] == ["npu-runtime", "fetch"]
 
     def command(self, pod: LocalPod, container: Mapping[str, Any], args: list[str]) -> list[str]:
-        if "--status-port" in args:  # the pod's metrics port, where the operator reads /status
-            args[args.index("--status-port") + 1] = str(pod.ports["metrics"])
-        return [*args[:2], "--termination-message-path", str(pod.init_termination_log), *args[2:]]
+        host = ["--status-host", pod.ip] if "--status-port" in args else []
+        return [*args[:2], "--termination-message-path", str(pod.init_termination_log), *host, *args[2:]]
 
 
 class RouteRunner:
-    """`npu-runtime route` (a disaggregated resource's router): its ports mapped, and each Service URL
-    (`http://<service>.<namespace>.svc:<port>`) replaced by the mapped URLs of the running pods the
-    Service selects, as kube-proxy would reach them; until each role has one, it waits. The URLs are
-    fixed when the router starts: a role pod started later is not added (a cluster's Service is)."""
+    """`npu-runtime route` (a disaggregated resource's router): the pod's address as its host. Its role
+    Service URLs (`http://<service>.<namespace>.svc:<port>`) stay: the pod's DNS answers each
+    Service's ready pods, as kube-proxy would reach them, and follows them as they change."""
 
     def accepts(self, container: Mapping[str, Any]) -> bool:
         return _args(container)[:2] == ["npu-runtime", "route"]
 
     def command(self, pod: LocalPod, container: Mapping[str, Any], args: list[str]) -> list[str]:
         options = parse_route_args(args[2:])
-        roles = {
-            role: tuple(url for service in urls for url in self.endpoints(pod, service))
-            for role, urls in (("prefill", options.prefill), ("decode", options.decode))
-        }
-        for role, urls in roles.items():
-            if not urls:
-                raise NotYet(f"no {role} pod of {getattr(options, role)} is running yet")
-        changed = dataclasses.replace(
-            options,
-            prefill=roles["prefill"],
-            decode=roles["decode"],
-            port=pod.ports["http"],
-            metrics_port=pod.ports["metrics"],
-        )
-        return [*args[:2], *route_argv(changed)]
-
-    def endpoints(self, pod: LocalPod, url: str) -> list[str]:
-        match = re.fullmatch(rf"http://([a-z0-9-]+)\.{re.escape(pod.namespace)}\.svc(?:\.cluster\.local)?:(\d+)", url)
-        if match is None:
-            return [url]
-        service = pod.kubelet.snapshot.named("services", match[1])
-        if service is None:
-            return []
-        port = next((p for p in service["spec"].get("ports", []) if str(p.get("port")) == match[2]), None)
-        target = str((port or {}).get("targetPort", "http"))
-        selector = service["spec"].get("selector") or {}
-        return [
-            f"http://{LOCAL_IP}:{found.ports[target]}"
-            for found in pod.kubelet.pods
-            if found.namespace == pod.namespace
-            and found.ready.is_set()
-            and target in found.ports
-            and all(found.labels.get(key) == value for key, value in selector.items())
-        ]
+        return [*args[:2], *route_argv(dataclasses.replace(options, host=pod.ip))]
 
 
 class ProcessRunner:
@@ -238,7 +189,7 @@ class ProcessRunner:
         return bool(_args(container))
 
     def command(self, pod: LocalPod, container: Mapping[str, Any], args: list[str]) -> list[str]:
-        return [resolve(arg, pod.namespace) for arg in args]
+        return args
 
 
 DEFAULT_RUNNERS: Final[tuple[Runner, ...]] = (ServeRunner(), FetchRunner(), RouteRunner(), ProcessRunner())
@@ -260,11 +211,18 @@ class LocalPod:
         self.labels: dict[str, str] = dict(meta.get("labels", {}))
         self.controller_uid = workloads.controller_uid(pod)
         self.spec: JSON = pod["spec"]
+        self.object = pod
         self.workdir = kubelet.workdir
         self.container: JSON = next(
             (c for c in self.spec["containers"] if c["name"] == CONTAINER_NAME), self.spec["containers"][0]
         )
-        self.ports: dict[str, int] = {}
+        self.ip = kubelet.network.address(self.uid)  # this pod's own, on the loopback (see network)
+        # The main container's ports by name, where its processes listen on the pod's address: as
+        # declared, unless a runner mapped one (`map_port`).
+        self.ports: dict[str, int] = {
+            p["name"]: int(p["containerPort"]) for p in self.container.get("ports", []) if p.get("name")
+        }
+        self.mapped: set[str] = set()
         self.started_at = ""
         # status.startTime (when the kubelet took the pod on) and when Ready last flipped, as a kubelet
         # reports them: the operator reads a replica's startup time from the two.
@@ -273,6 +231,9 @@ class LocalPod:
         self.process: asyncio.subprocess.Process | None = None
         stem = f"{self.name}-{self.uid[:8]}"
         self.directory = self.workdir / stem  # the pod's own files: its emptyDirs, configMaps, token
+        # What its processes see as /etc/hosts, /etc/resolv.conf, /etc/nsswitch.conf, and its hostname.
+        self.names = PodNamespace(self.directory / "etc", dns.pod_hostname(pod))
+        self._hosts = ""  # the hosts file's text as last written
         self.volumes: dict[str, Path] = {}  # volume_paths(), once start() has made them
         self.log_path = self.workdir / f"{stem}.log"
         self.termination_log = self.workdir / f"{stem}.termination-log"
@@ -286,20 +247,31 @@ class LocalPod:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{LOCAL_IP}:{self.ports['metrics']}"
+        return f"http://{self.ip}:{self.ports['metrics']}"
 
     @property
     def api_url(self) -> str:
-        return f"http://{LOCAL_IP}:{self.ports['http']}"
+        return f"http://{self.ip}:{self.ports['http']}"
 
-    def port(self, name: str) -> int:
-        """The local port mapped to `name` (allocated on first use)."""
-        return self.ports.setdefault(name, free_port())
+    def map_port(self, name: str) -> int:
+        """Move the container port `name` to a port free on every address of this machine, for a process
+        that can only listen on all addresses (0.0.0.0): on the declared port it would take that port
+        from every other pod. The Pod object's containerPorts say where it went."""
+        if name not in self.mapped:
+            self.ports[name] = free_port("0.0.0.0")
+            self.mapped.add(name)
+        return self.ports[name]
 
     def environment(self, container: Mapping[str, Any]) -> dict[str, str]:
-        """The container's env as written: values (with `$(VAR)` expansion) and the downward API's
-        pod fields; the process gets it with pod DNS names resolved (`resolve`)."""
-        fields = {"status.podIP": LOCAL_IP, "metadata.name": self.name, "metadata.namespace": self.namespace}
+        """The container's env as written: values (with `$(VAR)` expansion) and the downward API's pod fields."""
+        fields = {
+            "status.podIP": self.ip,
+            "status.podIPs": self.ip,
+            "status.hostIP": LOCAL_IP,
+            "metadata.name": self.name,
+            "metadata.namespace": self.namespace,
+            "metadata.uid": self.uid,
+        }
         env: dict[str, str] = {}
         for var in container.get("env", []):
             if "value" in var:
@@ -341,10 +313,7 @@ class LocalPod:
         return {"KUBECONFIG": str(kubeconfig)}
 
     async def start(self) -> None:
-        """Map the ports (and say so in the Pod object), then run the pod; NotYet leaves nothing behind."""
-        for port in self.container.get("ports", []):
-            if port.get("name"):
-                self.port(port["name"])
+        """Run the pod (its address and any mapped port said in the Pod object first); NotYet leaves nothing behind."""
         await self.project_config_maps()
         self.volumes = volumes = self.volume_paths()
         env = {**self.kubelet.environ, **self.environment(self.container)}
@@ -355,23 +324,44 @@ class LocalPod:
         inits = []
         for init in self.spec.get("initContainers", []):
             init_env = {**self.kubelet.environ, **self.environment(init)}
-            resolved = {key: resolve(value, self.namespace) for key, value in init_env.items()}
-            inits.append((init["name"], self.command(init, init_env, volumes), resolved))
-        containers = [dict(c) for c in self.spec["containers"]]
-        for container in containers:
-            if container["name"] == self.container["name"]:
-                container["ports"] = [
-                    {**p, "containerPort": self.ports.get(p.get("name", ""), p["containerPort"])}
-                    for p in container.get("ports", [])
-                ]
-        await self.cluster.patch("v1", "pods", self.namespace, self.name, {"spec": {"containers": containers}})
+            inits.append((init["name"], self.command(init, init_env, volumes), init_env))
+        if self.mapped:
+            containers = [dict(c) for c in self.spec["containers"]]
+            for container in containers:
+                if container["name"] == self.container["name"]:
+                    container["ports"] = [
+                        {**p, "containerPort": self.ports.get(p.get("name", ""), p["containerPort"])}
+                        for p in container.get("ports", [])
+                    ]
+            await self.cluster.patch("v1", "pods", self.namespace, self.name, {"spec": {"containers": containers}})
         await self._set_status(phase="Pending", ready=False, state={"waiting": {"reason": "ContainerCreating"}})
-        local_env = {**os.environ, **{key: resolve(value, self.namespace) for key, value in env.items()}}
+        self.write_names(self.kubelet.network.dns())
+        local_env = {**os.environ, **env}
         self._watch = asyncio.create_task(self._run(inits, args, local_env), name=f"kubelet {self.name}")
         if not inits:  # the server's process exists when start() returns
             await self._started.wait()
             if self._watch.done() and (error := self._watch.exception()) is not None:
                 raise error
+
+    def write_names(self, cluster_dns: dns.ClusterDns) -> bool:
+        """The pod's name files as the cluster DNS answers now; the hosts file rewritten in place (the
+        bind mount shows the same file) when its text changed. True when it did."""
+        directory = self.names.directory
+        obj = {**self.object, "status": {**self.object.get("status", {}), "podIP": self.ip}}
+        hosts = cluster_dns.hosts_file(obj)
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
+            resolv = dns.resolv_conf(self.namespace, self.kubelet.network.nameserver)
+            (directory / "resolv.conf").write_text(resolv, encoding="utf-8")
+            host_nsswitch = Path("/etc/nsswitch.conf")
+            node = host_nsswitch.read_text(encoding="utf-8") if host_nsswitch.exists() else ""
+            (directory / "nsswitch.conf").write_text(dns.nsswitch_conf(node), encoding="utf-8")
+        if hosts == self._hosts:
+            return False
+        with (directory / "hosts").open("w", encoding="utf-8") as file:  # truncate and write: the same inode
+            file.write(hosts)
+        self._hosts = hosts
+        return True
 
     async def project_config_maps(self) -> None:
         """Each configMap volume's keys as files in the pod's directory for it, as a kubelet projects
@@ -409,6 +399,13 @@ class LocalPod:
         executable = shutil.which(args[0], path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
         if executable is None:
             raise FileNotFoundError(f"{args[0]} is not installed next to {sys.executable}")
+        names = self.names
+        names.prepare()
+
+        def in_the_child() -> None:  # between fork and exec: the pod's namespaces, then die with the sandbox
+            names.enter()
+            die_with_parent()
+
         with self.log_path.open("ab") as log:
             return await asyncio.create_subprocess_exec(
                 executable,
@@ -417,7 +414,7 @@ class LocalPod:
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
+                preexec_fn=in_the_child,
             )
 
     async def _run(
@@ -485,7 +482,9 @@ class LocalPod:
             {
                 "status": {
                     "phase": phase,
-                    "podIP": LOCAL_IP,
+                    "podIP": self.ip,
+                    "podIPs": [{"ip": self.ip}],
+                    "hostIP": LOCAL_IP,
                     "startTime": self.start_time,
                     "conditions": [
                         {"type": "PodScheduled", "status": "True", "lastTransitionTime": self.start_time},
@@ -514,7 +513,7 @@ class LocalPod:
             return None
         port = probe.get("port")
         local = self.ports.get(port) if isinstance(port, str) else port
-        return f"http://{LOCAL_IP}:{local}{probe.get('path', '/')}"
+        return f"http://{self.ip}:{local}{probe.get('path', '/')}"
 
     async def _probe_until_exit(self) -> None:
         """The readiness probe, until the process exits; then the container's last state."""
@@ -589,7 +588,9 @@ class Kubelet:
     """Runs the pods of a namespace on this machine: one loop that matches processes to Pod objects.
 
     `workload` (optional) names the Deployment, LeaderWorkerSet or DisaggregatedSet whose pods
-    `start_pods` waits for; the loop itself runs every pod in the namespace.
+    `start_pods` waits for; the loop itself runs every pod in the namespace. `network`: the pods'
+    addresses and DNS, the cluster's by default (`PodNetwork.of`), which every kubelet of the same
+    cluster shares.
     """
 
     def __init__(
@@ -602,8 +603,10 @@ class Kubelet:
         environ: dict[str, str] | None = None,
         runners: Sequence[Runner] = DEFAULT_RUNNERS,
         interval: float = 0.5,
+        network: PodNetwork | None = None,
     ) -> None:
         self.cluster = cluster
+        self.network = network if network is not None else PodNetwork.of(cluster)
         self.namespace = namespace
         self.workload = workload
         self.workdir = workdir
@@ -623,19 +626,15 @@ class Kubelet:
         """The pods running here (or exited and not yet deleted), oldest first."""
         return list(self.running.values())
 
-    def pod_at(self, address: str, namespace: str) -> LocalPod | None:
-        """The running pod a DNS name (`hostname.subdomain.namespace...`) names; None when none runs."""
-        host = address.split(".", 1)[0]
-        found = [
-            p for p in self.running.values() if p.namespace == namespace and p.spec.get("hostname", p.name) == host
-        ]
-        return found[-1] if found else None
-
     async def sync(self) -> None:
         """One round: read the namespace (the pods, and the Services and workloads they belong to), then
-        match the processes to the Pod objects."""
+        match the processes to the Pod objects, then bring each pod's hosts file up to date."""
         self.snapshot = await workloads.read_snapshot(self.cluster, self.namespace, KINDS)
+        self.network.publish(self.namespace, self.snapshot.of("services"), self.snapshot.of("pods"))
         await self._sync_pods(self.snapshot.of("pods"))
+        cluster_dns = self.network.dns()
+        for pod in self.pods:
+            pod.write_names(cluster_dns)
         self._synced.set()
 
     async def _sync_pods(self, pods: list[JSON]) -> None:
@@ -682,7 +681,9 @@ class Kubelet:
             await asyncio.sleep(self.interval)
 
     async def start(self) -> None:
-        """Start the reconcile loop (once); return after its first round."""
+        """Start the reconcile loop (once); return after its first round. IsolationUnavailable, naming
+        what is missing, when this machine cannot give pods their own name files."""
+        await asyncio.to_thread(isolation.check)  # once per process (cached), before any loop: no await below
         if self._loop is None:
             self._loop = asyncio.create_task(self._run(), name="kubelet")
         await self._synced.wait()
@@ -773,9 +774,17 @@ class LocalKubelet(Kubelet):
         environ: dict[str, str] | None = None,
         runners: Sequence[Runner] = DEFAULT_RUNNERS,
         interval: float = 0.5,
+        network: PodNetwork | None = None,
     ) -> None:
         super().__init__(
-            cluster, namespace, workload, workdir=workdir, environ=environ, runners=runners, interval=interval
+            cluster,
+            namespace,
+            workload,
+            workdir=workdir,
+            environ=environ,
+            runners=runners,
+            interval=interval,
+            network=network,
         )
         self.controllers = ControllerManager(cluster, namespace, interval=interval)
 

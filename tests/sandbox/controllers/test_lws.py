@@ -23,11 +23,14 @@ NS = "llm"
 NAME = "r1"
 
 
-def two_node_set(**spec: Any) -> dict[str, Any]:
+def two_node_set(policy: str | None = None, **spec: Any) -> dict[str, Any]:
+    """The operator's LeaderWorkerSet (UniquePerReplica); `policy` rewrites its subdomainPolicy."""
     manifest = example("sandbox-cpu-2node.yaml")
     manifest["spec"].update(spec)
     built = builders.build_leader_worker_set(NAME, NS, parse_spec(manifest["spec"]), OperatorConfig())
     built["metadata"]["uid"] = "0000-lws"
+    if policy is not None:
+        built["spec"]["networkConfig"] = {"subdomainPolicy": policy}
     return built
 
 
@@ -39,6 +42,16 @@ def leader_pod(lws_obj: dict[str, Any], index: int = 0) -> dict[str, Any]:
     lws.admit_pod(pod)
     pod["metadata"]["uid"] = "0000-leader-pod"
     return pod
+
+
+def worker_pod(lws_obj: dict[str, Any], leader: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The group's worker StatefulSet and its pod `<leader>-1`, through the StatefulSet controller and the webhook."""
+    template = lws.defaulted(lws_obj)["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    workers = lws.worker_statefulset(leader, lws_obj, template)
+    workers["metadata"]["uid"] = "0000-worker-sts"
+    pod = stateful_pod(workers, 1, f"{NAME}-0-xyz", workers["spec"]["template"])
+    lws.admit_pod(pod)
+    return workers, pod
 
 
 def test_the_leader_statefulset_is_what_construct_leader_statefulset_builds() -> None:
@@ -60,29 +73,37 @@ def test_the_leader_statefulset_is_what_construct_leader_statefulset_builds() ->
             "blockOwnerDeletion": True,
         }
     ]
-    assert spec["serviceName"] == NAME
+    assert spec["serviceName"] == NAME  # WithServiceName(lws.Name), whatever the subdomain policy
     assert spec["podManagementPolicy"] == "Parallel"
     assert spec["selector"] == {"matchLabels": {lws.NAME_LABEL: NAME, lws.WORKER_INDEX_LABEL: "0"}}
     labels = spec["template"]["metadata"]["labels"]
     assert (labels[lws.WORKER_INDEX_LABEL], labels[lws.NAME_LABEL], labels[lws.REVISION_LABEL]) == ("0", NAME, key)
-    assert spec["template"]["metadata"]["annotations"][lws.SIZE_ANNOTATION] == "2"
+    # The size, and (UniquePerReplica) the policy for the pod webhook.
+    assert spec["template"]["metadata"]["annotations"] == {
+        lws.SIZE_ANNOTATION: "2",
+        lws.SUBDOMAIN_POLICY_ANNOTATION: "UniquePerReplica",
+    }
+    shared = lws.leader_statefulset(two_node_set("Shared"), 0, 1, key)
+    assert lws.SUBDOMAIN_POLICY_ANNOTATION not in shared["spec"]["template"]["metadata"]["annotations"]
     # maxUnavailable 1 + maxSurge 0 (the operator's), partition as asked.
     assert spec["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "partition": 0}}
     # The operator's own pod labels stay (its Service selects leaders by them plus worker-index 0).
     assert labels["inference.npu.dev/name"] == NAME
 
 
-def test_the_leader_pod_gets_the_webhooks_labels_and_the_lws_environment() -> None:
-    """pod_webhook.go Default (group-index from the ordinal, group-key = sha1 of namespace/name);
-    pod_utils.go AddLWSVariables (three variables, first in every container's env)."""
-    pod = leader_pod(two_node_set())
+@pytest.mark.parametrize(("policy", "subdomain"), [("UniquePerReplica", f"{NAME}-0"), ("Shared", NAME)])
+def test_the_leader_pod_gets_the_webhooks_labels_subdomain_and_the_lws_environment(policy: str, subdomain: str) -> None:
+    """pod_webhook.go Default (group-index from the ordinal, group-key = sha1 of namespace/name, the subdomain
+    its own name under UniquePerReplica); pod_utils.go AddLWSVariables (three variables, first in every
+    container's env; the address `<lws>-<group>.<subdomain>.<namespace>`)."""
+    pod = leader_pod(two_node_set(policy))
     labels = pod["metadata"]["labels"]
     assert labels[lws.GROUP_INDEX_LABEL] == "0"
     assert labels[lws.GROUP_KEY_LABEL] == hashlib.sha1(f"{NS}/{NAME}-0".encode()).hexdigest()
-    assert pod["spec"]["hostname"] == f"{NAME}-0" and pod["spec"]["subdomain"] == NAME
+    assert pod["spec"]["hostname"] == f"{NAME}-0" and pod["spec"]["subdomain"] == subdomain
     for container in pod["spec"]["containers"]:
         assert container["env"][:3] == [
-            {"name": "LWS_LEADER_ADDRESS", "value": f"{NAME}-0.{NAME}.{NS}"},
+            {"name": "LWS_LEADER_ADDRESS", "value": f"{NAME}-0.{subdomain}.{NS}"},
             {"name": "LWS_GROUP_SIZE", "value": "2"},
             {"name": "LWS_WORKER_INDEX", "value": "0"},
         ]
@@ -92,12 +113,13 @@ def test_the_leader_pod_gets_the_webhooks_labels_and_the_lws_environment() -> No
     assert "$(LWS_WORKER_INDEX)" in args and "$(LWS_LEADER_ADDRESS)" in args
 
 
-def test_the_worker_statefulset_belongs_to_its_leader_pod() -> None:
-    """pod_controller.go constructWorkerStatefulSetApplyConfiguration and setControllerReferenceWithStatefulSet."""
-    group = two_node_set()
+@pytest.mark.parametrize(("policy", "subdomain"), [("UniquePerReplica", f"{NAME}-0"), ("Shared", NAME)])
+def test_the_worker_statefulset_belongs_to_its_leader_pod(policy: str, subdomain: str) -> None:
+    """pod_controller.go constructWorkerStatefulSetApplyConfiguration (serviceName: the leader pod's name
+    under UniquePerReplica, the set's under Shared) and setControllerReferenceWithStatefulSet."""
+    group = two_node_set(policy)
     leader = leader_pod(group)
-    template = lws.defaulted(group)["spec"]["leaderWorkerTemplate"]["workerTemplate"]
-    workers = lws.worker_statefulset(leader, group, template)
+    workers, pod = worker_pod(group, leader)
     meta, spec = workers["metadata"], workers["spec"]
     assert meta["name"] == leader["metadata"]["name"] == f"{NAME}-0"
     assert meta["ownerReferences"] == [
@@ -113,7 +135,7 @@ def test_the_worker_statefulset_belongs_to_its_leader_pod() -> None:
     assert (spec["replicas"], spec["ordinals"], spec["serviceName"], spec["podManagementPolicy"]) == (
         1,
         {"start": 1},
-        NAME,
+        subdomain,
         "Parallel",
     )
     group_key = leader["metadata"]["labels"][lws.GROUP_KEY_LABEL]
@@ -127,29 +149,38 @@ def test_the_worker_statefulset_belongs_to_its_leader_pod() -> None:
         lws.SIZE_ANNOTATION: "2",
         lws.LEADER_NAME_ANNOTATION: f"{NAME}-0",
     }
-    # Its pod: `<leader>-1`, worker-index 1 from the ordinal (pod_webhook.go Default), the leader's address.
-    workers["metadata"]["uid"] = "0000-worker-sts"
-    pod = stateful_pod(workers, 1, f"{NAME}-0-xyz", spec["template"])
-    lws.admit_pod(pod)
+    # Its pod: `<leader>-1`, worker-index 1 from the ordinal (pod_webhook.go Default), its subdomain the
+    # StatefulSet's serviceName, and the leader's address: the same name the leader got.
     assert pod["metadata"]["name"] == f"{NAME}-0-1"
     assert pod["metadata"]["labels"][lws.WORKER_INDEX_LABEL] == "1"
+    assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == (f"{NAME}-0-1", subdomain)
     assert pod["spec"]["containers"][0]["env"][:3] == [
-        {"name": "LWS_LEADER_ADDRESS", "value": f"{NAME}-0.{NAME}.{NS}"},
+        {"name": "LWS_LEADER_ADDRESS", "value": f"{NAME}-0.{subdomain}.{NS}"},
         {"name": "LWS_GROUP_SIZE", "value": "2"},
         {"name": "LWS_WORKER_INDEX", "value": "1"},
     ]
 
 
-def test_the_headless_service_publishes_not_ready_addresses() -> None:
-    """controller_utils.go CreateHeadlessServiceIfNotExists."""
-    service = lws.headless_service(two_node_set())
-    assert service["metadata"]["name"] == NAME
-    assert service["spec"] == {
+def test_the_headless_services_publish_not_ready_addresses() -> None:
+    """controller_utils.go CreateHeadlessServiceIfNotExists, with leaderworkerset_controller.go
+    reconcileHeadlessServices's arguments (Shared) and pod_controller.go Reconcile's (UniquePerReplica)."""
+    shared = lws.headless_service(two_node_set("Shared"))
+    assert shared["metadata"]["name"] == NAME
+    assert shared["metadata"]["labels"] == {lws.NAME_LABEL: NAME}
+    assert shared["spec"] == {"clusterIP": "None", "selector": {lws.NAME_LABEL: NAME}, "publishNotReadyAddresses": True}
+    assert shared["metadata"]["ownerReferences"][0]["kind"] == lws.KIND
+
+    group = two_node_set()
+    per_group = lws.group_service(group, leader_pod(group))
+    assert per_group["metadata"]["name"] == f"{NAME}-0"
+    assert per_group["metadata"]["labels"] == {lws.NAME_LABEL: NAME}
+    assert per_group["spec"] == {
         "clusterIP": "None",
-        "selector": {lws.NAME_LABEL: NAME},
+        "selector": {lws.NAME_LABEL: NAME, lws.GROUP_INDEX_LABEL: "0"},
         "publishNotReadyAddresses": True,
     }
-    assert service["metadata"]["ownerReferences"][0]["kind"] == lws.KIND
+    owner = per_group["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", f"{NAME}-0", "0000-leader-pod")
 
 
 def test_defaults_are_the_crds_and_the_webhooks() -> None:

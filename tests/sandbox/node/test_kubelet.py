@@ -1,19 +1,24 @@
 """The sandbox's kubelet and controllers over the API, with a stand-in process instead of vLLM.
 
 The workloads are the operator's own (its pure builders); every container runs
-`tests.sandbox.node.stub_pod`, which answers the readiness probe at once and shows the args the
-kubelet gave it. What is checked is Kubernetes' behaviour: scale out and in, a rollout in the
-order the Deployment's strategy says (maxSurge 0, maxUnavailable 1: one old pod down, then a new
-one up), everything gone with the workload, and a LeaderWorkerSet group made and recreated as
-LeaderWorkerSet v0.10 does (see test_lws.py for the objects themselves).
+`tests.sandbox.node.stub_pod`, which answers the readiness probe at once, shows the args the
+kubelet gave it and resolves names as its pod does. What is checked is Kubernetes' behaviour:
+scale out and in, a rollout in the order the Deployment's strategy says (maxSurge 0,
+maxUnavailable 1: one old pod down, then a new one up), everything gone with the workload, each
+pod on its own address with its declared ports, names resolving only as the cluster DNS would
+answer them, and a LeaderWorkerSet group made and recreated as LeaderWorkerSet v0.10 does (see
+test_lws.py for the objects themselves), its leader address resolving under UniquePerReplica and
+not under Shared when the operator's Service holds the set's name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,7 @@ from npu_operator.kube import names
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.controllers import lws
 from npu_sandbox.controllers.workloads import POD_TEMPLATE_HASH, pod_ready
-from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LocalKubelet, LocalPod, ServeRunner
+from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, Kubelet, LocalKubelet, LocalPod, ServeRunner
 
 from tests.examples import example
 from tests.runtime.serve_helpers import alive
@@ -44,7 +49,16 @@ class StubRunner:
 
     def command(self, pod: LocalPod, container: Mapping[str, Any], args: list[str]) -> list[str]:
         served = ServeRunner().command(pod, container, args)
-        return [sys.executable, "-m", "tests.sandbox.node.stub_pod", "--port", str(pod.ports["metrics"]), "--", *served]
+        stub = [
+            sys.executable,
+            "-m",
+            "tests.sandbox.node.stub_pod",
+            "--host",
+            pod.ip,
+            "--port",
+            str(pod.ports["metrics"]),
+        ]
+        return [*stub, "--", *served]
 
 
 def spec(**changes: Any) -> Any:
@@ -94,12 +108,19 @@ async def test_a_deployment_scales_out_and_in_through_the_scale_subresource(
     cluster, kubelet = node
     await cluster.create(workloads.build_deployment(NAME, NS, spec(), CONFIG), "deployments")
     (first,) = await ready_pods(cluster, 1, kubelet)
-    # The Pod object says where its ports are on this machine; the process answers there.
+    # The Pod object says where the pod is: its own address, its ports as declared; the process answers there.
     ports = {p["name"]: p["containerPort"] for p in first["spec"]["containers"][0]["ports"]}
-    assert ports["metrics"] == kubelet.pods[0].ports["metrics"] != names.METRICS_PORT
+    assert ports["metrics"] == kubelet.pods[0].ports["metrics"] == names.METRICS_PORT
+    assert first["status"]["podIP"] == kubelet.pods[0].ip != "127.0.0.1"
+    assert first["status"]["podIPs"] == [{"ip": kubelet.pods[0].ip}]
 
     await cluster.patch("apps/v1", "deployments", NS, NAME, {"spec": {"replicas": 3}}, subresource="scale")
-    await ready_pods(cluster, 3, kubelet)
+    scaled = await ready_pods(cluster, 3, kubelet)
+    # Three pods on the same ports, each on its address (one cluster's range, 127.N.0.0/16).
+    addresses = {p["status"]["podIP"] for p in scaled}
+    assert len(addresses) == 3 and len({a.rsplit(".", 2)[0] for a in addresses}) == 1
+    for address in addresses:
+        assert (await status_of(address))["state"] == "serving"
 
     async def reported(replicas: int) -> Any:
         status = await deployment_status(cluster)
@@ -158,6 +179,28 @@ async def test_a_changed_template_rolls_out_one_old_pod_down_then_one_new_up(
     await cluster.wait_for(lambda: asyncio.sleep(0, not any(alive(pid) for pid in old_pids)), within=10)
 
 
+async def test_a_running_pods_names_follow_the_services_as_they_come_and_go(
+    node: tuple[LocalCluster, LocalKubelet],
+) -> None:
+    """The kubelet rewrites a pod's hosts file in place: the bind mount in the running pod shows it."""
+    cluster, kubelet = node
+    await cluster.create(workloads.build_deployment(NAME, NS, spec(), CONFIG), "deployments")
+    await ready_pods(cluster, 1, kubelet)
+    (pod,) = kubelet.pods
+    assert await resolved_in(pod, "later") == {"error": "Name or service not known"}
+    later = workloads.build_service(NAME, NS)  # the operator's Service, under another name
+    later["metadata"]["name"] = "later"
+    await cluster.create(later, "services")
+
+    async def resolves(wanted: dict[str, Any]) -> bool:
+        return await resolved_in(pod, "later.default.svc.cluster.local") == wanted
+
+    await cluster.wait_for(lambda: resolves({"addresses": [pod.ip]}), within=10, what="the new Service's name")
+    await cluster.delete("v1", "services", NS, "later")
+    gone = {"error": "Name or service not known"}
+    await cluster.wait_for(lambda: resolves(gone), within=10, what="the name gone with the Service")
+
+
 async def test_deleting_the_workload_deletes_its_pods_and_stops_their_processes(
     node: tuple[LocalCluster, LocalKubelet],
 ) -> None:
@@ -174,10 +217,30 @@ async def test_deleting_the_workload_deletes_its_pods_and_stops_their_processes(
     await cluster.wait_for(gone, within=60, what="no pods, no ReplicaSets, no processes")
 
 
-def two_node_set() -> dict[str, Any]:
-    return workloads.build_leader_worker_set(
+def two_node_set(policy: str | None = None) -> dict[str, Any]:
+    """The operator's LeaderWorkerSet for a two-node replica (UniquePerReplica); `policy` overrides it."""
+    built = workloads.build_leader_worker_set(
         NAME, NS, spec(npu={"count": 0, "nodes": 2}, parallelism={"data": 2}), CONFIG
     )
+    if policy is not None:
+        built["spec"]["networkConfig"] = {"subdomainPolicy": policy}
+    return built
+
+
+async def status_of(address: str, path: str = "/status") -> dict[str, Any]:
+    """A stub pod's answer at `path` on its metrics port."""
+
+    def get() -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://{address}:{names.METRICS_PORT}{path}", timeout=5) as answer:
+            found: dict[str, Any] = json.load(answer)
+            return found
+
+    return await asyncio.to_thread(get)
+
+
+async def resolved_in(pod: LocalPod, name: str) -> dict[str, Any]:
+    """What `name` resolves to inside `pod` (its own /etc/hosts, in its mount namespace)."""
+    return await status_of(pod.ip, f"/resolve?name={name}")
 
 
 def stub_args(kubelet: LocalKubelet, name: str) -> list[str]:
@@ -187,10 +250,13 @@ def stub_args(kubelet: LocalKubelet, name: str) -> list[str]:
     return argv[argv.index("--") + 1 :]  # what the stub stands in for: `npu-runtime serve ...`
 
 
-async def test_a_leader_worker_set_group_runs_its_worker_against_its_leaders_ports(
+async def test_a_leader_worker_set_group_finds_its_leader_through_its_own_headless_service(
     node: tuple[LocalCluster, LocalKubelet],
 ) -> None:
+    """UniquePerReplica, as the operator writes it: the group's headless Service `<name>-0` (LWS's
+    pod controller), and the leader address resolves in both pods to the leader's own address."""
     cluster, kubelet = node
+    await cluster.create(workloads.build_service(NAME, NS, leaders_only=True), "services")  # the operator's
     await cluster.create(two_node_set(), lws.PLURAL)
     await ready_pods(cluster, 2, kubelet)
     leader, worker = kubelet.pods
@@ -200,14 +266,22 @@ async def test_a_leader_worker_set_group_runs_its_worker_against_its_leaders_por
     def flag(args: list[str], name: str) -> str:
         return args[args.index(name) + 1]
 
-    # LWS_LEADER_ADDRESS (the leader's DNS name) and LWS_WORKER_INDEX were expanded, the name
-    # resolved to this machine; the worker uses the leader's mapped API and RPC ports.
+    # LWS_LEADER_ADDRESS (the leader's DNS name) and LWS_WORKER_INDEX were expanded; nothing rewrote the
+    # name or the ports: each pod listens on its own address, the worker reaches its leader by name.
+    address = f"{NAME}-0.{NAME}-0.{NS}"
     assert [flag(a, "--node-rank") for a in (leader_args, worker_args)] == ["0", "1"]
-    assert {flag(a, "--data-parallel-address") for a in (leader_args, worker_args)} == {"127.0.0.1"}
-    assert flag(worker_args, "--data-parallel-rpc-port") == flag(leader_args, "--data-parallel-rpc-port")
-    assert flag(worker_args, "--data-parallel-rpc-port") == str(leader.ports["data-parallel-rpc"])
-    assert flag(worker_args, "--port") == flag(leader_args, "--port") == str(leader.ports["http"])
-    assert flag(worker_args, "--metrics-port") == str(worker.ports["metrics"]) != flag(leader_args, "--metrics-port")
+    assert {flag(a, "--data-parallel-address") for a in (leader_args, worker_args)} == {address}
+    assert [flag(a, "--host") for a in (leader_args, worker_args)] == [leader.ip, worker.ip]
+    assert flag(worker_args, "--port") == flag(leader_args, "--port") == str(names.HTTP_PORT)
+    assert flag(worker_args, "--metrics-port") == flag(leader_args, "--metrics-port") == str(names.METRICS_PORT)
+    service = await cluster.get("v1", "services", NS, f"{NAME}-0")
+    assert service is not None and service["spec"]["clusterIP"] == "None"
+    for pod in (leader, worker):
+        assert await resolved_in(pod, address) == {"addresses": [leader.ip]}
+        assert await resolved_in(pod, NAME) == {"addresses": [leader.ip]}  # the operator's Service: leaders
+        assert await resolved_in(pod, f"{NAME}-0-1.{NAME}-0") == {"addresses": [worker.ip]}
+        assert "error" in await resolved_in(pod, "example.com")  # nothing but the cluster's names
+    assert (await status_of(worker.ip))["hostname"] == worker.name  # its own UTS namespace
 
     async def available() -> Any:
         found = await cluster.get(lws.API_VERSION, lws.PLURAL, NS, NAME)
@@ -217,6 +291,27 @@ async def test_a_leader_worker_set_group_runs_its_worker_against_its_leaders_por
 
     status = await cluster.wait_for(available, within=10, what="the LeaderWorkerSet Available")
     assert (status["replicas"], status["readyReplicas"], status["updatedReplicas"]) == (1, 1, 1)
+
+
+async def test_under_shared_the_operators_service_keeps_the_name_and_the_leader_address_resolves_nowhere(
+    node: tuple[LocalCluster, LocalKubelet],
+) -> None:
+    """The operator's old LeaderWorkerSet (Shared) beside its ClusterIP Service `<name>`: LWS creates its
+    headless Service only if the name is free (CreateHeadlessServiceIfNotExists), so it creates none,
+    and `$(LWS_LEADER_ADDRESS)` resolves in no pod of the group, as on a cluster."""
+    cluster, kubelet = node
+    await cluster.create(workloads.build_service(NAME, NS, leaders_only=True), "services")
+    await cluster.create(two_node_set("Shared"), lws.PLURAL)
+    await ready_pods(cluster, 2, kubelet)
+    leader, worker = kubelet.pods
+    (service,) = await cluster.list_objects("v1", "services", NS)
+    assert service["spec"]["type"] == "ClusterIP" and "clusterIP" not in service["spec"]  # still the operator's
+    address = f"{NAME}-0.{NAME}.{NS}"
+    worker_args = stub_args(kubelet, worker.name)
+    assert worker_args[worker_args.index("--data-parallel-address") + 1] == address
+    for pod in (leader, worker):
+        assert await resolved_in(pod, address) == {"error": "Name or service not known"}
+    assert await resolved_in(worker, f"{NAME}.{NS}.svc") == {"addresses": [leader.ip]}  # the Service itself does
 
 
 async def test_a_restarted_worker_recreates_its_whole_group(node: tuple[LocalCluster, LocalKubelet]) -> None:
@@ -289,3 +384,14 @@ async def test_a_config_map_volume_is_projected_when_the_pod_starts_and_an_optio
     assert (directory / "record.json").read_text(encoding="utf-8") == record
     args = second.command(second.container, {}, second.volume_paths())
     assert args[args.index("--calibration") + 1] == str(directory / "record.json")
+
+
+async def test_starting_twice_at_once_runs_one_loop(tmp_path: Path) -> None:
+    """`follow` and `start_pods` both start the kubelet: one reconcile loop, or every pod would run twice."""
+    async with LocalCluster() as cluster:
+        kubelet = Kubelet(cluster, NS, workdir=tmp_path / "pods")
+        await asyncio.gather(kubelet.start(), kubelet.start())
+        try:
+            assert [task.get_name() for task in asyncio.all_tasks()].count("kubelet") == 1
+        finally:
+            await kubelet.stop()
