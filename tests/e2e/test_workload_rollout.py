@@ -73,6 +73,9 @@ async def serving(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
         try:
             manifest = tiny_manifest(tiny_model)
             manifest["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 2}
+            # Autoscaling reads the series the resource's PodMonitor labels (required since the
+            # queries would read nothing without it); this API serves no PodMonitors: a note.
+            manifest["spec"]["metrics"] = {"podMonitor": {"enabled": True}}
             await cluster.apply_npu_inference(manifest)
             began = time.monotonic()
             (first,) = await kubelet.start_pods()
