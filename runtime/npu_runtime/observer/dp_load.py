@@ -45,7 +45,6 @@ would mix series that are not ranks), or any error of its own.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import threading
@@ -61,8 +60,6 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from npu_runtime.observer.vllm_hooks import Observer
-
-log = logging.getLogger("npu_runtime.observer")
 
 HOOK: Final = "dp_load_metrics"  # the `hook` label of npu_graph_instrumentation_errors_total
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
@@ -203,6 +200,7 @@ def install(
                 registry.register(collector)
                 _installed[id(registry)] = (registry, collector)
         observer.installed(INSTALLED)
+        observer.recorder.flush()  # into this process's report now: nothing else may change in the API server
         return collector
     except Exception:
         hook.fail()
