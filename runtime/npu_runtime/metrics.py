@@ -7,7 +7,9 @@ operator's own metrics (`npu_operator_*`) are defined by the operator.
 How the values get here: the graph observer runs inside vLLM's processes and writes one JSON
 report per process (`npu_runtime.reports`); the runtime aggregates them with the plan into a
 `Snapshot` (`npu_runtime.serving.status`) and `families()` turns a snapshot into Prometheus metric
-families at scrape time. Nothing here touches vLLM's own metrics or PROMETHEUS_MULTIPROC_DIR.
+families at scrape time. Nothing here touches vLLM's own metrics or PROMETHEUS_MULTIPROC_DIR. The
+`npu_engine_*` series (ENGINE_LOAD_METRICS) come another way: the observer derives them from vLLM's
+own gauges inside the API server and serves them on vLLM's port (`npu_runtime.observer.dp_load`).
 
 prometheus_client is imported inside `families()` only, so that the operator (which lists the
 names but does not serve them) can import this module without it.
@@ -152,6 +154,38 @@ ROUTER_METRICS: Final[tuple[MetricSpec, ...]] = (
 ROUTER_SECONDS_BUCKETS: Final[tuple[float, ...]] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
 )  # fmt: skip
+
+# The API server's load over every data-parallel rank behind it, which the graph observer adds to
+# vLLM's own /metrics on the API port (8000; `npu_runtime.observer.dp_load`), beside vLLM's per-rank
+# series. vLLM labels each rank's gauges `engine`; llm-d's endpoint picker reads the first matching
+# series only, so for pods with several ranks the operator points the picker at these
+# (`npu_operator.children.routing`, docs/autoscaling.md). Kept apart from RUNTIME_METRICS (serve's
+# port-9090 series, docs/design.md's table and the dashboard): their contract is with the picker's
+# configuration, which imports these names. Each is derived at scrape time from one vLLM gauge.
+ENGINE_REQUESTS_WAITING: Final = MetricSpec(
+    "npu_engine_num_requests_waiting",
+    "gauge",
+    ("model_name",),
+    "Requests waiting, summed over the data-parallel ranks behind this API server (vllm:num_requests_waiting).",
+)
+ENGINE_REQUESTS_RUNNING: Final = MetricSpec(
+    "npu_engine_num_requests_running",
+    "gauge",
+    ("model_name",),
+    "Requests running, summed over the data-parallel ranks behind this API server (vllm:num_requests_running).",
+)
+ENGINE_KV_CACHE_USAGE: Final = MetricSpec(
+    "npu_engine_kv_cache_usage_perc",
+    "gauge",
+    ("model_name",),
+    "KV-cache usage (1 means 100 percent), the mean over the data-parallel ranks behind this API server "
+    "(vllm:kv_cache_usage_perc).",
+)
+ENGINE_LOAD_METRICS: Final[tuple[MetricSpec, ...]] = (
+    ENGINE_REQUESTS_WAITING,
+    ENGINE_REQUESTS_RUNNING,
+    ENGINE_KV_CACHE_USAGE,
+)
 
 # Replay of a whole decode step takes from ~100 us (small model, small batch) to tens of ms.
 REPLAY_LATENCY_BUCKETS: Final[tuple[float, ...]] = (

@@ -44,6 +44,7 @@ from typing import Any, Final
 
 import yaml
 from npu_runtime.contract import DEFAULT_PORT as HTTP_PORT
+from npu_runtime.metrics import ENGINE_KV_CACHE_USAGE, ENGINE_REQUESTS_RUNNING, ENGINE_REQUESTS_WAITING
 
 from npu_operator.api import crd
 from npu_operator.api.spec import GatewayRef
@@ -87,9 +88,10 @@ EXTRACTOR: Final = "core-metrics-extractor"
 # runtime adds to the API server's /metrics with no `engine` label: the sum over the ranks of
 # vllm:num_requests_waiting and vllm:num_requests_running, and the mean of vllm:kv_cache_usage_perc
 # (the fraction of all the pod's KV blocks in use, the ranks being the same size).
-DP_WAITING_METRIC: Final = "npu_engine_num_requests_waiting"
-DP_RUNNING_METRIC: Final = "npu_engine_num_requests_running"
-DP_KV_USAGE_METRIC: Final = "npu_engine_kv_cache_usage_perc"
+# The names are the runtime's (npu_runtime.metrics.ENGINE_LOAD_METRICS; its graph observer serves them).
+DP_WAITING_METRIC: Final = ENGINE_REQUESTS_WAITING.name
+DP_RUNNING_METRIC: Final = ENGINE_REQUESTS_RUNNING.name
+DP_KV_USAGE_METRIC: Final = ENGINE_KV_CACHE_USAGE.name
 # The extractor's engine config for them (factories.go engineConfigParams); the block size and LoRA
 # info stay vLLM's own (the same on every rank).
 DP_ENGINE: Final = "npu-runtime-dp"

@@ -25,6 +25,8 @@ Hooks (the name is the `hook` label of npu_graph_instrumentation_errors_total):
 - dummy_run: V1 runners' _dummy_run, so warmup, profiling and capture runs are not counted.
 - capture_model: runners' capture_model. Phase capturing/captured, graph memory, device memory.
 - load_model, initialize_kv_cache: weights and KV cache memory.
+- dp_load_metrics: no patch; a collector in the API server's Prometheus registry that serves the
+  npu_engine_* series, vLLM's per-rank load summed over the ranks (`dp_load`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from types import ModuleType
 from typing import Any, Final, NamedTuple
 
 from npu_runtime.contract import GraphMode
-from npu_runtime.observer import targets
+from npu_runtime.observer import dp_load, targets
 from npu_runtime.observer.hooks import Hook, around, when_imported, wrap_method
 from npu_runtime.observer.recorder import DeviceEvent, EventTimer, Key, Recorder
 from npu_runtime.observer.targets import BindError, Binding, Target
@@ -201,6 +203,8 @@ def install(observer: Observer) -> None:
     for module_name, class_name in RUNNER_CLASSES:
         when_imported(module_name, functools.partial(patch_runner, observer, class_name=class_name))
     when_imported("vllm.v1.worker.gpu.cudagraph_utils", functools.partial(patch_graph_manager, observer))
+    # Not a patch: a collector in vLLM's Prometheus registry, in the process that serves it (dp_load).
+    when_imported(dp_load.LOGGERS_MODULE, functools.partial(dp_load.on_import, observer))
 
 
 MakeWrapper = Callable[[Callable[..., Any], Binding], Callable[..., Any]]

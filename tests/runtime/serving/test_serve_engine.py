@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from npu_runtime.contract import DEFAULT_SHUTDOWN_TIMEOUT
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.runtime.serve_helpers import ServeRun, alive
 
@@ -120,6 +121,70 @@ def test_the_engines_measurements_become_the_next_pods_plan(planned: ServeRun, t
     print("record:", json.dumps(record, indent=1))
     shown = {"calibration": second.calibration, "kv_cache_bytes": second.memory.kv_cache_bytes}
     print("second plan:", json.dumps(shown))
+
+
+ENGINE_LOAD = {  # ours -> the vLLM gauge it is taken from (npu_runtime.observer.dp_load.SOURCES)
+    "npu_engine_num_requests_waiting": "vllm:num_requests_waiting",
+    "npu_engine_num_requests_running": "vllm:num_requests_running",
+    "npu_engine_kv_cache_usage_perc": "vllm:kv_cache_usage_perc",
+}
+
+
+def api_load(run: ServeRun) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    """The engine's own /metrics (API port), just vLLM's three load gauges and ours."""
+    code, body = run.get("/metrics", port=run.api_port)
+    assert code == 200, body
+    wanted = {*ENGINE_LOAD, *ENGINE_LOAD.values()}
+    return {
+        family.name: [(s.name, s.labels, s.value) for s in family.samples]
+        for family in text_string_to_metric_families(body)
+        if family.name in wanted
+    }
+
+
+@pytest.mark.engine
+def test_the_api_port_serves_the_load_over_every_dp_rank_with_the_engines_own_values(planned: ServeRun) -> None:
+    """One engine here: each npu_engine_* series is that engine's vLLM series without the engine label.
+    Both come from one scrape, which vLLM bakes in its event loop, where its logger's record() also runs:
+    they are read at the same instant. Scraped while a long completion runs, so the values are not all 0."""
+    import threading
+
+    from npu_runtime import metrics
+    from npu_runtime.observer import dp_load
+
+    assert set(ENGINE_LOAD) == {spec.name for spec in metrics.ENGINE_LOAD_METRICS}
+    answers: list[dict[str, Any]] = []
+    scrapes = [api_load(planned)]
+    for _ in range(5):  # rounds of 3 concurrent long completions, until a scrape caught them running
+        requests = [
+            threading.Thread(target=lambda: answers.append(planned.complete("Count to a hundred:", 400)))
+            for _ in range(3)
+        ]
+        for request in requests:
+            request.start()
+        while any(request.is_alive() for request in requests):
+            scrapes.append(api_load(planned))
+        for request in requests:
+            request.join()
+        scrapes.append(api_load(planned))
+        if any(f["vllm:num_requests_running"][0][2] >= 1 for f in scrapes):
+            break
+    assert answers and all(answer["choices"][0]["text"] for answer in answers)
+    for families in scrapes:
+        for ours, source in ENGINE_LOAD.items():
+            [(_, labels, value)] = families[source]
+            assert labels["engine"] == "0"
+            [(name, our_labels, our_value)] = families[ours]
+            assert (name, our_labels) == (ours, {"model_name": labels["model_name"]})  # no engine label
+            assert our_value == value, (ours, families)
+    busy = [f for f in scrapes if f["vllm:num_requests_running"][0][2] >= 1]
+    assert busy, f"no scrape in {len(scrapes)} saw the request running"
+    assert max(f["npu_engine_kv_cache_usage_perc"][0][2] for f in busy) > 0
+    seen = {name: sorted({f[name][0][2] for f in scrapes}) for name in ENGINE_LOAD}
+    print(f"{len(scrapes)} scrapes, {len(busy)} with the request running; values seen: {seen}")
+    api_server = next(p for p in planned.status()["observer"]["processes"] if p["process"] == "MainProcess")
+    assert dp_load.INSTALLED in api_server["hooks"]  # this checkout's plugin, in the API server
+    assert planned.metrics()["npu_graph_instrumentation_errors"] == []
 
 
 @pytest.mark.engine

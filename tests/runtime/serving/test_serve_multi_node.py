@@ -10,13 +10,17 @@ by both. Dense model, eager: vLLM's CPU build has no all_gatherv for expert para
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from npu_operator.api.spec import parse_spec
 from npu_operator.children import engine_pod as builders
+from npu_runtime import metrics
 from npu_runtime.contract import parse_serve_args
 from npu_sandbox.node.kubelet import free_port
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.examples import example
 from tests.operator.children.test_workloads import expand
@@ -62,6 +66,67 @@ def test_a_two_node_replica_serves_through_its_leader(tiny_model: Path, tmp_path
         assert [n["role"] for n in leader_plan["layout"]["per_node"]] == ["leader", "worker"]
         assert worker_plan["layout"] == leader_plan["layout"]
         assert "Launching 1 data parallel engine(s) in headless mode" in worker.log_tail(400)
+        check_the_load_over_both_ranks(leader)
     finally:
         worker.cleanup()
         leader.cleanup()
+
+
+def check_the_load_over_both_ranks(leader: ServeRun) -> None:
+    """The leader's API server fronts both DP ranks (vLLM writes a series per rank, label `engine`); its
+    /metrics also carries the npu_engine_* series the picker reads (npu_runtime.observer.dp_load): the
+    sums and the mean of the two ranks' series of the same scrape, which vLLM bakes in the event loop
+    where its logger's record() runs. Scraped while concurrent completions run on both ranks."""
+    answers: list[dict[str, Any]] = []
+    scrapes = [api_load(leader)]
+    for _ in range(5):  # rounds of concurrent completions, until a scrape caught both ranks running
+        requests = [
+            threading.Thread(target=lambda n=n: answers.append(leader.complete(f"Count to {n}:", 200)))
+            for n in range(6)
+        ]
+        for request in requests:
+            request.start()
+        while any(request.is_alive() for request in requests):
+            scrapes.append(api_load(leader))
+        for request in requests:
+            request.join()
+        scrapes.append(api_load(leader))
+        if any(min(ranks["vllm:num_requests_running"].values()) >= 1 for ranks, _ in scrapes):
+            break
+    assert answers and all(answer["choices"][0]["text"] for answer in answers)
+    for ranks, ours in scrapes:
+        assert all(set(per_rank) == {"0", "1"} for per_rank in ranks.values()), ranks
+        assert ours["npu_engine_num_requests_waiting"] == sum(ranks["vllm:num_requests_waiting"].values())
+        assert ours["npu_engine_num_requests_running"] == sum(ranks["vllm:num_requests_running"].values())
+        assert ours["npu_engine_kv_cache_usage_perc"] == pytest.approx(
+            sum(ranks["vllm:kv_cache_usage_perc"].values()) / 2
+        )
+    both = [ours for ranks, ours in scrapes if min(ranks["vllm:num_requests_running"].values()) >= 1]
+    assert both, f"no scrape in {len(scrapes)} saw both ranks running"
+    print(
+        f"{len(scrapes)} scrapes, {len(both)} with both ranks running; running seen:",
+        sorted(
+            {
+                (tuple(sorted(r["vllm:num_requests_running"].items())), o["npu_engine_num_requests_running"])
+                for r, o in scrapes
+            }
+        ),
+    )
+
+
+def api_load(run: ServeRun) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """From one scrape of the API port: {vLLM gauge: {engine: value}} and {npu_engine_* series: value}."""
+    code, body = run.get("/metrics", port=run.api_port)
+    assert code == 200, body
+    ranks: dict[str, dict[str, float]] = {}
+    ours: dict[str, float] = {}
+    sources = {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"}
+    for family in text_string_to_metric_families(body):
+        if family.name in sources:
+            ranks[family.name] = {s.labels["engine"]: s.value for s in family.samples}
+        elif family.name.startswith("npu_engine_"):
+            [sample] = family.samples  # one series: no engine label
+            assert set(sample.labels) == {"model_name"}, sample
+            ours[family.name] = sample.value
+    assert set(ours) == {spec.name for spec in metrics.ENGINE_LOAD_METRICS}, sorted(ours)
+    return ranks, ours
