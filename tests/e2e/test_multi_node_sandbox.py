@@ -11,7 +11,6 @@ One run (two engines, twice) is shared by the tests of this module.
 from __future__ import annotations
 
 import pytest
-from npu_operator.status import findings as aggregate
 
 from tests.e2e.conftest import SandboxRun, run_sandbox
 from tests.e2e.test_sandbox import processes_mentioning
@@ -66,8 +65,6 @@ def test_a_two_node_replica_serves_recovers_its_group_and_is_deleted_whole(
 def test_both_ranks_are_in_status_graph(
     two_node_run: SandboxRun,
 ) -> None:
-    if not hasattr(aggregate, "MAX_RANKS_LISTED"):
-        pytest.skip("this operator does not report ranks yet (status.graph.ranks comes with the per-rank status)")
     summary = two_node_run.summary
     for graph in (summary["graph"], summary["recovery"]["graph"]):
         assert graph["rankCount"] == 2, graph
