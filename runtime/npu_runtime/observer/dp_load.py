@@ -50,16 +50,26 @@ import os
 import threading
 from collections.abc import Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from npu_runtime import metrics
 from npu_runtime.observer.hooks import Hook
+from npu_runtime.observer.recorder import Recorder
 
 if TYPE_CHECKING:
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.metrics_core import Metric
 
-    from npu_runtime.observer.vllm_hooks import Observer
+
+class Observer(Protocol):
+    """What this module needs of `vllm_hooks.Observer` (which installs it): a hook to count its
+    failures, the list of what is installed, and the recorder to flush."""
+
+    recorder: Recorder
+
+    def hook(self, name: str) -> Hook: ...
+
+    def installed(self, what: str) -> None: ...
 
 HOOK: Final = "dp_load_metrics"  # the `hook` label of npu_graph_instrumentation_errors_total
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
