@@ -71,6 +71,7 @@ class Observer(Protocol):
 
     def installed(self, what: str) -> None: ...
 
+
 HOOK: Final = "dp_load_metrics"  # the `hook` label of npu_graph_instrumentation_errors_total
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 LOGGERS_MODULE: Final = "vllm.v1.metrics.loggers"  # imported by vLLM's frontend only: where we install
