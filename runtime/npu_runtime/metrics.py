@@ -166,7 +166,7 @@ ROUTER_ENGINE_SECONDS_PER_UNIT: Final = MetricSpec(
     "npu_router_engine_seconds_per_unit",
     "gauge",
     ("role", "engine"),
-    "One engine's measured seconds per unit of work (moving average; 0 until measured)",
+    "One engine's measured speed: seconds per prompt token (prefill), per output token alone in its batch (decode)",
 )
 ROUTER_ENGINE_REQUESTS: Final = MetricSpec(
     "npu_router_engine_requests_total",

@@ -8,17 +8,26 @@ to its one virtual address, which the router then sees as one engine (kube-proxy
 connections). An address that drops out of the records is no longer chosen; its requests in
 flight finish.
 
-How one is chosen (`Pool.pick`): the engine whose outstanding work would take least time,
-`(work in flight + this request's work) x seconds per unit of work`. Work is counted as
+How one is chosen (`Pool.pick`): the engine where the request adds least time. Work is counted as
 vllm-ascend's proxy counts it (examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py,
 v0.23.0: `calculate_prefill_score`, `calculate_decode_score`, `SharedProxyScheduler._priority`:
 the prompt's length for both roles, held until the request ends), plus what it leaves out: a
-decode request's expected output tokens (`max_tokens` x `n`, counted down as its stream goes) and
-each engine's own speed, measured on the requests it finished (seconds per unit of work, a moving
-average; an engine not measured for a minute, or never, is taken to be as fast as the role's
-average, so that it is tried again). Equal engines get equal shares; a slower one gets less, as
-much less as it is slower, and more again as the faster one fills up (its measured time per unit
-grows with its batch). Ties go round the engines in turn.
+decode request's expected output tokens (`max_tokens` x `n`, counted down as its stream goes),
+the requests in flight, and each engine's own speed, measured on the requests it finished (a
+moving average):
+
+- prefill (`queued`: a step takes a budget of prompt tokens, in order): the time to get through
+  the work in flight and this request's, `(work + w) x t`, `t` the engine's seconds per token;
+- decode (`batched`: a step gives each running request a token): the request's own time with one
+  more in the batch, plus what it adds to the others', `w x a x (1 + (b + 1) / K) + work x a / K`,
+  `b` the requests in flight, `a` the engine's seconds per token alone (measured, and scaled from
+  the batch it ran in), `K` = `BATCH_KNEE` (a decode step is taken to double every K requests: a
+  memory-bound step grows little with its batch). A slower engine gets work only when the faster
+  one's batch has grown enough to make up for it; one that queues past its capacity measures slower.
+
+Equal engines get equal shares; ties go round the engines in turn. An engine never measured, or
+not for a minute while idle, is taken to be as fast as the role's average, so that one request
+tries it again.
 
 Which are out (`Pool.eject`): an engine that cannot be connected to, answers 502/503/504 before
 its first byte, or makes no progress within the router's timeouts is taken out for
@@ -54,6 +63,7 @@ DEFAULT_RESOLVE_SECONDS: Final = 5.0
 # counts as average again, so that a slow engine that got faster is tried and seen.
 SPEED_WEIGHT: Final = 0.25
 SPEED_STALE_SECONDS: Final = 60.0
+BATCH_KNEE: Final = 64.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -66,8 +76,10 @@ class Engine:
     listed: bool = True  # among the addresses its URL resolves to now
     in_flight: int = 0
     work: float = 0.0  # units of work in flight (see the module's doc)
-    seconds_per_unit: float = 0.0  # 0: never measured
+    seconds_per_unit: float = 0.0  # t (queued) or a (batched); 0: never measured
     measured_at: float = 0.0
+    area: float = 0.0  # the integral of in_flight over time, for the batch a request ran in
+    changed: float = 0.0
     chosen: int = 0  # requests sent to it, retries included
     ejections: int = 0
     failures: int = 0  # ejections in a row, for the backoff
@@ -77,18 +89,33 @@ class Engine:
     def out(self, now: float) -> bool:
         return self.out_until > now
 
+    def _count(self, now: float, change: int) -> None:
+        self.area += self.in_flight * (now - self.changed)
+        self.changed = now
+        self.in_flight += change
+
+    def speed(self, now: float) -> float:
+        """Its measured speed; 0 when it has none to go by (never measured, or idle and stale)."""
+        if self.seconds_per_unit <= 0:
+            return 0.0
+        if now - self.measured_at > SPEED_STALE_SECONDS and self.in_flight == 0:
+            return 0.0
+        return self.seconds_per_unit
+
 
 class Ticket:
     """One call's share of an engine's load, from `Pool.begin` to `end`."""
 
-    __slots__ = ("engine", "remaining", "started", "work")
+    __slots__ = ("ahead", "area", "batched", "engine", "remaining", "started", "work")
 
-    def __init__(self, engine: Engine, work: float) -> None:
-        self.engine, self.work, self.remaining = engine, work, work
-        self.started = time.monotonic()
-        engine.in_flight += 1
+    def __init__(self, engine: Engine, work: float, batched: bool) -> None:
+        self.engine, self.work, self.remaining, self.batched = engine, work, work, batched
+        self.started = now = time.monotonic()
+        engine._count(now, +1)
+        self.area = engine.area
         engine.work += work
         engine.chosen += 1
+        self.ahead = engine.work  # what a queued engine gets through before this one is done
 
     def progress(self, units: float) -> None:
         """Work done so far (a stream's tokens): the engine's outstanding work goes down with it."""
@@ -99,12 +126,17 @@ class Ticket:
     def end(self, units_done: float | None = None) -> None:
         """The call is over. With `units_done`, it finished: the engine's speed is measured on it."""
         engine = self.engine
-        engine.in_flight -= 1
+        now = time.monotonic()
+        engine._count(now, -1)
         engine.work = max(0.0, engine.work - self.remaining)
         self.remaining = 0.0
-        if units_done is not None and units_done > 0:
-            now = time.monotonic()
-            sample = (now - self.started) / units_done
+        elapsed = now - self.started
+        if units_done is not None and units_done > 0 and elapsed > 0:
+            if self.batched:  # seconds per token alone: scaled down from the batch it ran in
+                batch = max(1.0, (engine.area - self.area) / elapsed)
+                sample = elapsed / units_done / (1 + batch / BATCH_KNEE)
+            else:  # seconds per unit of the work it had to get through
+                sample = elapsed / max(units_done, self.ahead)
             if engine.seconds_per_unit <= 0 or now - engine.measured_at > SPEED_STALE_SECONDS:
                 engine.seconds_per_unit = sample
             else:
@@ -123,10 +155,12 @@ class Pool:
         role: str,
         urls: Collection[str],
         *,
+        batched: bool = False,
         eject_seconds: float = DEFAULT_EJECT_SECONDS,
         probe: Probe | None = None,
     ) -> None:
         self.role = role
+        self.batched = batched
         self.urls = tuple(url.rstrip("/") for url in urls)
         self.eject_seconds = eject_seconds
         self._probe = probe
@@ -207,7 +241,7 @@ class Pool:
     # --- choosing ------------------------------------------------------------------------------
 
     def pick(self, work: float, exclude: Collection[Engine] = ()) -> Engine | None:
-        """The engine that would finish `work` soonest, not among `exclude`; None when there is none."""
+        """The engine where `work` adds least time, not among `exclude`; None when there is none."""
         now = time.monotonic()
         engines = self._listed
         count = len(engines)
@@ -222,25 +256,22 @@ class Pool:
             engine = engines[(start + index) % count]
             if engine in exclude:
                 continue
-            speed = engine.seconds_per_unit
-            if speed <= 0 or now - engine.measured_at > SPEED_STALE_SECONDS:
-                speed = average
-            key = (engine.out(now), (engine.work + work) * speed)
+            speed = engine.speed(now) or average
+            if self.batched:
+                cost = speed * (work * (1 + (engine.in_flight + 1) / BATCH_KNEE) + engine.work / BATCH_KNEE)
+            else:
+                cost = speed * (engine.work + work)
+            key = (engine.out(now), cost)
             if best is None or key < best_key:
                 best, best_key = engine, key
         return best
 
     def _average_speed(self, now: float) -> float:
-        measured = [
-            engine.seconds_per_unit
-            for engine in self._listed
-            if engine.seconds_per_unit > 0 and now - engine.measured_at <= SPEED_STALE_SECONDS
-        ]
+        measured = [speed for engine in self._listed if (speed := engine.speed(now))]
         return sum(measured) / len(measured) if measured else 1.0
 
-    @staticmethod
-    def begin(engine: Engine, work: float) -> Ticket:
-        return Ticket(engine, work)
+    def begin(self, engine: Engine, work: float) -> Ticket:
+        return Ticket(engine, work, self.batched)
 
     # --- taking out and back in ----------------------------------------------------------------
 

@@ -223,7 +223,13 @@ class Router:
         self.options = options
         self.metrics = metrics or Metrics()
         self.pools = {
-            role: Pool(role, getattr(options, role), eject_seconds=options.eject_seconds, probe=self.alive)
+            role: Pool(
+                role,
+                getattr(options, role),
+                batched=role == "decode",
+                eject_seconds=options.eject_seconds,
+                probe=self.alive,
+            )
             for role in ROLES
         }
         networks = tuple(ipaddress.ip_network(network, strict=False) for network in options.kv_host_networks)
