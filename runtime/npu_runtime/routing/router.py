@@ -108,6 +108,7 @@ DECODE_PROMPT_TOKENS: Final = 64
 PREFILL_OVERHEAD_TOKENS: Final = 16
 DEFAULT_OUTPUT_TOKENS: Final = 256  # a request without max_tokens, until outputs are seen
 MAX_MODELS_BYTES: Final = 1 << 20
+READY_SECONDS: Final = 2.0  # /readyz asks each engine's /health; the kubelet's probe waits 5 s
 
 T = TypeVar("T")
 
@@ -660,11 +661,11 @@ class Router:
         else:
             LOG.warning("%s", failure)
 
-    async def alive(self, engine: Engine) -> bool:
-        """Whether `engine`'s /health answers 200 within --connect-timeout."""
+    async def alive(self, engine: Engine, seconds: float | None = None) -> bool:
+        """Whether `engine`'s /health answers 200 within `seconds` (--connect-timeout)."""
         import aiohttp
 
-        limit = aiohttp.ClientTimeout(total=self.options.connect_timeout)
+        limit = aiohttp.ClientTimeout(total=seconds or self.options.connect_timeout)
         try:
             async with self.session.get(engine.url + "/health", timeout=limit, allow_redirects=False) as answer:
                 return answer.status == 200
@@ -700,14 +701,11 @@ class Router:
         return _json(200, data)
 
     async def ready(self) -> dict[str, bool]:
-        """Whether each role has an engine whose /health answers."""
+        """Whether each role has an engine whose /health answers (all asked at once, within 2 s)."""
         result: dict[str, bool] = {}
         for role, pool in self.pools.items():
-            result[role] = False
-            for engine in pool.engines:
-                if await self.alive(engine):
-                    result[role] = True
-                    break
+            answers = await asyncio.gather(*(self.alive(engine, READY_SECONDS) for engine in pool.engines))
+            result[role] = any(answers)
         return result
 
 
