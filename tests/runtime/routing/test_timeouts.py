@@ -13,7 +13,7 @@ from aiohttp import web
 
 from tests.runtime.routing.conftest import FakeEngine, StoppedEngine, completion, eventually, streamer
 
-SHORT = {"connect_timeout": 1.0, "first_byte_timeout": 1.0, "idle_timeout": 1.0}
+SHORT = {"connect_timeout": 2.0, "first_byte_timeout": 1.0, "idle_timeout": 1.0}
 
 
 async def test_a_healthy_stream_longer_than_every_timeout_is_never_cut(
@@ -67,7 +67,7 @@ async def test_a_stopped_engine_is_given_up_within_the_idle_and_connect_timeouts
 ) -> None:
     stopped = StoppedEngine()
     try:
-        options = {"connect_timeout": 0.5, "first_byte_timeout": 600.0, "idle_timeout": 0.5, "retries": 0}
+        options = {"connect_timeout": 1.0, "first_byte_timeout": 600.0, "idle_timeout": 1.0, "retries": 0}
         for role in (
             "prefill",
             "decode",
