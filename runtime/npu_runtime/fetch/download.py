@@ -32,7 +32,7 @@ shared cache volume needs around them:
   sha1 for the rest): a Hugging Face body is hashed as the library reads it (the check on its
   HTTP client) and a wrong one raises before the library keeps it; modelscope_hub hashes what it
   streams against the sha256 and size this fetch's listing hands it. Only what neither covered
-  (a file already in the cache, a body compressed or resumed where no hash state was kept, a
+  (a file already in the cache, a body compressed or resumed elsewhere than where its hash was, a
   client version without the seams) is hashed from disk after the download. A file that does not
   match is fetched again once; twice wrong is `ModelHashMismatch`. Files in the snapshot that
   the listing does not name are removed. Only then is the marker
@@ -268,17 +268,27 @@ class HuggingFaceHub:
         # `response.iter_bytes(chunk_size=constants.DOWNLOAD_CHUNK_SIZE)`, read at each call) and
         # writes each whole chunk. Its 10 MiB makes httpx's ByteChunker copy every chunk through
         # fresh 10 MiB buffers, about as much CPU as hashing the bytes; 1 MiB (what modelscope_hub
-        # writes in) pays for the hash. Where a resumed body starts, see verify.StreamHash.
+        # writes in) pays for the hash. The check hands the library exactly such chunks (`Checked`).
         constants.DOWNLOAD_CHUNK_SIZE = _HF_WRITE_CHUNK
-        return Verification(listing, resume_granularity=_HF_WRITE_CHUNK, streaming=True)
+        return Verification(listing, streaming=True)
 
     def download(
         self, options: FetchOptions, listing: Listing, names: Sequence[str], verification: Verification
     ) -> Path:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import hf_hub_download, snapshot_download
 
         _guard_huggingface_hub()
         _BODIES.expect(options.repo, listing, verification)
+        if len(names) == 1:  # config.json first: one file, without the revision and tree requests around it
+            path = hf_hub_download(
+                options.repo,
+                names[0],
+                revision=listing.commit,
+                cache_dir=_library_cache(options),
+                endpoint=options.endpoint,
+                token=options.token or False,
+            )
+            return Path(path).parents[len(names[0].split("/")) - 1]
         return Path(
             snapshot_download(
                 options.repo,
@@ -437,10 +447,18 @@ def _guard_huggingface_hub() -> None:
     if _GUARDED:
         return
     import httpx
-    from huggingface_hub import set_client_factory
+    from huggingface_hub import constants, set_client_factory
     from huggingface_hub.utils._http import default_client_factory
 
     class Checked(httpx.SyncByteStream):
+        """A listed file's body: cut off past its listed size, and, where it is hashed, handed on in
+        whole chunks of the library's read size, each hashed as it is handed on. httpx's ByteChunker
+        (`Response.iter_bytes(chunk_size)`, which http_get reads) then passes each one through as it
+        comes, so the library writes exactly what was hashed: a cut body leaves the library's file
+        where the hash is, and the Range request that resumes it starts there (`StreamHash.resume`).
+        It is also cheaper than the 64 KiB pieces the connection reads: one copy per chunk instead of
+        ByteChunker's, one hash call instead of sixteen."""
+
         def __init__(
             self, inner: Any, limit: int, path: str, hashed: StreamHash | None, verification: Verification
         ) -> None:
@@ -448,15 +466,35 @@ def _guard_huggingface_hub() -> None:
 
         def __iter__(self) -> Iterator[bytes]:
             seen, limit, hashed = 0, self.limit, self.hashed
+            if hashed is None:
+                for chunk in self.inner:
+                    seen += len(chunk)
+                    if seen > limit:
+                        raise _BodyTooLong(f"{self.path}: the endpoint sent more bytes than the {limit} listed")
+                    yield chunk
+                return
+            size = constants.DOWNLOAD_CHUNK_SIZE
+            pending: list[bytes] = []
+            held = 0
             for chunk in self.inner:
                 seen += len(chunk)
                 if seen > limit:
                     raise _BodyTooLong(f"{self.path}: the endpoint sent more bytes than the {limit} listed")
-                if hashed is not None:
-                    hashed.update(chunk)
-                yield chunk
-            if hashed is not None:
-                self.verification.ended(self.path, hashed)  # BodyMismatch: before the library's last write
+                while held + len(chunk) >= size:
+                    cut = size - held
+                    pending.append(chunk[:cut])
+                    piece = b"".join(pending)
+                    hashed.update(piece)
+                    yield piece
+                    chunk, pending, held = chunk[cut:], [], 0
+                if chunk:
+                    pending.append(chunk)
+                    held += len(chunk)
+            if pending:
+                piece = b"".join(pending)
+                hashed.update(piece)
+                yield piece  # shorter than a chunk: the library writes it only after the body ended...
+            self.verification.ended(self.path, hashed)  # ...and BodyMismatch stops it before
 
         def close(self) -> None:
             self.inner.close()

@@ -8,15 +8,16 @@ applies:
   every body byte of a listed file into the file's hash as the library reads it (`StreamHash`),
   and compares the digest when the body ends; a body that does not match raises inside the
   library's read, before the library moves the file into its cache, so a wrong body never lands
-  there. A body that resumes with a Range request continues the same hash when it starts where
-  the library's file ends (see `StreamHash.resume`), so the hash covers the resumed prefix too.
+  there. A body that resumes a cut one with a Range request continues the same hash when it
+  starts where the hash is, which is where the library's file ends (`StreamHash`), so the hash
+  covers the resumed prefix too.
 - **by the hub's client itself** (ModelScope): modelscope_hub hashes each file while it streams
   and compares against the sha256 and size this fetch's listing hands it (`download.py` says
   where), renaming the file into the snapshot only when they match.
 - **from disk after the download**, for everything else: a file the library did not stream this
-  time (already in the cache), a body that could not be hashed as it came (compressed,
-  resumed at a position the hash has no state for, fetched by a client outside the HTTP check
-  such as hf_xet), or a client version whose seams are missing.
+  time (already in the cache), a body that could not be hashed as it came (compressed, resumed
+  elsewhere than where its hash was, fetched by a client outside the HTTP check such as hf_xet),
+  or a client version whose seams are missing.
 
 `Verification` keeps the state of one fetch: per file, the bytes hashed so far and whether the
 file is verified, which is what the progress counts (`bytes_done`).
@@ -89,17 +90,9 @@ class _File:
 class Verification:
     """The verification state of one fetch's listing: thread-safe, read by the progress thread."""
 
-    def __init__(
-        self,
-        listing: Listing,
-        *,
-        streaming: bool = False,
-        resume_granularity: int | None = None,
-        by_client: bool = False,
-    ) -> None:
+    def __init__(self, listing: Listing, *, streaming: bool = False, by_client: bool = False) -> None:
         self.listing = listing
         self.streaming = streaming  # the hub's bodies are hashed as they arrive (Hugging Face)
-        self.resume_granularity = resume_granularity  # where a resumed body can continue a hash
         self.by_client = by_client  # the hub's client verifies against this listing (ModelScope)
         self._files = {remote.path: _File(remote) for remote in listing.files}
         self._lock = threading.Lock()
@@ -120,10 +113,10 @@ class Verification:
                 if hasher is None:
                     state.lost, state.stream = "the listing has no hash for it", None
                     return None
-                state.lost, state.stream = None, StreamHash(state.remote, hasher, self.resume_granularity)
+                state.lost, state.stream = None, StreamHash(state.remote, hasher)
                 return state.stream
             if state.stream is None or not state.stream.resume(start):
-                state.lost, state.stream = f"a body resumed at byte {start}, where no hash state was kept", None
+                state.lost, state.stream = f"a body resumed at byte {start}, not where its hash was", None
                 return None
             return state.stream
 
@@ -144,7 +137,7 @@ class Verification:
                 state.failed, state.stream = True, None
                 raise BodyMismatch(path)
             state.streamed = True
-            state.stream = None  # its checkpoints are no longer needed
+            state.stream = None
 
     def etag(self, path: str, value: str) -> None:
         """The hub answered `value` as the ETag of `path` (huggingface_hub names the file's blob after it)."""
@@ -216,53 +209,22 @@ class Verification:
 
 
 class StreamHash:
-    """The hash of one file's bytes as a library reads them, body after body.
+    """The hash of one file's bytes as a library reads them, body after body: `position` is how many
+    bytes of the file it covers. A body that resumes a cut one continues it only when it starts
+    exactly there, which is where the library's file ends when the library writes every byte it is
+    handed (the Hugging Face check hands huggingface_hub whole read chunks, download.py says how)."""
 
-    `position` is how many bytes of the file the hash covers. A library that resumes a cut body
-    asks for the rest with a Range request from the end of what it wrote, which need not be where
-    the hash is: huggingface_hub writes whole chunks of `constants.DOWNLOAD_CHUNK_SIZE` bytes,
-    counted from the start of each body, and drops the bytes of a partial chunk when the
-    connection breaks, so it resumes at the last chunk boundary the body passed. The hash keeps a
-    copy of its state at that boundary (`granularity` bytes apart), and a body that starts there, or
-    exactly where the hash is, continues it; anywhere else, the file is hashed from disk instead.
-    """
-
-    def __init__(self, remote: RemoteFile, hasher: Any, granularity: int | None) -> None:
+    def __init__(self, remote: RemoteFile, hasher: Any) -> None:
         self.remote = remote
         self.position = 0
         self._hasher = hasher
-        self._granularity = granularity
-        self._mark, self._saved = 0, hasher.copy()  # the last chunk boundary, and the hash's state there
-        self._next = granularity
 
     def resume(self, start: int) -> bool:
-        if start != self.position:
-            if start != self._mark:
-                return False
-            self._hasher, self.position = self._saved.copy(), start
-        self._mark, self._saved = start, self._hasher.copy()
-        self._next = None if self._granularity is None else start + self._granularity
-        return True
+        return start == self.position
 
     def update(self, data: bytes) -> None:
-        mark = self._next
-        if mark is None or self.position + len(data) < mark:
-            self._hasher.update(data)
-            self.position += len(data)
-            return
-        granularity = self._granularity or 0
-        view = memoryview(data)
-        while self.position + len(view) >= mark:
-            cut = mark - self.position
-            self._hasher.update(view[:cut])
-            self.position = mark
-            self._mark, self._saved = mark, self._hasher.copy()
-            view = view[cut:]
-            mark += granularity
-        self._next = mark
-        if len(view):
-            self._hasher.update(view)
-            self.position += len(view)
+        self._hasher.update(data)
+        self.position += len(data)
 
     def hexdigest(self) -> str:
         return str(self._hasher.hexdigest())

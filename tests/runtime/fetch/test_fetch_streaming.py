@@ -92,39 +92,38 @@ def remote_of(data: bytes, path: str = "w.safetensors") -> RemoteFile:
     return RemoteFile(path, len(data), hashlib.sha256(data).hexdigest(), None)
 
 
-def test_a_stream_hash_over_pieces_is_the_files_hash_and_survives_a_resume_at_a_chunk_boundary() -> None:
+def test_a_stream_hash_over_pieces_is_the_files_hash_and_a_resumed_body_continues_it() -> None:
     data = random.Random(1).randbytes(5 * MIB + 123)
     remote = remote_of(data)
-    verification = verify.Verification(Listing("0" * 40, (remote,)), streaming=True, resume_granularity=MIB)
+    verification = verify.Verification(Listing("0" * 40, (remote,)), streaming=True)
     stream = verification.body(remote.path, 0)
     assert stream is not None
-    for at in range(0, 2 * MIB + 5000, 65536):  # a body cut 5000 bytes past the second MiB...
-        stream.update(data[at : min(at + 65536, 2 * MIB + 5000)])
-    assert verification.bytes_done() == 2 * MIB + 5000  # the hashed prefix of a file in flight
-    # ...whose library wrote two whole chunks: it asks for the rest from there, the hash goes back there.
-    resumed = verification.body(remote.path, 2 * MIB)
-    assert resumed is stream and stream.position == 2 * MIB
+    for at in range(0, 2 * MIB, MIB // 2):  # a body cut after two MiB...
+        stream.update(data[at : at + MIB // 2])
+    assert verification.bytes_done() == 2 * MIB  # the hashed prefix of a file in flight
+    assert verification.body(remote.path, 2 * MIB) is stream  # ...whose library asks for the rest from there
     stream.update(data[2 * MIB :])
     verification.ended(remote.path, stream)
     assert verification.streamed(remote.path) and verification.bytes_done() == remote.size
 
 
-def test_a_resume_where_no_hash_state_was_kept_leaves_the_file_to_the_disk_hash() -> None:
+def test_a_resume_anywhere_else_leaves_the_file_to_the_disk_hash() -> None:
     data = random.Random(2).randbytes(3 * MIB)
     remote = remote_of(data)
-    verification = verify.Verification(Listing("0" * 40, (remote,)), streaming=True, resume_granularity=MIB)
+    verification = verify.Verification(Listing("0" * 40, (remote,)), streaming=True)
     stream = verification.body(remote.path, 0)
     assert stream is not None
     stream.update(data[: MIB + 10])
-    assert verification.body(remote.path, 12345) is None
-    assert "12345" in verification.lost()[remote.path] and not verification.streamed(remote.path)
+    assert verification.body(remote.path, MIB) is None
+    assert "byte 1048576" in verification.lost()[remote.path] and not verification.streamed(remote.path)
+    assert verification.body(remote.path, 0) is not None  # a body from the start hashes afresh
 
 
 def test_a_body_that_does_not_hash_to_the_listing_fails_and_drops_out_of_the_progress() -> None:
     good = random.Random(3).randbytes(2 * MIB)
     other = remote_of(b"x" * 10, "other.json")
     remote = remote_of(good)
-    verification = verify.Verification(Listing("0" * 40, (remote, other)), streaming=True, resume_granularity=MIB)
+    verification = verify.Verification(Listing("0" * 40, (remote, other)), streaming=True)
     stream = verification.body(remote.path, 0)
     assert stream is not None
     stream.update(flipped(good, MIB))
@@ -157,7 +156,7 @@ def test_a_streamed_file_counts_only_as_the_blob_its_listed_hash_names_while_eve
     snapshot.mkdir(parents=True)
     (hub.repo_folder(opts) / "blobs" / str(a.sha256)).write_bytes(data)
     (snapshot / a.path).symlink_to(f"../../blobs/{a.sha256}")
-    verification = verify.Verification(listing, streaming=True, resume_granularity=MIB)
+    verification = verify.Verification(listing, streaming=True)
     stream = verification.body(a.path, 0)
     assert stream is not None
     stream.update(data)
