@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.server
 import random
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -362,3 +365,97 @@ def test_without_the_seams_every_file_is_hashed_after_the_download(
     with LocalHub([corrupted]) as hub, pytest.raises(FetchError) as failure:
         run_fetch(options(hub, tmp_path / "other", which))
     assert failure.value.reason == fetch.HASH_MISMATCH
+
+
+class CdnFront:
+    """A Hugging Face endpoint in front of a LocalHub that answers a HEAD for an LFS file the way the
+    Hub does: a 302 to another host (a CDN's signed URL) carrying the file's commit, ETag and size,
+    which huggingface_hub does not follow; the library then GETs the file there."""
+
+    def __init__(self, hub: LocalHub) -> None:
+        self.hub, self.cdn_gets = hub, 0
+        self.objects: dict[str, str] = {}  # an opaque CDN object name -> the hub's path
+        front = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_HEAD(self) -> None:
+                self.relay(head=True)
+
+            def do_GET(self) -> None:
+                self.relay(head=False)
+
+            def relay(self, *, head: bool) -> None:
+                path = self.path
+                if path.startswith("/cdn/"):  # the CDN: the hub's file, by the object the redirect named
+                    front.cdn_gets += not head
+                    path = front.objects[path.removeprefix("/cdn/").split("?")[0]]
+                elif head and "/resolve/" in path and path.endswith(".safetensors"):
+                    answer = self.forward("HEAD", path)
+                    self.send_response(302)
+                    name = hashlib.sha256(path.encode()).hexdigest()
+                    front.objects[name] = path
+                    cdn = f"http://localhost:{front.port}/cdn/{name}?X-Signature=abc"
+                    self.send_header("Location", cdn)
+                    self.send_header("X-Repo-Commit", answer.headers["X-Repo-Commit"])
+                    self.send_header("X-Linked-Etag", answer.headers["ETag"])
+                    self.send_header("X-Linked-Size", answer.headers["Content-Length"])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                answer = self.forward("HEAD" if head else "GET", path)
+                self.send_response(answer.status)
+                for name, value in answer.headers.items():
+                    if name.lower() not in ("connection", "transfer-encoding"):
+                        self.send_header(name, value)
+                self.end_headers()
+                while not head and (block := answer.read(1 << 20)):
+                    self.wfile.write(block)
+
+            def forward(self, method: str, path: str) -> Any:
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("range", "authorization")}
+                request = urllib.request.Request(self.hub_url + path, method=method, headers=headers)
+                try:
+                    return urllib.request.urlopen(request, timeout=30)
+                except urllib.error.HTTPError as error:
+                    return error
+
+            hub_url = hub.url
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong byte"])
+def test_a_body_the_hub_redirects_to_another_host_is_verified_as_it_streams_there(
+    wrong: bool, streamed_repo: Repo, tmp_path: Path, hashed_after: list[str]
+) -> None:
+    size = streamed_repo.files[BIG].size
+    served = serving(streamed_repo, BIG, flipped(streamed_repo.files[BIG].data, size // 2)) if wrong else streamed_repo
+    with LocalHub([served]) as hub:
+        front = CdnFront(hub)
+        try:
+            opts = FetchOptions(hub=fetch.HUGGING_FACE, repo=REPO, revision=None, cache=tmp_path, endpoint=front.url)
+            if wrong:
+                with pytest.raises(FetchError) as failure:
+                    run_fetch(opts)
+                assert failure.value.reason == fetch.HASH_MISMATCH
+            else:
+                snapshot, _ = run_fetch(opts)
+                assert (snapshot / BIG).read_bytes() == streamed_repo.files[BIG].data
+        finally:
+            front.close()
+    assert front.cdn_gets >= 2  # both shards came from the other host
+    assert hashed_after == []  # and were verified as they streamed from there
