@@ -95,6 +95,7 @@ from npu_runtime.fetch.verify import (
     FROM_DISK,
     STREAMED,
     BodyMismatch,
+    Identity,
     StreamHash,
     Verification,
     expected_digest,
@@ -835,7 +836,8 @@ def _download_and_check(
     bad: list[str] = []
     for _attempt in range(2):
         try:
-            snapshot = _inside_cache(hub, hub.download(options, listing, names, verification), options, listing)
+            with _hash_as_they_land(snapshot, files, verification):
+                snapshot = _inside_cache(hub, hub.download(options, listing, names, verification), options, listing)
         except FetchError:
             raise
         except Exception as exc:
@@ -918,21 +920,62 @@ def _complete(marker: Path, snapshot: Path, folder: Path, listing: Listing) -> b
     return not _extras(snapshot, listing)
 
 
+@contextlib.contextmanager
+def _hash_as_they_land(snapshot: Path, files: Sequence[RemoteFile], verification: Verification) -> Iterator[None]:
+    """While the library downloads: hashes from disk each file that is complete in the snapshot and that
+    nothing verified as it arrived (already in the cache, fetched by hf_xet, a body that could not be
+    hashed, a client without the seams), so that after the library returns only the last ones to land
+    remain for `_check`. Nothing is concluded from a mismatch here: `_check` decides."""
+    if verification.by_client:
+        yield  # the client verifies every file it puts in the snapshot
+        return
+    stop = threading.Event()
+    tried: dict[str, Identity] = {}
+
+    def candidates() -> Iterator[RemoteFile]:
+        for remote in files:
+            if stop.is_set():
+                return
+            if verification.settled(remote.path):
+                continue
+            found = identity(snapshot / remote.path)
+            if found is not None and found[2] == remote.size and tried.get(remote.path) != found:
+                tried[remote.path] = found
+                yield remote
+
+    def loop() -> None:
+        pause = 0.5
+        while not stop.wait(pause):
+            started = time.monotonic()
+            for remote in candidates():
+                _hash_one(snapshot, remote, verification)
+            pause = max(0.5, 10 * (time.monotonic() - started))  # a scan of many files: less often
+
+    thread = threading.Thread(target=loop, name="fetch-hash-landed", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _hash_from_disk(snapshot: Path, files: Sequence[RemoteFile], verification: Verification) -> list[str]:
     """The files whose size or hash on disk differs, checked in parallel (hashlib releases the GIL);
     the others are marked verified."""
-
-    def one(remote: RemoteFile) -> bool:
-        entry = snapshot / check_path(remote.path)
-        before = identity(entry)
-        ok = before is not None and file_matches(entry, remote) and identity(entry) == before
-        if ok and before is not None:
-            verification.mark(remote.path, FROM_DISK, before)
-        return ok
-
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        matches = list(pool.map(one, files))
+        matches = list(pool.map(lambda remote: _hash_one(snapshot, remote, verification), files))
     return [f.path for f, ok in zip(files, matches, strict=True) if not ok]
+
+
+def _hash_one(snapshot: Path, remote: RemoteFile, verification: Verification) -> bool:
+    """Whether the file on disk matches; marked verified (with what its entry leads to) when it does."""
+    entry = snapshot / check_path(remote.path)
+    before = identity(entry)
+    ok = before is not None and file_matches(entry, remote) and identity(entry) == before
+    if ok and before is not None:
+        verification.mark(remote.path, FROM_DISK, before)
+    return ok
 
 
 def file_matches(path: Path, remote: RemoteFile) -> bool:

@@ -169,6 +169,11 @@ class Verification:
             state = self._files[path]
             state.verified, state.identity = None, None
 
+    def settled(self, path: str) -> bool:
+        """Verified, hashed as it arrived, or arriving now: nothing to hash from disk for it (yet)."""
+        state = self._files[path]
+        return state.verified is not None or state.streamed or state.stream is not None
+
     def still_verified(self, path: str, found: Identity | None) -> bool:
         """`path` was verified, and its snapshot entry still leads to the same file."""
         state = self._files[path]
