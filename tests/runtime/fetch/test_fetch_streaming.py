@@ -3,7 +3,7 @@ files hashed by modelscope_hub against the fetch's own listing; the hash from di
 
 The hub is npu_sandbox.fixtures.local_hub with repositories built here (a repository whose served
 bytes differ from what it lists is a `Repo` whose `data` differs from its hashes), the clients are
-the real huggingface_hub and modelscope_hub. `hashed_after` records what the fetch hashed from disk
+the real huggingface_hub and modelscope_hub. `hashed_from_disk` records what the fetch hashed from disk
 after a download, which is how a test tells a stream's verification from the fallback's.
 """
 
@@ -70,16 +70,16 @@ def run_fetch(opts: FetchOptions, progress: Progress | None = None) -> tuple[Pat
 
 
 @pytest.fixture
-def hashed_after(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths the fetch hashed from disk after a download (the fallback), in order."""
+def hashed_from_disk(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths the fetch hashed from disk (the fallback: as they landed, or after the download)."""
     seen: list[str] = []
-    original = fetch._hash_from_disk
+    original = fetch._hash_one
 
-    def recording(snapshot: Path, files: Any, verification: Any) -> list[str]:
-        seen.extend(f.path for f in files)
-        return original(snapshot, files, verification)
+    def recording(snapshot: Path, remote: RemoteFile, verification: Any) -> bool:
+        seen.append(remote.path)
+        return original(snapshot, remote, verification)
 
-    monkeypatch.setattr(fetch, "_hash_from_disk", recording)
+    monkeypatch.setattr(fetch, "_hash_one", recording)
     return seen
 
 
@@ -180,11 +180,11 @@ def test_a_streamed_file_counts_only_as_the_blob_its_listed_hash_names_while_eve
 
 @pytest.mark.parametrize("which", HUBS)
 def test_every_file_is_verified_while_it_streams(
-    which: str, streamed_repo: Repo, tmp_path: Path, hashed_after: list[str]
+    which: str, streamed_repo: Repo, tmp_path: Path, hashed_from_disk: list[str]
 ) -> None:
     with LocalHub([streamed_repo]) as hub:
         snapshot, progress = run_fetch(options(hub, tmp_path / "cache", which))
-    assert hashed_after == []  # nothing was left to hash after the download
+    assert hashed_from_disk == []  # nothing was left to hash from disk
     for name, remote in streamed_repo.files.items():
         assert (snapshot / name).read_bytes() == remote.data
     assert progress.phase == "Ready"
@@ -192,7 +192,7 @@ def test_every_file_is_verified_while_it_streams(
 
 @pytest.mark.parametrize("which", HUBS)
 def test_a_corrupted_byte_in_the_middle_is_caught_before_the_file_is_linked(
-    which: str, streamed_repo: Repo, tmp_path: Path, hashed_after: list[str]
+    which: str, streamed_repo: Repo, tmp_path: Path, hashed_from_disk: list[str]
 ) -> None:
     size = streamed_repo.files[BIG].size
     corrupted = serving(streamed_repo, BIG, flipped(streamed_repo.files[BIG].data, size // 2))
@@ -204,7 +204,7 @@ def test_a_corrupted_byte_in_the_middle_is_caught_before_the_file_is_linked(
     assert failure.value.reason == fetch.HASH_MISMATCH and BIG in failure.value.message
     # Caught in the stream (Hugging Face) or by the client (ModelScope): never hashed from disk, and
     # neither a snapshot entry, nor a blob, nor a partial file of it is left; no marker.
-    assert BIG not in hashed_after
+    assert BIG not in hashed_from_disk
     assert not list(cache.rglob(BIG)) and not larger_than(cache, streamed_repo.files[SMALL].size)
     assert not list(cache.rglob(".npu-complete/*.json"))
     # Fetched again before giving up: once by this fetch (Hugging Face), by the library's own retries (ModelScope).
@@ -231,7 +231,7 @@ class CutOnce(dict[str, int]):
 
 @pytest.mark.parametrize("which", HUBS)
 def test_a_cut_body_resumes_and_its_hash_covers_the_resumed_prefix(
-    which: str, streamed_repo: Repo, tmp_path: Path, hashed_after: list[str]
+    which: str, streamed_repo: Repo, tmp_path: Path, hashed_from_disk: list[str]
 ) -> None:
     size = streamed_repo.files[BIG].size
     # A cut that is not on a chunk boundary: Hugging Face resumes from the last whole MiB it wrote.
@@ -241,7 +241,7 @@ def test_a_cut_body_resumes_and_its_hash_covers_the_resumed_prefix(
         resumed = [start for path, start in hub.ranges if path == BIG]
     assert resumed and 0 < resumed[0] <= size // 2 + 12345
     assert (snapshot / BIG).read_bytes() == streamed_repo.files[BIG].data
-    assert hashed_after == []  # the resumed file was verified as it streamed, prefix and rest
+    assert hashed_from_disk == []  # the resumed file was verified as it streamed, prefix and rest
 
     # The cut body's prefix carries a wrong byte, the resumed rest is right: the file is wrong, and caught.
     corrupted = serving(streamed_repo, BIG, flipped(streamed_repo.files[BIG].data, size // 4))
@@ -251,7 +251,7 @@ def test_a_cut_body_resumes_and_its_hash_covers_the_resumed_prefix(
         assert next(start for path, start in hub.ranges if path == BIG) > size // 4  # the wrong byte was kept
         assert hub.served[f"{REPO}/{BIG}"] == 3  # cut, resumed (wrong as a whole), fetched whole again
     assert (snapshot / BIG).read_bytes() == streamed_repo.files[BIG].data
-    assert BIG not in hashed_after
+    assert BIG not in hashed_from_disk
 
 
 def test_a_partial_file_a_killed_pod_left_is_resumed_and_verified_over_its_prefix(
@@ -353,18 +353,41 @@ def no_seams(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("which", HUBS)
 @pytest.mark.usefixtures("no_seams")
-def test_without_the_seams_every_file_is_hashed_after_the_download(
-    which: str, streamed_repo: Repo, tmp_path: Path, hashed_after: list[str], capsys: pytest.CaptureFixture[str]
+def test_without_the_seams_every_file_is_hashed_from_disk_the_download(
+    which: str, streamed_repo: Repo, tmp_path: Path, hashed_from_disk: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     with LocalHub([streamed_repo]) as hub:
         _, progress = run_fetch(options(hub, tmp_path / "cache", which))
     assert progress.phase == "Ready"
-    assert sorted(hashed_after) == sorted(streamed_repo.files)
+    assert sorted(hashed_from_disk) == sorted(streamed_repo.files)
     assert "is not a version whose download was checked" in capsys.readouterr().err
     corrupted = serving(streamed_repo, BIG, flipped(streamed_repo.files[BIG].data, MIB))
     with LocalHub([corrupted]) as hub, pytest.raises(FetchError) as failure:
         run_fetch(options(hub, tmp_path / "other", which))
     assert failure.value.reason == fetch.HASH_MISMATCH
+
+
+@pytest.mark.parametrize("which", HUBS)
+@pytest.mark.usefixtures("no_seams")
+def test_a_file_left_to_the_disk_hash_is_hashed_as_soon_as_it_lands(
+    which: str, streamed_repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What nothing verified as it arrived (here: no seams; in a pod: hf_xet's downloads, files already in
+    the cache) is hashed while the rest still downloads, so only the last files wait for the hash."""
+    seen: list[tuple[str, bool]] = []  # (the file hashed, whether the big shard had landed then)
+    original = fetch._hash_one
+    with LocalHub([streamed_repo]) as hub:
+
+        def recording(snapshot: Path, remote: RemoteFile, verification: Any) -> bool:
+            seen.append((remote.path, (snapshot / BIG).exists()))
+            return original(snapshot, remote, verification)
+
+        monkeypatch.setattr(fetch, "_hash_one", recording)
+        hub.rate = 12 * MIB  # the big shard streams for two seconds
+        _, progress = run_fetch(options(hub, tmp_path / "cache", which))
+    assert progress.phase == "Ready"
+    assert (SMALL, False) in seen  # hashed while the big shard was still on its way
+    assert sorted(path for path, _ in seen) == sorted(streamed_repo.files)  # each file once
 
 
 class CdnFront:
@@ -440,7 +463,7 @@ class CdnFront:
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong byte"])
 def test_a_body_the_hub_redirects_to_another_host_is_verified_as_it_streams_there(
-    wrong: bool, streamed_repo: Repo, tmp_path: Path, hashed_after: list[str]
+    wrong: bool, streamed_repo: Repo, tmp_path: Path, hashed_from_disk: list[str]
 ) -> None:
     size = streamed_repo.files[BIG].size
     served = serving(streamed_repo, BIG, flipped(streamed_repo.files[BIG].data, size // 2)) if wrong else streamed_repo
@@ -458,4 +481,4 @@ def test_a_body_the_hub_redirects_to_another_host_is_verified_as_it_streams_ther
         finally:
             front.close()
     assert front.cdn_gets >= 2  # both shards came from the other host
-    assert hashed_after == []  # and were verified as they streamed from there
+    assert hashed_from_disk == []  # and were verified as they streamed from there
