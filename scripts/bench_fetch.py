@@ -156,7 +156,7 @@ def main() -> int:
                 shutil.rmtree(fetch_cache)
             served = dict(hub.served)
         print(
-            f"hub {args.hub}: {len(repo.files)} files, {total / 1e6:.0f} MB, {args.runs} runs, local hub on 127.0.0.1;"
+            f"hub {args.hub}: {len(repo.files)} files, {total / 1e6:.0f} MB, {args.runs} runs, local hub on 127.0.0.1"
             f"{' (Nagle on)' if args.hub_nagle else ''}; load average {load_before} before, {load()} after"
             f" ({os.cpu_count()} CPUs)"
         )
