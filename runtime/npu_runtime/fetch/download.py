@@ -554,7 +554,8 @@ class ModelScopeHub:
 
     The library verifies each file itself, against this fetch's listing: the files are handed to
     `HubApi.download_repo` as its `file_list` (path, size, sha256; modelscope_hub 0.5, api.py),
-    so the library does not list them again, and for each it checks what it streams against
+    so the library does not list them again (config.json alone to `HubApi.download_file`, with
+    its `expected_sha256` and `file_size`), and for each it checks what it streams against
     that size and sha256 (`DownloadManager._download_with_resume` hashes every chunk as it writes
     it, re-hashes a resumed `.incomplete` prefix from disk first, stops at the listed size;
     `_parallel_download` hashes the parts as it joins them; `_finish_download` compares before
@@ -606,6 +607,18 @@ class ModelScopeHub:
     def download(
         self, options: FetchOptions, listing: Listing, names: Sequence[str], verification: Verification
     ) -> Path:
+        if verification.by_client and len(names) == 1:  # config.json first: the one file, with its size and sha256
+            (remote,) = (f for f in listing.files if f.path == names[0])
+            path = self._api(options).download_file(
+                options.repo,
+                "model",
+                remote.path,
+                revision=listing.commit,
+                cache_dir=str(_library_cache(options)),
+                expected_sha256=remote.sha256,
+                file_size=remote.size,
+            )
+            return Path(path).parents[len(remote.path.split("/")) - 1]
         if verification.by_client:
             wanted = set(names)
             files = [
@@ -688,6 +701,10 @@ def _modelscope_listing_seam() -> str | None:
     download_repo = getattr(HubApi, "download_repo", None)
     if download_repo is None or "file_list" not in inspect.signature(download_repo).parameters:
         return f"modelscope_hub {version} has no HubApi.download_repo(file_list=...)"
+    download_file = getattr(HubApi, "download_file", None)
+    needs = {"expected_sha256", "file_size"}
+    if download_file is None or not needs <= set(inspect.signature(download_file).parameters):
+        return f"modelscope_hub {version} has no HubApi.download_file(expected_sha256=..., file_size=...)"
     return None
 
 
