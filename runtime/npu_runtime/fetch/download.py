@@ -261,7 +261,7 @@ class HuggingFaceHub:
     def verification(self, listing: Listing) -> Verification:
         seam = _huggingface_stream_seam()
         if seam is not None:
-            _log(f"{seam}: every file is hashed after the download")
+            _log(f"{seam}: every file is hashed from disk, each as soon as it is downloaded")
             return Verification(listing)
         from huggingface_hub import constants
 
@@ -571,10 +571,18 @@ class ModelScopeHub:
     def drop_orphans(self, options: FetchOptions) -> None:
         """Nothing: modelscope resumes its `<file>.incomplete` with a Range request."""
 
+    def __init__(self) -> None:
+        self._apis: dict[tuple[str | None, str | None], Any] = {}
+
     def _api(self, options: FetchOptions) -> Any:
+        """One HubApi per endpoint and token for the fetch: each new one probes the endpoint for a
+        cloud-internal route again before its first download (DownloadManager._detect_region)."""
         from modelscope_hub.api import HubApi
 
-        return HubApi(endpoint=options.endpoint, token=options.token)
+        key = (options.endpoint, options.token)
+        if key not in self._apis:
+            self._apis[key] = HubApi(endpoint=options.endpoint, token=options.token)
+        return self._apis[key]
 
     def _commit(self, options: FetchOptions, revision: str) -> str:
         if is_commit(revision):
@@ -601,7 +609,7 @@ class ModelScopeHub:
     def verification(self, listing: Listing) -> Verification:
         seam = _modelscope_listing_seam()
         if seam is not None:
-            _log(f"{seam}: every file is hashed after the download")
+            _log(f"{seam}: every file is hashed from disk, each as soon as it is downloaded")
         return Verification(listing, by_client=seam is None)
 
     def download(

@@ -353,7 +353,7 @@ def no_seams(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("which", HUBS)
 @pytest.mark.usefixtures("no_seams")
-def test_without_the_seams_every_file_is_hashed_from_disk_the_download(
+def test_without_the_seams_every_file_is_hashed_from_disk(
     which: str, streamed_repo: Repo, tmp_path: Path, hashed_from_disk: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     with LocalHub([streamed_repo]) as hub:
