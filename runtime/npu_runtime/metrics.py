@@ -112,13 +112,13 @@ RUNTIME_METRICS: Final[tuple[MetricSpec, ...]] = (
     INSTRUMENTATION_ERRORS,
 )
 
-# The PD router's own series (`npu-runtime router`, routing/router.py), in a registry of their own;
+# The PD router's own series (`npu-runtime route`, routing/router.py), in a registry of their own;
 # kept apart from RUNTIME_METRICS, which lists what `serve` exports.
 ROUTER_REQUESTS: Final = MetricSpec(
     "npu_router_requests_total",
     "counter",
     ("endpoint", "code"),
-    "Client requests, by endpoint and status",
+    "Client requests, by endpoint and status (499: the client went away first)",
 )
 ROUTER_REQUEST_SECONDS: Final = MetricSpec(
     "npu_router_request_seconds",
@@ -136,7 +136,7 @@ ROUTER_BACKEND_ERRORS: Final = MetricSpec(
     "npu_router_backend_errors_total",
     "counter",
     ("role", "reason"),
-    "Failed calls to an engine, by role and reason",
+    "Failed calls to an engine (and prefill KV parameters refused), by role and reason",
 )
 ROUTER_RETRIES: Final = MetricSpec(
     "npu_router_retries_total",
@@ -144,12 +144,63 @@ ROUTER_RETRIES: Final = MetricSpec(
     ("role",),
     "Calls retried on another engine",
 )
+ROUTER_IN_FLIGHT: Final = MetricSpec(
+    "npu_router_in_flight",
+    "gauge",
+    (),
+    "Client requests being answered now (at --max-in-flight the next gets 503)",
+)
+# Per engine (one series per role and engine URL; an engine gone from its URL's addresses goes too),
+# read from the router's own state when scraped.
+ROUTER_ENGINE_IN_FLIGHT: Final = MetricSpec(
+    "npu_router_engine_in_flight",
+    "gauge",
+    ("role", "engine"),
+    "Calls in flight to one engine",
+)
+ROUTER_ENGINE_WORK: Final = MetricSpec(
+    "npu_router_engine_work",
+    "gauge",
+    ("role", "engine"),
+    "Outstanding work on one engine as the router counts it (prompt tokens; decode adds output tokens left)",
+)
+ROUTER_ENGINE_SECONDS_PER_UNIT: Final = MetricSpec(
+    "npu_router_engine_seconds_per_unit",
+    "gauge",
+    ("role", "engine"),
+    "One engine's measured speed: seconds per prompt token (prefill), per output token alone in its batch (decode)",
+)
+ROUTER_ENGINE_REQUESTS: Final = MetricSpec(
+    "npu_router_engine_requests_total",
+    "counter",
+    ("role", "engine"),
+    "Calls the router sent to one engine, retries included",
+)
+ROUTER_ENGINE_OUT: Final = MetricSpec(
+    "npu_router_engine_out",
+    "gauge",
+    ("role", "engine"),
+    "1 while an engine is taken out after a failure, until its /health answers again",
+)
+ROUTER_ENGINE_EJECTIONS: Final = MetricSpec(
+    "npu_router_engine_ejections_total",
+    "counter",
+    ("role", "engine"),
+    "Times an engine was taken out after a failure",
+)
 ROUTER_METRICS: Final[tuple[MetricSpec, ...]] = (
     ROUTER_REQUESTS,
     ROUTER_REQUEST_SECONDS,
     ROUTER_BACKEND_SECONDS,
     ROUTER_BACKEND_ERRORS,
     ROUTER_RETRIES,
+    ROUTER_IN_FLIGHT,
+    ROUTER_ENGINE_IN_FLIGHT,
+    ROUTER_ENGINE_WORK,
+    ROUTER_ENGINE_SECONDS_PER_UNIT,
+    ROUTER_ENGINE_REQUESTS,
+    ROUTER_ENGINE_OUT,
+    ROUTER_ENGINE_EJECTIONS,
 )
 ROUTER_SECONDS_BUCKETS: Final[tuple[float, ...]] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,

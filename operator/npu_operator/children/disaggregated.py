@@ -143,7 +143,7 @@ def router_options(name: str, namespace: str, spec: NPUInferenceSpec) -> RouterO
         decode=(url["decode"],),
         port=names.HTTP_PORT,
         metrics_port=names.METRICS_PORT,
-        timeout=float(router.timeout_seconds),
+        first_byte_timeout=float(router.timeout_seconds),
         retries=router.retries,
     )
 
@@ -195,9 +195,13 @@ def build_router(name: str, namespace: str, spec: NPUInferenceSpec, config: Oper
 
 def _service(name: str, namespace: str, role: str, service_name: str, revision: str | None = None) -> JSON:
     """The router's Service (the resource's endpoint) or a role's: its engines' leaders (worker index 0),
-    of `revision` only where one is given (`names.DS_REVISION_LABEL`, on every role pod)."""
+    of `revision` only where one is given (`names.DS_REVISION_LABEL`, on every role pod). A role's
+    Service is headless: its name resolves to each ready leader's address, which the router looks
+    up and chooses among by load (`npu_runtime.routing.engines`); a virtual IP would hide them."""
     service = workloads.build_service(name, namespace, leaders_only=role != ROUTER)
     service["metadata"]["name"] = service_name
+    if role != ROUTER:
+        service["spec"]["clusterIP"] = "None"
     selector = {**service["spec"]["selector"], ROLE_LABEL: role}
     if revision is not None and role != ROUTER:
         selector[names.DS_REVISION_LABEL] = revision

@@ -27,12 +27,17 @@ shared cache volume needs around them:
   the lock when its holder dies, so a killed pod never blocks the next one, which takes the
   download over; a waiter gives up after `--lock-timeout` seconds in which the holder's
   progress did not move.
-- **Complete means checked.** After the library returns, every file's size and hash is checked
-  against the hub's listing (sha256 for LFS files and every ModelScope file, the git blob sha1
-  for the rest). A file that does not match is deleted and fetched again once; twice wrong is
-  `ModelHashMismatch`. Files in the snapshot that the listing does not name are removed. Only
-  then is the marker `<repo folder>/.npu-complete/<commit>.json` written; later pods trust it
-  when the hub's listing still matches it and every file is still there with its size.
+- **Complete means checked**, and checked while the bytes arrive (`verify`). Every file's size and
+  hash must match the hub's listing (sha256 for LFS files and every ModelScope file, the git blob
+  sha1 for the rest): a Hugging Face body is hashed as the library reads it (the check on its
+  HTTP client) and a wrong one raises before the library keeps it; modelscope_hub hashes what it
+  streams against the sha256 and size this fetch's listing hands it. Only what neither covered
+  (a file already in the cache, a body compressed or resumed elsewhere than where its hash was, a
+  client version without the seams) is hashed from disk after the download. A file that does not
+  match is fetched again once; twice wrong is `ModelHashMismatch`. Files in the snapshot that
+  the listing does not name are removed. Only then is the marker
+  `<repo folder>/.npu-complete/<commit>.json` written; later pods trust it when the hub's
+  listing still matches it and every file is still there with its size.
 - **A branch is a commit.** Both hubs' branches and tags are resolved to the commit they point
   at, and the snapshot is that commit's: a branch that moves makes a new snapshot, never a
   rewritten one under a running replica. The operator resolves a branch once per rollout: the
@@ -42,7 +47,8 @@ shared cache volume needs around them:
   the given flags) before gigabytes of weights arrive: a model that cannot fit fails in seconds.
 - **Progress** (`--status-port`, on `--status-host`, all addresses by default): `/status` answers
   `{"model": {...}}` with the phase, bytes done/total and files, which the operator folds into
-  `status.model`.
+  `status.model`. The bytes done are the verified ones: files whose hash matched, and the hashed
+  part of the files in flight.
 - **The end** is one line in the termination message: `ModelReady: {...}` (the final progress,
   resolved revision included), or `<Reason>: <message>` naming the repository, also on stderr:
   ModelAccessDenied (401/403), ModelNotFound (repository, revision or file), ModelCacheFull (no
@@ -60,11 +66,11 @@ import contextlib
 import dataclasses
 import errno
 import fnmatch
-import hashlib
 import http.server
 import json
 import os
 import re
+import sys
 import threading
 import time
 import urllib.parse
@@ -84,6 +90,18 @@ from npu_runtime.fetch.listing import (
     check_revision,
     checked,
     is_commit,
+)
+from npu_runtime.fetch.verify import (
+    BY_CLIENT,
+    FROM_DISK,
+    STREAMED,
+    BodyMismatch,
+    Identity,
+    StreamHash,
+    Verification,
+    expected_digest,
+    identity,
+    new_hash,
 )
 from npu_runtime.serving import failures
 from npu_runtime.serving.failures import Failure, write_termination_message
@@ -188,12 +206,27 @@ class Hub(Protocol):
     def repo_folder(self, options: FetchOptions) -> Path: ...
     def drop_orphans(self, options: FetchOptions) -> None: ...
     def resolve(self, options: FetchOptions) -> Listing: ...
-    def download(self, options: FetchOptions, listing: Listing, names: Sequence[str]) -> Path: ...
+    def verification(self, listing: Listing) -> Verification: ...
+    def download(
+        self, options: FetchOptions, listing: Listing, names: Sequence[str], verification: Verification
+    ) -> Path: ...
+    def verified_by_download(
+        self, options: FetchOptions, snapshot: Path, remote: RemoteFile, verification: Verification
+    ) -> str | None: ...
+    def measure(self, folder: Path, listing: Listing, verification: Verification) -> tuple[int, int]: ...
     def classify(self, exc: BaseException) -> FetchError | None: ...
 
 
+def _log(message: str) -> None:
+    print(f"npu-runtime fetch: {message}", file=sys.stderr, flush=True)
+
+
 class HuggingFaceHub:
-    """`huggingface_hub`: its standard cache (`models--org--name/{blobs,snapshots/<commit>}`), per endpoint."""
+    """`huggingface_hub`: its standard cache (`models--org--name/{blobs,snapshots/<commit>}`), per endpoint.
+
+    Each file is hashed while its body streams, by the check on the library's HTTP client
+    (`_guard_huggingface_hub`); huggingface_hub itself compares only the size, after the body.
+    """
 
     default_revision = "main"
 
@@ -226,11 +259,38 @@ class HuggingFaceHub:
         ]
         return Listing(commit, tuple(files))
 
-    def download(self, options: FetchOptions, listing: Listing, names: Sequence[str]) -> Path:
-        from huggingface_hub import snapshot_download
+    def verification(self, listing: Listing) -> Verification:
+        seam = _huggingface_stream_seam()
+        if seam is not None:
+            _log(f"{seam}: every file is hashed from disk, each as soon as it is downloaded")
+            return Verification(listing)
+        from huggingface_hub import constants
+
+        # The library reads its bodies in chunks of this many bytes (file_download.http_get:
+        # `response.iter_bytes(chunk_size=constants.DOWNLOAD_CHUNK_SIZE)`, read at each call) and
+        # writes each whole chunk. Its 10 MiB makes httpx's ByteChunker copy every chunk through
+        # fresh 10 MiB buffers, about as much CPU as hashing the bytes; 1 MiB (what modelscope_hub
+        # writes in) pays for the hash. The check hands the library exactly such chunks (`Checked`).
+        constants.DOWNLOAD_CHUNK_SIZE = _HF_WRITE_CHUNK
+        return Verification(listing, streaming=True)
+
+    def download(
+        self, options: FetchOptions, listing: Listing, names: Sequence[str], verification: Verification
+    ) -> Path:
+        from huggingface_hub import hf_hub_download, snapshot_download
 
         _guard_huggingface_hub()
-        _EXPECTED.expect(options.repo, listing)
+        _BODIES.expect(options.repo, listing, verification)
+        if len(names) == 1:  # config.json first: one file, without the revision and tree requests around it
+            path = hf_hub_download(
+                options.repo,
+                names[0],
+                revision=listing.commit,
+                cache_dir=_library_cache(options),
+                endpoint=options.endpoint,
+                token=options.token or False,
+            )
+            return Path(path).parents[len(names[0].split("/")) - 1]
         return Path(
             snapshot_download(
                 options.repo,
@@ -241,6 +301,30 @@ class HuggingFaceHub:
                 token=options.token or False,
             )
         )
+
+    def verified_by_download(
+        self, options: FetchOptions, snapshot: Path, remote: RemoteFile, verification: Verification
+    ) -> str | None:
+        """STREAMED when the file's body was hashed as it arrived and matched, and the snapshot's entry is
+        the blob that body was written to. huggingface_hub names a blob after the ETag the hub answers
+        (`blobs/<etag>`) and skips the download when that blob exists, so the entry must lead to the
+        blob named by the listed hash, and every ETag of this fetch must be the listed hash of its own
+        file: otherwise a body verified as one file could have been written under another's blob name."""
+        digest = expected_digest(remote)
+        if digest is None or not verification.streamed(remote.path):
+            return None
+        if verification.etags_of(remote.path) != {digest} or not verification.etags_agree():
+            return None
+        blob = self.repo_folder(options) / "blobs" / digest
+        try:
+            if os.path.realpath(snapshot / remote.path) != os.path.realpath(blob) or blob.is_symlink():
+                return None
+            return STREAMED if blob.stat().st_size == remote.size else None
+        except OSError:
+            return None
+
+    def measure(self, folder: Path, listing: Listing, verification: Verification) -> tuple[int, int]:
+        return verification.bytes_done(), verification.files_done()
 
     def classify(self, exc: BaseException) -> FetchError | None:
         from huggingface_hub import errors
@@ -259,32 +343,80 @@ class HuggingFaceHub:
         return None
 
 
+# The huggingface_hub versions whose download path (file_download.http_get and
+# _download_to_tmp_and_move) was read for hashing while streaming: 1.x.
+_HF_STREAM_MAJOR: Final = 1
+_HF_WRITE_CHUNK: Final = 1 << 20
+
+
+def _huggingface_stream_seam() -> str | None:
+    """None when huggingface_hub's bodies can be hashed while they stream; else why not."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    version = str(getattr(huggingface_hub, "__version__", "?"))
+    major = version.split(".", 1)[0]
+    if not major.isdigit() or int(major) != _HF_STREAM_MAJOR:
+        return f"huggingface_hub {version} is not a version whose download was checked ({_HF_STREAM_MAJOR}.x)"
+    if not hasattr(huggingface_hub, "set_client_factory"):
+        return f"huggingface_hub {version} has no set_client_factory"
+    if not isinstance(getattr(constants, "DOWNLOAD_CHUNK_SIZE", None), int):
+        return f"huggingface_hub {version} has no constants.DOWNLOAD_CHUNK_SIZE"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Body:
+    repo: str
+    remote: RemoteFile
+    verification: Verification
+
+
 class _ExpectedBodies:
-    """The listed size of each file this process downloads from a Hugging Face endpoint, by URL
-    path suffix `/<repo>/resolve/<commit>/<path>`, and the commit each revision answer must name."""
+    """What this process's fetches expect from Hugging Face endpoints: each listed file by the URL path
+    suffix `/<repo>/resolve/<commit>/<path>` (and by the URL a hub redirected it to), with the
+    fetch's Verification; and the commit each revision answer must name."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.sizes: dict[str, int] = {}
+        self.bodies: dict[str, _Body] = {}
+        self.aliases: dict[str, _Body] = {}  # full URL -> body: where a hub's answer for a file points
         self.commits: dict[str, str] = {}  # "/api/models/<repo>/revision/<commit>" -> commit
 
-    def expect(self, repo: str, listing: Listing) -> None:
+    def expect(self, repo: str, listing: Listing, verification: Verification) -> None:
         with self._lock:
             for remote in listing.files:
-                self.sizes[f"/{repo}/resolve/{listing.commit}/{remote.path}"] = remote.size
+                self.bodies[f"/{repo}/resolve/{listing.commit}/{remote.path}"] = _Body(repo, remote, verification)
             self.commits[f"/api/models/{repo}/revision/{listing.commit}"] = listing.commit
 
-    def size(self, path: str) -> int | None:
+    def forget(self, verification: Verification) -> None:
         with self._lock:
-            found = [size for suffix, size in self.sizes.items() if path.endswith(suffix)]
-        return found[0] if len(found) == 1 else None
+            for table in (self.bodies, self.aliases):
+                for key in [key for key, body in table.items() if body.verification is verification]:
+                    del table[key]
+
+    def body(self, url: str, path: str) -> _Body | None:
+        """The listed file a request is for: by its URL path's suffix (exactly one), else by an alias."""
+        with self._lock:
+            found = {
+                id(body): body
+                for at in range(len(path))
+                if path[at] == "/" and (body := self.bodies.get(path[at:])) is not None
+            }
+            if len(found) == 1:
+                return next(iter(found.values()))
+            return self.aliases.get(url) if not found else None
+
+    def alias(self, url: str, body: _Body) -> None:
+        with self._lock:
+            self.aliases[url] = body
 
     def commit(self, path: str) -> str | None:
         with self._lock:
             return next((commit for suffix, commit in self.commits.items() if path.endswith(suffix)), None)
 
 
-_EXPECTED: Final = _ExpectedBodies()
+_BODIES: Final = _ExpectedBodies()
 _GUARDED: list[bool] = []
 
 
@@ -292,49 +424,118 @@ class _BodyTooLong(Exception):
     """A file's body went past its listed size (a hostile or broken endpoint)."""
 
 
+def _normalize_etag(value: str) -> str:
+    """As huggingface_hub names a blob after an ETag (file_download._normalize_etag, 1.x)."""
+    return value.lstrip("W/").strip('"')
+
+
 def _guard_huggingface_hub() -> None:
     """huggingface_hub's HTTP client, with a check on what the library reads from the endpoint:
-    file bodies stop at their listed size while they stream (the library compares sizes only
-    after the whole body is on disk), and a revision answer for a pinned commit must name that
-    commit (the library builds its snapshot and tree-cache paths from it).
+
+    - a listed file's body stops at its listed size while it streams (the library compares sizes
+      only after the whole body is on disk), and feeds the file's hash (`verify.StreamHash`), whose
+      digest is compared when the body ends: a body that does not match raises inside the library's
+      read, so the library never moves it into its cache (`_download_to_tmp_and_move` removes its
+      temporary file);
+    - the ETag the hub answers for a listed file is recorded (the library names the file's blob
+      after it), and a redirect's Location is remembered as the file's, for the GET that follows;
+    - a revision answer for a pinned commit must name that commit (the library builds its snapshot
+      and tree-cache paths from it).
 
     Through the library's documented hook, `huggingface_hub.set_client_factory`, keeping its
-    default client's own event hooks (huggingface_hub v1.x, utils/_http.py)."""
+    default client's own event hooks (huggingface_hub v1.x, utils/_http.py); the body is replaced
+    in a response event hook with an `httpx.SyncByteStream`, which `Response.iter_bytes` (what
+    file_download.http_get reads) draws from."""
     if _GUARDED:
         return
     import httpx
-    from huggingface_hub import set_client_factory
+    from huggingface_hub import constants, set_client_factory
     from huggingface_hub.utils._http import default_client_factory
 
-    class Capped(httpx.SyncByteStream):
-        def __init__(self, inner: Any, limit: int, path: str) -> None:
-            self.inner, self.limit, self.path = inner, limit, path
+    class Checked(httpx.SyncByteStream):
+        """A listed file's body: cut off past its listed size, and, where it is hashed, handed on in
+        whole chunks of the library's read size, each hashed as it is handed on. httpx's ByteChunker
+        (`Response.iter_bytes(chunk_size)`, which http_get reads) then passes each one through as it
+        comes, so the library writes exactly what was hashed: a cut body leaves the library's file
+        where the hash is, and the Range request that resumes it starts there (`StreamHash.resume`).
+        It is also cheaper than the 64 KiB pieces the connection reads: one copy per chunk instead of
+        ByteChunker's, one hash call instead of sixteen."""
+
+        def __init__(
+            self, inner: Any, limit: int, path: str, hashed: StreamHash | None, verification: Verification
+        ) -> None:
+            self.inner, self.limit, self.path, self.hashed, self.verification = inner, limit, path, hashed, verification
 
         def __iter__(self) -> Iterator[bytes]:
-            seen = 0
+            seen, limit, hashed = 0, self.limit, self.hashed
+            if hashed is None:
+                for chunk in self.inner:
+                    seen += len(chunk)
+                    if seen > limit:
+                        raise _BodyTooLong(f"{self.path}: the endpoint sent more bytes than the {limit} listed")
+                    yield chunk
+                return
+            size = constants.DOWNLOAD_CHUNK_SIZE
+            pending: list[bytes] = []
+            held = 0
             for chunk in self.inner:
                 seen += len(chunk)
-                if seen > self.limit:
-                    raise _BodyTooLong(f"{self.path}: the endpoint sent more bytes than the {self.limit} listed")
-                yield chunk
+                if seen > limit:
+                    raise _BodyTooLong(f"{self.path}: the endpoint sent more bytes than the {limit} listed")
+                while held + len(chunk) >= size:
+                    cut = size - held
+                    pending.append(chunk[:cut])
+                    piece = b"".join(pending)
+                    hashed.update(piece)
+                    yield piece
+                    chunk, pending, held = chunk[cut:], [], 0
+                if chunk:
+                    pending.append(chunk)
+                    held += len(chunk)
+            if pending:
+                piece = b"".join(pending)
+                hashed.update(piece)
+                yield piece  # shorter than a chunk: the library writes it only after the body ended...
+            self.verification.ended(self.path, hashed)  # ...and BodyMismatch stops it before
 
         def close(self) -> None:
             self.inner.close()
 
     def check(response: httpx.Response) -> None:
-        first = response.history[0].request if response.history else response.request
+        request = response.request
+        first = response.history[0].request if response.history else request
         path = urllib.parse.unquote(first.url.path)
-        if (commit := _EXPECTED.commit(path)) is not None and response.status_code == 200:
+        if (commit := _BODIES.commit(path)) is not None and response.status_code == 200:
             response.read()
             if response.json().get("sha") != commit:
                 raise ListingError(f"the hub answered another commit than {commit} for it")
-        size = _EXPECTED.size(path)
-        if size is None or first.method != "GET" or response.status_code not in (200, 206):
+        body = _BODIES.body(str(first.url), path)
+        if body is None:
+            return
+        remote, verification = body.remote, body.verification
+        if response.is_redirect and (location := response.headers.get("Location")):
+            _BODIES.alias(str(request.url.join(location)), body)  # the library may GET it there itself
+        if first.method == "HEAD":
+            if etag := response.headers.get("X-Linked-Etag") or response.headers.get("ETag"):
+                verification.etag(remote.path, _normalize_etag(etag))
+            return
+        if first.method != "GET" or response.status_code not in (200, 206):
             return
         start = 0
-        if response.status_code == 206 and (ranged := re.match(r"bytes=(\d+)-", first.headers.get("Range", ""))):
-            start = int(ranged[1])
-        response.stream = Capped(response.stream, max(size - start, 0), path)
+        if response.status_code == 206:
+            ranged = re.fullmatch(r"bytes=(\d+)-", request.headers.get("Range", "").strip())
+            start = int(ranged[1]) if ranged else -1
+        hashed = None
+        if verification.streaming:
+            if response.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity"):
+                verification.not_hashable(remote.path, "its body came compressed")
+            elif start < 0:
+                verification.not_hashable(remote.path, "a partial body without a plain Range request")
+            else:
+                hashed = verification.body(remote.path, start)
+        response.stream = Checked(
+            response.stream, max(remote.size - max(start, 0), 0), remote.path, hashed, verification
+        )
 
     def guarded_client() -> httpx.Client:
         client = default_client_factory()
@@ -351,6 +552,16 @@ class ModelScopeHub:
     ModelScope's file API takes a branch, tag or commit but answers no commit for a branch: the
     branch or tag is resolved to its commit with the repository's revision list first, and the
     files are listed and downloaded at that commit, so a branch that moves makes a new snapshot.
+
+    The library verifies each file itself, against this fetch's listing: the files are handed to
+    `HubApi.download_repo` as its `file_list` (path, size, sha256; modelscope_hub 0.5, api.py),
+    so the library does not list them again (config.json alone to `HubApi.download_file`, with
+    its `expected_sha256` and `file_size`), and for each it checks what it streams against
+    that size and sha256 (`DownloadManager._download_with_resume` hashes every chunk as it writes
+    it, re-hashes a resumed `.incomplete` prefix from disk first, stops at the listed size;
+    `_parallel_download` hashes the parts as it joins them; `_finish_download` compares before
+    the rename into the snapshot; `_cache_hit` hashes a file that is already there), all in
+    modelscope_hub/_download.py. A file the library renamed into the snapshot is verified.
     """
 
     default_revision = "master"
@@ -361,10 +572,18 @@ class ModelScopeHub:
     def drop_orphans(self, options: FetchOptions) -> None:
         """Nothing: modelscope resumes its `<file>.incomplete` with a Range request."""
 
+    def __init__(self) -> None:
+        self._apis: dict[tuple[str | None, str | None], Any] = {}
+
     def _api(self, options: FetchOptions) -> Any:
+        """One HubApi per endpoint and token for the fetch: each new one probes the endpoint for a
+        cloud-internal route again before its first download (DownloadManager._detect_region)."""
         from modelscope_hub.api import HubApi
 
-        return HubApi(endpoint=options.endpoint, token=options.token)
+        key = (options.endpoint, options.token)
+        if key not in self._apis:
+            self._apis[key] = HubApi(endpoint=options.endpoint, token=options.token)
+        return self._apis[key]
 
     def _commit(self, options: FetchOptions, revision: str) -> str:
         if is_commit(revision):
@@ -388,9 +607,41 @@ class ModelScopeHub:
         ]
         return Listing(commit, tuple(files))
 
-    def download(self, options: FetchOptions, listing: Listing, names: Sequence[str]) -> Path:
-        # modelscope >= 1.40 is a shim over modelscope_hub; its package import pulls in torch, which
-        # an init container has no use for. The same download function, without that.
+    def verification(self, listing: Listing) -> Verification:
+        seam = _modelscope_listing_seam()
+        if seam is not None:
+            _log(f"{seam}: every file is hashed from disk, each as soon as it is downloaded")
+        return Verification(listing, by_client=seam is None)
+
+    def download(
+        self, options: FetchOptions, listing: Listing, names: Sequence[str], verification: Verification
+    ) -> Path:
+        if verification.by_client and len(names) == 1:  # config.json first: the one file, with its size and sha256
+            (remote,) = (f for f in listing.files if f.path == names[0])
+            path = self._api(options).download_file(
+                options.repo,
+                "model",
+                remote.path,
+                revision=listing.commit,
+                cache_dir=str(_library_cache(options)),
+                expected_sha256=remote.sha256,
+                file_size=remote.size,
+            )
+            return Path(path).parents[len(remote.path.split("/")) - 1]
+        if verification.by_client:
+            wanted = set(names)
+            files = [
+                {"Path": f.path, "Type": "blob", "Size": f.size, "Sha256": f.sha256}
+                for f in listing.files
+                if f.path in wanted
+            ]
+            folder = self._api(options).download_repo(
+                options.repo, "model", revision=listing.commit, cache_dir=str(_library_cache(options)), file_list=files
+            )
+            return Path(folder)
+        # Without that seam: the library's compat download, which lists the files again itself. (modelscope
+        # >= 1.40 is a shim over modelscope_hub; its package import pulls in torch, which an init container
+        # has no use for. The same download function, without that.)
         from modelscope_hub.compat.snapshot_download import snapshot_download
 
         return Path(
@@ -403,6 +654,24 @@ class ModelScopeHub:
                 token=options.token,
             )
         )
+
+    def verified_by_download(
+        self, options: FetchOptions, snapshot: Path, remote: RemoteFile, verification: Verification
+    ) -> str | None:
+        """BY_CLIENT when the library had this listing's sha256 and size for the file (see the class), and the
+        snapshot holds it: a regular file of the listed size."""
+        if not verification.by_client or remote.sha1 is not None:
+            return None
+        entry = snapshot / remote.path
+        try:
+            if entry.is_symlink() or not entry.is_file() or entry.stat().st_size != remote.size:
+                return None
+        except OSError:
+            return None
+        return BY_CLIENT
+
+    def measure(self, folder: Path, listing: Listing, verification: Verification) -> tuple[int, int]:
+        return measure(folder, listing)
 
     def classify(self, exc: BaseException) -> FetchError | None:
         from modelscope_hub import errors
@@ -419,6 +688,33 @@ class ModelScopeHub:
             if isinstance(cause, errors.FileIntegrityError):
                 return FetchError(HASH_MISMATCH, "size or hash differs from the hub's: " + str(cause).splitlines()[0])
         return None
+
+
+# The modelscope_hub versions whose download (HubApi.download_repo with file_list, and the
+# DownloadManager functions the class names) was read: 0.5 and later 0.x.
+_MS_CHECKED: Final = (0, 5)
+
+
+def _modelscope_listing_seam() -> str | None:
+    """None when modelscope_hub verifies the files against a listing this fetch hands it; else why not."""
+    import inspect
+
+    import modelscope_hub
+    from modelscope_hub.api import HubApi
+
+    version = str(getattr(modelscope_hub, "__version__", "?"))
+    parts = version.split(".")
+    numbers = tuple(int(p) for p in parts[:2] if p.isdigit())
+    if len(numbers) != 2 or numbers < _MS_CHECKED or numbers[0] != _MS_CHECKED[0]:
+        return f"modelscope_hub {version} is not a version whose download was checked (0.5 to 0.x)"
+    download_repo = getattr(HubApi, "download_repo", None)
+    if download_repo is None or "file_list" not in inspect.signature(download_repo).parameters:
+        return f"modelscope_hub {version} has no HubApi.download_repo(file_list=...)"
+    download_file = getattr(HubApi, "download_file", None)
+    needs = {"expected_sha256", "file_size"}
+    if download_file is None or not needs <= set(inspect.signature(download_file).parameters):
+        return f"modelscope_hub {version} has no HubApi.download_file(expected_sha256=..., file_size=...)"
+    return None
 
 
 def _library_cache(options: FetchOptions) -> Path:
@@ -493,17 +789,13 @@ def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: OnC
         marker.unlink(missing_ok=True)
         progress.phase = "Downloading"
         hub.drop_orphans(options)
-        with _watch(progress, folder, listing, progress_file):
-            snapshot = _download(hub, options, listing, on_config)
-            progress.phase = "Verifying"
-            bad = _mismatched(snapshot, listing)
-            if bad:  # fetched again once: a cut or a corrupt proxy answer; twice wrong is the hub's
-                for path in bad:
-                    _remove(snapshot, path)
-                snapshot = _download(hub, options, listing, None)
-                if bad := _mismatched(snapshot, listing):
-                    raise FetchError(HASH_MISMATCH, f"{_name(options)}: size or hash differs from the hub's: {bad}")
-            _prune(snapshot, listing)
+        verification = hub.verification(listing)
+        try:
+            with _watch(progress, hub, folder, listing, verification, progress_file):
+                snapshot = _download_verified(hub, options, listing, verification, progress, on_config)
+                _prune(snapshot, listing)
+        finally:
+            _BODIES.forget(verification)
         marker.parent.mkdir(parents=True, exist_ok=True)
         _write_json(marker, {"commit": listing.commit, "files": [dataclasses.asdict(f) for f in listing.files]})
         _finish(progress, listing)
@@ -536,17 +828,91 @@ def _wait_for(lock: Any, progress: Progress, progress_file: Path, options: Fetch
                 ) from None
 
 
-def _download(hub: Hub, options: FetchOptions, listing: Listing, on_config: OnConfig | None) -> Path:
-    """The library's download of the listed files (config.json first when it is to be planned)."""
+def _download_verified(
+    hub: Hub,
+    options: FetchOptions,
+    listing: Listing,
+    verification: Verification,
+    progress: Progress,
+    on_config: OnConfig | None,
+) -> Path:
+    """The library's download of the listed files, each verified (config.json first, verified, and
+    planned, when it is to be planned)."""
     names = sorted(f.path for f in listing.files)
-    try:
-        if on_config is not None and CONFIG_FILE in names:
-            on_config(_inside_cache(hub, hub.download(options, listing, [CONFIG_FILE]), options, listing))
-        return _inside_cache(hub, hub.download(options, listing, names), options, listing)
-    except FetchError:
-        raise
-    except Exception as exc:
-        raise _failure(hub, exc, options) from exc
+    if on_config is not None and CONFIG_FILE in names:
+        on_config(_download_and_check(hub, options, listing, [CONFIG_FILE], verification, progress))
+        progress.phase = "Downloading"
+    return _download_and_check(hub, options, listing, names, verification, progress)
+
+
+def _download_and_check(
+    hub: Hub,
+    options: FetchOptions,
+    listing: Listing,
+    names: Sequence[str],
+    verification: Verification,
+    progress: Progress,
+) -> Path:
+    """Downloads `names` with the library and verifies each: while it streamed, by the hub's client, or
+    else from disk now (`verify` says which applies when). A file that does not match is fetched again
+    once (a cut or a corrupt proxy answer); twice wrong is the hub's: ModelHashMismatch."""
+    wanted = set(names)
+    files = [f for f in listing.files if f.path in wanted]
+    snapshot = hub.repo_folder(options) / "snapshots" / listing.commit
+    bad: list[str] = []
+    for _attempt in range(2):
+        try:
+            with _hash_as_they_land(snapshot, files, verification):
+                snapshot = _inside_cache(hub, hub.download(options, listing, names, verification), options, listing)
+        except FetchError:
+            raise
+        except Exception as exc:
+            bad = verification.failed()  # caught while streaming, before the library kept the body
+            if not bad or not any(isinstance(cause, BodyMismatch) for cause in _chain(exc)):
+                raise _failure(hub, exc, options) from exc
+        else:
+            bad = _check(hub, options, snapshot, files, verification, progress)
+        if not bad:
+            return snapshot
+        for path in bad:
+            _remove(snapshot, path)
+            verification.reset(path)
+    raise FetchError(HASH_MISMATCH, f"{_name(options)}: size or hash differs from the hub's: {bad}")
+
+
+def _check(
+    hub: Hub,
+    options: FetchOptions,
+    snapshot: Path,
+    files: Sequence[RemoteFile],
+    verification: Verification,
+    progress: Progress,
+) -> list[str]:
+    """The files of `files` that do not match. A file verified before counts while its snapshot entry
+    still leads to the same file (another file's download may have replaced a blob they share, or a
+    retry removed it); the others count when the download verified them, else they are hashed from
+    disk now."""
+    later: list[RemoteFile] = []
+    for remote in files:
+        found = identity(snapshot / remote.path)
+        if verification.still_verified(remote.path, found):
+            continue
+        verification.unmark(remote.path)
+        how = hub.verified_by_download(options, snapshot, remote, verification)
+        if how is not None and found is not None:
+            verification.mark(remote.path, how, found)
+        else:
+            later.append(remote)
+    if not later:
+        return []
+    lost = verification.lost()
+    reasons = sorted({lost[f.path] for f in later if f.path in lost})
+    _log(
+        f"{_name(options)}: {len(later)} of {len(files)} files ({sum(f.size for f in later)} bytes) hashed after the"
+        f" download{': ' + '; '.join(reasons) if reasons else ''}"
+    )
+    progress.phase = "Verifying"
+    return _hash_from_disk(snapshot, later, verification)
 
 
 def _inside_cache(hub: Hub, snapshot: Path, options: FetchOptions, listing: Listing) -> Path:
@@ -580,11 +946,62 @@ def _complete(marker: Path, snapshot: Path, folder: Path, listing: Listing) -> b
     return not _extras(snapshot, listing)
 
 
-def _mismatched(snapshot: Path, listing: Listing) -> list[str]:
-    """The files whose size or hash differs, checked in parallel (hashlib releases the GIL)."""
+@contextlib.contextmanager
+def _hash_as_they_land(snapshot: Path, files: Sequence[RemoteFile], verification: Verification) -> Iterator[None]:
+    """While the library downloads: hashes from disk each file that is complete in the snapshot and that
+    nothing verified as it arrived (already in the cache, fetched by hf_xet, a body that could not be
+    hashed, a client without the seams), so that after the library returns only the last ones to land
+    remain for `_check`. Nothing is concluded from a mismatch here: `_check` decides."""
+    if verification.by_client:
+        yield  # the client verifies every file it puts in the snapshot
+        return
+    stop = threading.Event()
+    tried: dict[str, Identity] = {}
+
+    def candidates() -> Iterator[RemoteFile]:
+        for remote in files:
+            if stop.is_set():
+                return
+            if verification.settled(remote.path):
+                continue
+            found = identity(snapshot / remote.path)
+            if found is not None and found[2] == remote.size and tried.get(remote.path) != found:
+                tried[remote.path] = found
+                yield remote
+
+    def loop() -> None:
+        pause = 0.5
+        while not stop.wait(pause):
+            started = time.monotonic()
+            for remote in candidates():
+                _hash_one(snapshot, remote, verification)
+            pause = max(0.5, 10 * (time.monotonic() - started))  # a scan of many files: less often
+
+    thread = threading.Thread(target=loop, name="fetch-hash-landed", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _hash_from_disk(snapshot: Path, files: Sequence[RemoteFile], verification: Verification) -> list[str]:
+    """The files whose size or hash on disk differs, checked in parallel (hashlib releases the GIL);
+    the others are marked verified."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        matches = list(pool.map(lambda f: file_matches(snapshot / check_path(f.path), f), listing.files))
-    return [f.path for f, ok in zip(listing.files, matches, strict=True) if not ok]
+        matches = list(pool.map(lambda remote: _hash_one(snapshot, remote, verification), files))
+    return [f.path for f, ok in zip(files, matches, strict=True) if not ok]
+
+
+def _hash_one(snapshot: Path, remote: RemoteFile, verification: Verification) -> bool:
+    """Whether the file on disk matches; marked verified (with what its entry leads to) when it does."""
+    entry = snapshot / check_path(remote.path)
+    before = identity(entry)
+    ok = before is not None and file_matches(entry, remote) and identity(entry) == before
+    if ok and before is not None:
+        verification.mark(remote.path, FROM_DISK, before)
+    return ok
 
 
 def file_matches(path: Path, remote: RemoteFile) -> bool:
@@ -592,18 +1009,15 @@ def file_matches(path: Path, remote: RemoteFile) -> bool:
     try:
         if path.stat().st_size != remote.size:
             return False
-        if remote.sha256:
-            digest = hashlib.sha256()
-        elif remote.sha1:
-            digest = hashlib.sha1(b"blob %d\0" % remote.size)
-        else:
+        digest = new_hash(remote)
+        if digest is None:
             return True
         with open(path, "rb") as handle:
             while chunk := handle.read(_CHUNK):
                 digest.update(chunk)
     except OSError:
         return False
-    return digest.hexdigest() == (remote.sha256 or remote.sha1)
+    return bool(digest.hexdigest() == expected_digest(remote))
 
 
 def _extras(snapshot: Path, listing: Listing) -> list[str]:
@@ -671,8 +1085,9 @@ def _name(options: FetchOptions) -> str:
 
 
 def measure(folder: Path, listing: Listing) -> tuple[int, int]:
-    """(bytes, files) of the revision on disk: complete files in its snapshot plus both libraries'
-    partial `*.incomplete` files (which is what a resumed download starts from)."""
+    """(bytes, files) of the revision on disk, as ModelScope's progress: complete files in its snapshot
+    (modelscope_hub renames a file there only once its sha256 matched) plus its partial
+    `*.incomplete` files (it hashes each chunk as it writes it, and a resumed prefix first)."""
     snapshot = folder / "snapshots" / listing.commit
     done_bytes = done_files = 0
     for remote in listing.files:
@@ -689,12 +1104,14 @@ def measure(folder: Path, listing: Listing) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def _watch(progress: Progress, folder: Path, listing: Listing, progress_file: Path) -> Iterator[None]:
-    """Measures the revision on disk and writes the progress file, each second while the library works."""
+def _watch(
+    progress: Progress, hub: Hub, folder: Path, listing: Listing, verification: Verification, progress_file: Path
+) -> Iterator[None]:
+    """Measures the verified bytes (`Hub.measure`) and writes the progress file, each second while the library works."""
     stop = threading.Event()
 
     def tick() -> None:
-        progress.bytes_done, progress.files_done = measure(folder, listing)
+        progress.bytes_done, progress.files_done = hub.measure(folder, listing, verification)
         _write_json(progress_file, progress.to_dict())
 
     def loop() -> None:

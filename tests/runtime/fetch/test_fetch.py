@@ -68,8 +68,8 @@ def test_a_revision_is_downloaded_checked_and_then_reused(
 
 @pytest.fixture(scope="module")
 def big_repo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Repo:
-    """The tiny model plus a 24 MiB shard: huggingface_hub writes what it received in 10 MiB chunks,
-    so only a cut after the first chunk leaves something to resume from."""
+    """The tiny model plus a 24 MiB shard: huggingface_hub writes what it received in whole chunks (1 MiB,
+    as the fetch sets it), so only a cut after the first chunk leaves something to resume from."""
     directory = tmp_path_factory.mktemp("big-repo")
     for item in tiny_model.iterdir():
         (directory / item.name).write_bytes(item.read_bytes())
@@ -245,7 +245,7 @@ def test_a_killed_download_is_taken_over_by_the_next_pod(which: str, big_repo: R
     (huggingface_hub#4228), so the next pod removes the orphan and fetches the file again."""
     cache, size = tmp_path / "cache", big_repo.files[BIG].size
     with LocalHub([big_repo]) as hub:
-        hub.rate = 8 << 20  # 24 MiB in 3 s: a first 10 MiB chunk is on disk before the kill
+        hub.rate = 8 << 20  # 24 MiB in 3 s: whole chunks are on disk before the kill
 
         def partial() -> int:
             total = 0
