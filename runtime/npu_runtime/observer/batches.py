@@ -51,7 +51,7 @@ class DecodeBatchCounter:
         counts = self.counts
         if tokens in counts:
             counts[tokens] += 1
-        elif 0 < tokens and len(counts) < self.max_sizes:
+        elif tokens > 0 and len(counts) < self.max_sizes:
             counts[tokens] = 1
         else:
             self.dropped += 1
@@ -77,7 +77,7 @@ class DecodeBatchCounter:
         """The report's `decode_batches` (sizes as strings: JSON object keys)."""
         weights = self.weights()
         return {
-            "counts": {str(size): total for size, total in sorted(list(self.counts.items()))},
+            "counts": {str(size): total for size, total in sorted(self.counts.copy().items())},
             "weights": {str(size): round(weight, 6) for size, weight in sorted(weights.items())},
             "dropped": self.dropped,
             "half_life_seconds": self.half_life_seconds,
