@@ -332,6 +332,28 @@ def choose_sizes(
     )
 
 
+# -- what the plan passes in ----------------------------------------------------------------------
+
+FLASHCOMM1_ENV: Final = "VLLM_ASCEND_ENABLE_FLASHCOMM1"  # vllm_ascend/envs.py
+
+
+def release_rules(*, query_len: int, full_decode: bool, tensor_parallel: int, env: Mapping[str, str]) -> ReleaseRules:
+    """The engine release's rules for this plan: multiples of 1 + k for FULL decode graphs, and of
+    TP when vllm-ascend's flashcomm1 (VLLM_ASCEND_ENABLE_FLASHCOMM1) splits each batch over TP."""
+    flashcomm1 = env.get(FLASHCOMM1_ENV, "0").strip().lower() in ("1", "true")
+    return ReleaseRules(
+        query_len=query_len if full_decode else 1,
+        multiple_of=tensor_parallel if flashcomm1 and tensor_parallel > 1 else 1,
+    )
+
+
+def capture_seconds(batches: DecodeBatches | None, device_kind: str) -> float:
+    """Seconds one more size takes to capture: measured by the record, else the device's estimate."""
+    if batches is not None and batches.capture_seconds_per_size is not None:
+        return batches.capture_seconds_per_size
+    return CAPTURE_SECONDS_ESTIMATE.get(device_kind, 1.0)
+
+
 # -- the record's section -------------------------------------------------------------------------
 
 

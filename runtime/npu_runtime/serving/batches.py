@@ -34,14 +34,20 @@ def merge_process(counts: dict[int, int], weights: dict[int, float], report: Map
     found = report.get("decode_batches")
     if not isinstance(found, Mapping):
         return
-    for target, values, kind in ((counts, found.get("counts"), int), (weights, found.get("weights"), float)):
-        if not isinstance(values, Mapping):
-            continue
-        for key, value in values.items():
-            if not (isinstance(key, str) and key.isdigit() and isinstance(value, int | float)):
-                continue
-            size = int(key)
-            target[size] = max(target.get(size, 0), kind(value))  # type: ignore[call-overload]
+    for size, count in _entries(found.get("counts")):
+        counts[size] = max(counts.get(size, 0), int(count))
+    for size, weight in _entries(found.get("weights")):
+        weights[size] = max(weights.get(size, 0.0), float(weight))
+
+
+def _entries(values: Any) -> list[tuple[int, float]]:
+    if not isinstance(values, Mapping):
+        return []
+    return [
+        (int(key), value)
+        for key, value in values.items()
+        if isinstance(key, str) and key.isdigit() and isinstance(value, int | float) and not isinstance(value, bool)
+    ]
 
 
 def section(
