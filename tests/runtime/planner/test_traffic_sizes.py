@@ -222,6 +222,7 @@ def test_the_record_section_is_validated() -> None:
     parsed = parse_decode_batches(good)
     assert parsed == DecodeBatches(1, {3: 1.5}, 10, (4, 64), 0.8)
     assert parse_decode_batches(None) is None
+    bad: Any
     for bad in (
         [],
         {**good, "query_len": 0},
