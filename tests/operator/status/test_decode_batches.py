@@ -40,6 +40,7 @@ def test_a_section_is_checked_and_never_raises() -> None:
     good = {"query_len": 1, "steps": 300, "weights": {"20": 2.5, "x": 1, "0": 1, "21": float("inf"), "22": True}}
     parsed = decode_batches.parse_section({**good, "sizes": [64, 1, -3, "8"], "capture_seconds_per_size": 7})
     assert parsed == DecodeBatchesSection(1, 300, {20: 2.5}, (1, 64), 7.0)
+    bad: Any
     for bad in (None, [], {**good, "query_len": 0}, {**good, "steps": "many"}, {**good, "weights": [1]}):
         assert decode_batches.parse_section(bad) is None
 
