@@ -40,8 +40,10 @@ MONITORING_ON = {
     }
 }
 NAMESPACED = {"watch": {"scope": "namespaced", "namespaces": ["llm", "research"]}}
+CLUSTER = {"watch": {"scope": "cluster"}}  # the opt-in: every namespace
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "cluster": CLUSTER,
     "monitoring-on": MONITORING_ON,
     "namespaced": NAMESPACED,
     "namespaced-release-namespace": {"watch": {"scope": "namespaced"}, "rbac": {"namespacedDiscovery": False}},
@@ -103,13 +105,15 @@ def test_every_rendered_object_passes_validation(name: str, tmp_path: Path, peer
 def test_default_values_render_the_operator_and_nothing_that_needs_prometheus(defaults: list[JSON]) -> None:
     kinds = sorted(obj["kind"] for obj in defaults)
     assert kinds == [
-        "ClusterKopfPeering",
-        "ClusterRole",
+        "ClusterRole",  # kopf's read-only discovery
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "CustomResourceDefinition",
         "CustomResourceDefinition",
         "Deployment",
+        "KopfPeering",
+        "Role",
+        "RoleBinding",
         "ServiceAccount",
     ]
     assert not [obj for obj in defaults if obj["apiVersion"].startswith("monitoring.coreos.com")]
@@ -155,7 +159,7 @@ def test_the_operator_accepts_the_settings_the_chart_gives_it(name: str, tmp_pat
     assert config.runtime_image == "ghcr.io/npu-inference/npu-runtime:0.1.0"
     assert config.npu_resource_name == "huawei.com/Ascend910"
     scope = VALUE_SETS[name].get("watch", {})
-    if scope.get("scope") == "namespaced":
+    if scope.get("scope", "namespaced") == "namespaced":  # the default
         assert config.namespaces == tuple(scope.get("namespaces") or [NAMESPACE])
     else:
         assert config.namespaces == ()
@@ -190,7 +194,7 @@ def test_operator_settings_come_from_values(tmp_path: Path) -> None:
     assert config.resync_seconds == 60
     assert config.peering_name == "llm-operators"
     assert container(objects)["image"] == "registry.example.com/npu-operator:1.2.3"
-    assert one(objects, "ClusterKopfPeering")["metadata"]["name"] == "llm-operators"
+    assert one(objects, "KopfPeering")["metadata"]["name"] == "llm-operators"
 
 
 # --- RBAC ----------------------------------------------------------------------------------------
@@ -236,7 +240,28 @@ def grants(role: JSON) -> dict[tuple[str, str], set[str]]:
     return result
 
 
-def test_cluster_scope_grants_exactly_what_is_used(defaults: list[JSON]) -> None:
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection", "escalate", "bind", "impersonate"})
+
+
+def test_the_default_grants_write_rights_only_in_the_namespaces_it_serves(defaults: list[JSON]) -> None:
+    """Issue 33 item 8: by default nothing cluster-wide that a namespaced grant can do. The only
+    ClusterRole reads CRDs and namespace names (kopf's discovery); every write right is in a Role of
+    the release namespace, the one the operator serves (NPU_OPERATOR_NAMESPACES), so a compromised
+    operator can write nothing in kube-system or any other namespace."""
+    for role in by_kind(defaults, "ClusterRole"):
+        assert not any(set(verbs) & WRITE_VERBS for verbs in grants(role).values()), grants(role)
+        assert grants(role) == {
+            ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+            ("", "namespaces"): {"list", "watch"},
+        }
+    (role,) = by_kind(defaults, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert grants(role) == {**NAMESPACED_RULES, ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"}}
+    assert env_of(defaults)["NPU_OPERATOR_NAMESPACES"] == NAMESPACE
+
+
+def test_cluster_scope_grants_exactly_what_is_used(tmp_path: Path) -> None:
+    defaults = render(CLUSTER, tmp_path)
     role = one(defaults, "ClusterRole")
     assert grants(role) == {
         **NAMESPACED_RULES,
@@ -285,7 +310,7 @@ def test_namespaced_scope_without_discovery_has_no_cluster_grant(tmp_path: Path)
     assert [role["metadata"]["namespace"] for role in by_kind(objects, "Role")] == [NAMESPACE]
 
 
-@pytest.mark.parametrize("name", ["defaults", "namespaced"])
+@pytest.mark.parametrize("name", ["defaults", "cluster", "namespaced"])
 def test_every_rbac_rule_says_who_needs_it(name: str, tmp_path: Path) -> None:
     text = template(VALUE_SETS[name], tmp_path, "--show-only", "templates/rbac.yaml")
     lines = text.splitlines()
@@ -311,7 +336,8 @@ def test_no_rbac_when_disabled(tmp_path: Path) -> None:
 # --- peering -------------------------------------------------------------------------------------
 
 
-def test_cluster_peering_object_is_a_hook_named_as_the_operator_expects(defaults: list[JSON]) -> None:
+def test_cluster_peering_object_is_a_hook_named_as_the_operator_expects(tmp_path: Path) -> None:
+    defaults = render(CLUSTER, tmp_path)
     peering = one(defaults, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == env_of(defaults)["NPU_OPERATOR_PEERING_NAME"]
     assert peering["apiVersion"] == "kopf.dev/v1"
@@ -416,7 +442,8 @@ def test_notes_say_how_npuinferences_are_deleted_around_an_uninstall(tmp_path: P
     assert "Uninstalling leaves the NPUInferences serving" in text and "keeps no finalizer" in text
     assert "inference.npu.dev/finalizer" in text and "remove it by hand" in text
     assert "kubectl get npuinf" in text
-    assert "every namespace" in text
+    assert f"It serves NPUInference resources in: {NAMESPACE}." in text
+    assert "every namespace" in notes(CLUSTER, tmp_path)
 
 
 def test_notes_follow_the_values(tmp_path: Path) -> None:
@@ -444,7 +471,9 @@ def test_inference_pod_monitor_selects_the_operators_pods_on_their_ports(tmp_pat
     children = operator_children()
     pod = one(children, "Deployment")["spec"]["template"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
-    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}  # the namespaces served
+    cluster = one(render({**MONITORING_ON, **CLUSTER}, tmp_path), "PodMonitor", "npu-npu-inference-operator-inference")
+    assert cluster["spec"]["namespaceSelector"] == {"any": True}
     ports = {port["name"] for port in pod["spec"]["containers"][0]["ports"]}
     assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"http", "metrics"} == ports
 
