@@ -117,7 +117,7 @@ async def test_a_missing_rule_fails_the_operator_with_the_403_and_restoring_it_h
 
 # What a compromised operator would write to take over a namespace: a workload, a Service in front of
 # another's pods, a ConfigMap another controller reads, an account and the rights to bind it.
-FOREIGN_WRITES = [
+FOREIGN_WRITES: list[tuple[str, str, dict[str, Any]]] = [
     ("v1", "configmaps", {"data": {"k": "v"}}),
     (
         "apps/v1",
