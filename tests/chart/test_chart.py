@@ -7,14 +7,17 @@ import re
 from pathlib import Path
 from typing import Any
 
+import celpy
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
 from npu_operator import topologies
 from npu_operator.api.config import OperatorConfig, load_config
 from npu_operator.api.spec import parse_spec
 from npu_operator.children import kinds as children
 from npu_operator.children import kinds as children_kinds
 from npu_operator.kube import client, names
+from npu_operator.status import calibration
 
 from tests.chart import monitoring
 from tests.chart.helm import (
@@ -276,6 +279,89 @@ def test_cluster_scope_grants_exactly_what_is_used(tmp_path: Path) -> None:
     ]
     assert one(defaults, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
     assert not by_kind(defaults, "Role") and not by_kind(defaults, "RoleBinding")
+
+
+# --- the cluster-wide opt-in's admission policy --------------------------------------------------
+
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:npu-npu-inference-operator"
+
+
+def admitted(policy: JSON, operation: str, namespace: str, new: JSON | None, old: JSON | None, user: str) -> bool:
+    """Whether the ValidatingAdmissionPolicy lets the request through, its CEL evaluated as the API
+    server does (matchConditions first: an unmatched request is not validated; then every validation)."""
+    environment = celpy.Environment()
+    request = {"operation": operation, "namespace": namespace, "userInfo": {"username": user}}
+    variables = {"request": json_to_cel(request), "object": json_to_cel(new), "oldObject": json_to_cel(old)}
+
+    def holds(expression: str) -> bool:
+        return bool(environment.program(environment.compile(expression)).evaluate(variables))
+
+    if not all(holds(condition["expression"]) for condition in policy["spec"]["matchConditions"]):
+        return True
+    return all(holds(validation["expression"]) for validation in policy["spec"]["validations"])
+
+
+def confined_kinds(policy: JSON) -> set[tuple[str, str]]:
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    return {(group, resource) for rule in rules for group in rule["apiGroups"] for resource in rule["resources"]}
+
+
+def test_the_cluster_wide_opt_in_confines_the_operators_writes_to_objects_it_manages(tmp_path: Path) -> None:
+    objects = render(CLUSTER, tmp_path)
+    policy = one(objects, "ValidatingAdmissionPolicy")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    # The kinds a write to which takes over a namespace, all of them writable under the ClusterRole.
+    assert confined_kinds(policy) == {
+        ("", "configmaps"),
+        ("", "services"),
+        ("", "serviceaccounts"),
+        ("apps", "deployments"),
+        ("rbac.authorization.k8s.io", "roles"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+        ("policy", "poddisruptionbudgets"),
+    }
+    assert confined_kinds(policy) <= set(grants(one(objects, "ClusterRole")))
+    ours = {"metadata": {"name": "m", "labels": {"app.kubernetes.io/managed-by": "npu-operator"}}}
+    foreign = {"metadata": {"name": "coredns", "labels": {"k8s-app": "kube-dns"}}}
+    bare: JSON = {"metadata": {"name": "x"}}
+    me = OPERATOR_USER
+    assert admitted(policy, "CREATE", "llm", ours, None, me)
+    assert admitted(policy, "UPDATE", "llm", ours, ours, me)
+    assert admitted(policy, "DELETE", "llm", None, ours, me)
+    assert not admitted(policy, "CREATE", "llm", bare, None, me)
+    assert not admitted(policy, "UPDATE", "llm", ours, foreign, me)  # adopting another's object by labelling it
+    assert not admitted(policy, "UPDATE", "llm", foreign, ours, me)
+    assert not admitted(policy, "DELETE", "llm", None, foreign, me)
+    for namespace in ("kube-system", "kube-public", "kube-node-lease"):
+        assert not admitted(policy, "CREATE", namespace, ours, None, me)  # a forged label does not help there
+        assert not admitted(policy, "UPDATE", namespace, foreign, foreign, me)
+    assert admitted(policy, "UPDATE", "kube-system", foreign, foreign, "system:serviceaccount:kube-system:admin")
+    # The namespaced default needs none: its Roles grant nothing outside the served namespaces.
+    assert not by_kind(render({}, tmp_path), "ValidatingAdmissionPolicy")
+    assert not by_kind(
+        render({**CLUSTER, "rbac": {"confineClusterWrites": {"enabled": False}}}, tmp_path), "ValidatingAdmissionPolicy"
+    )
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+def test_every_object_the_operator_writes_passes_the_cluster_wide_policy(example: str, tmp_path: Path) -> None:
+    """The policy must never refuse the operator's own writes: every child of a confined kind that it
+    builds (the endpoint picker's too) and the calibration record carry its label."""
+    policy = one(render(CLUSTER, tmp_path), "ValidatingAdmissionPolicy")
+    manifest = yaml.safe_load((ROOT / "examples" / example).read_text(encoding="utf-8"))
+    spec = parse_spec(manifest["spec"])
+    built = topologies.build_children("m", "llm", spec, OperatorConfig(), children_kinds.Capabilities.everything())
+    built.append(calibration.configmap("m", "llm", names.labels("m"), {}))
+    plurals = {(kind.resource.group, kind.resource.kind): kind.resource.plural for kind in children.KINDS}
+    confined = confined_kinds(policy)
+    written = [c for c in built if (group := c["apiVersion"].rpartition("/")[0], plurals[group, c["kind"]]) in confined]
+    assert written
+    for child in written:
+        assert admitted(policy, "CREATE", "llm", child, None, OPERATOR_USER), child["metadata"]
+        assert admitted(policy, "UPDATE", "llm", child, child, OPERATOR_USER), child["metadata"]
+        assert admitted(policy, "DELETE", "llm", None, child, OPERATOR_USER), child["metadata"]
 
 
 def test_every_kind_the_operator_touches_has_a_rule() -> None:
