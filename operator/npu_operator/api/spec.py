@@ -239,9 +239,12 @@ class AutoscalingSpec:
 
 @dataclasses.dataclass(frozen=True)
 class GatewayRef:
+    """spec.routing.gateway: the Gateway the HTTPRoute attaches to, and the hosts it answers for."""
+
     name: str
-    namespace: str | None
+    namespace: str | None  # None: the resource's
     section_name: str | None
+    hostnames: tuple[str, ...] = ()  # the HTTPRoute's spec.hostnames (none: every host the listener takes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,8 +417,14 @@ def _routing(value: JSON | None) -> RoutingSpec | None:
     gateway = value.get("gateway")
     return RoutingSpec(
         failure_mode=value["failureMode"],
-        gateway=GatewayRef(gateway["name"], gateway.get("namespace"), gateway.get("sectionName")) if gateway else None,
+        gateway=_gateway(gateway) if gateway else None,
         request_timeout_seconds=value["requestTimeoutSeconds"],
+    )
+
+
+def _gateway(value: JSON) -> GatewayRef:
+    return GatewayRef(
+        value["name"], value.get("namespace"), value.get("sectionName"), tuple(value.get("hostnames", ()))
     )
 
 
