@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 from npu_runtime.contract import PlanError
@@ -122,7 +122,6 @@ class SizeChoice:
     padding_grid: float | None = None
     padding_chosen: float | None = None
     steps: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,7 +131,6 @@ class SizeChoice:
             "expected_padding": None
             if self.padding_chosen is None
             else {"grid": _round(self.padding_grid), "chosen": _round(self.padding_chosen)},
-            **self.extra,
         }
 
 
