@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from npu_runtime.contract import GIB, PlanOptions, format_gib
-from npu_runtime.planner import modes, sizes
+from npu_runtime.planner import modes, sizes, traffic_sizes
 from npu_runtime.planner.activation import activation_bytes, mc2_capacity, moe_comm_mode, sampler_bytes
 from npu_runtime.planner.calibration import Calibration
 from npu_runtime.planner.communication import Communicator, communicators, hccl_buffsize
@@ -25,6 +25,7 @@ from npu_runtime.planner.margin import margin_bytes
 from npu_runtime.planner.model import DTYPE_BYTES, ModelInfo
 from npu_runtime.planner.modes import Downgrade
 from npu_runtime.planner.probe import DeviceInfo
+from npu_runtime.planner.traffic_sizes import SizeChoice
 from npu_runtime.planner.weights import MTP_METHODS, WeightTerms, weight_terms, weights_per_device
 
 __all__ = ["BudgetInputs", "DoesNotFitError", "Fit", "MemoryPlan", "fit_budget", "make_budget"]
@@ -88,6 +89,8 @@ class Fit:
     streams: StreamPlan
     downgrades: tuple[Downgrade, ...]
     warnings: tuple[str, ...]
+    traffic: SizeChoice | None = None
+    """How the sizes were chosen from the recorded decode batches (None: no graphs or an explicit list)."""
 
 
 @dataclass(frozen=True)
@@ -157,10 +160,10 @@ class _GraphChoice:
 def fit_budget(b: _Budget, mode: str, warnings: list[str]) -> Fit:
     """Fit the candidates to the budget: the mode and its cap, the sizes, the KV cache, in that order."""
     choice = _choose_graphs(b, mode)
-    chosen, streams, graph_bytes = _choose_sizes(b, choice, warnings)
+    chosen, streams, graph_bytes, traffic = _choose_sizes(b, choice, warnings)
     kv_cache, tokens = _kv_cache(b, graph_bytes, warnings)
     memory = _memory_plan(b, choice, graph_bytes, kv_cache, tokens, warnings)
-    return Fit(choice.mode, chosen, memory, streams, choice.downgrades, tuple(warnings))
+    return Fit(choice.mode, chosen, memory, streams, choice.downgrades, tuple(warnings), traffic)
 
 
 def make_budget(inputs: BudgetInputs, warnings: list[str]) -> _Budget:
@@ -318,13 +321,19 @@ def _choose_graphs(b: _Budget, mode: str) -> _GraphChoice:
         mode = target
 
 
-def _choose_sizes(b: _Budget, choice: _GraphChoice, warnings: list[str]) -> tuple[tuple[int, ...], StreamPlan, int]:
-    """(sizes, streams with their estimate, graph bytes): the candidates thinned to `choice.keep`.
+def _choose_sizes(
+    b: _Budget, choice: _GraphChoice, warnings: list[str]
+) -> tuple[tuple[int, ...], StreamPlan, int, SizeChoice | None]:
+    """(sizes, streams with their estimate, graph bytes, the traffic choice): the candidates thinned
+    to `choice.keep`, then, with a recorded decode-batch distribution, the sizes that pad it least
+    in at most as many graphs (`_from_traffic`).
 
-    Invariant: the sizes are a subset of the candidates that keeps the largest (sizes.thin), empty
-    only in mode NONE; graph bytes = first + (sizes - 1) x per_size.
+    Invariant: the sizes keep the largest candidate (sizes.thin, traffic_sizes.optimal_sizes) and
+    are never more than `choice.keep`, empty only in mode NONE; graph bytes = first + (sizes - 1) x
+    per_size.
     """
     candidates, streams = b.inputs.candidates, choice.streams
+    traffic: SizeChoice | None = None
     if choice.mode == modes.NONE:
         chosen: tuple[int, ...] = ()
     elif choice.keep < 1:
@@ -339,10 +348,28 @@ def _choose_sizes(b: _Budget, choice: _GraphChoice, warnings: list[str]) -> tupl
         chosen = sizes.thin(candidates, choice.keep)
         if len(chosen) < len(candidates):
             warnings.append(_thinning_message(choice.why, len(candidates), len(chosen), streams, b.inputs.family))
+        if b.inputs.options.capture_sizes is None:  # issue 37: an explicit list is the user's
+            traffic = _from_traffic(b, choice, chosen)
+            chosen = traffic.sizes
     graph_bytes = choice.first + (len(chosen) - 1) * choice.per_size if chosen else 0
     if streams.applies:  # an NPU graph mode: at least one size is chosen
         streams = dataclasses.replace(streams, estimate=streams.fixed + len(chosen) * streams.per_size)
-    return chosen, streams, graph_bytes
+    return chosen, streams, graph_bytes, traffic
+
+
+def _from_traffic(b: _Budget, choice: _GraphChoice, grid: tuple[int, ...]) -> SizeChoice:
+    """The sizes for the recorded decode batches (traffic_sizes.choose_sizes), at most `choice.keep`,
+    under the release's rules; the thinned grid when there is no distribution."""
+    i = b.inputs
+    batches = i.calibrated.decode_batches if i.calibrated else None
+    rules = traffic_sizes.release_rules(
+        query_len=1 + i.options.speculative_tokens,
+        full_decode=modes.decode_mode(choice.mode) == modes.FULL,
+        tensor_parallel=i.options.tensor_parallel,
+        env=i.env,
+    )
+    budget = traffic_sizes.TrafficBudget(choice.keep, traffic_sizes.capture_seconds(batches, i.device.kind))
+    return traffic_sizes.choose_sizes(batches, grid=grid, rules=rules, budget=budget)
 
 
 def _kv_cache(b: _Budget, graph_bytes: int, warnings: list[str]) -> tuple[int, int]:

@@ -98,6 +98,10 @@ class Plan:
     """The --quantization vLLM gets (requested, else detected from the checkpoint)."""
     calibration: dict[str, Any]
     """The calibration key of this plan, whether a record applied, which measured figures it used."""
+    capture_sizes_from: dict[str, Any] | None = None
+    """Issue 37: where the sizes come from (grid, traffic, previous) and the expected padding
+    per decode step with the grid and with them (traffic_sizes.SizeChoice.to_dict); None: no decode
+    batches recorded (or no graphs, or an explicit list): the grid."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,6 +132,8 @@ class Plan:
             "calibration": self.calibration,
             "device": dataclasses.asdict(self.device),
             "model": self.model.summary(),
+            # issue 37: only once decode batches were recorded (plans without traffic stay as they were)
+            **({"capture_sizes_from": self.capture_sizes_from} if self.capture_sizes_from else {}),
         }
 
 
@@ -329,6 +335,7 @@ def _plan(
         layout=inputs.layout,
         quantization=quantization,
         calibration=calibration_report,
+        capture_sizes_from=fit.traffic.to_dict() if fit.traffic is not None and fit.traffic.steps else None,
     )
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from npu_runtime import metrics, reports
-from npu_runtime.serving import measured
+from npu_runtime.serving import batches, measured
 from npu_runtime.serving.failures import Failure
 
 STATES: Final = ("starting", "loading", "capturing", "ready", "failed", "stopping")
@@ -54,6 +54,9 @@ class EngineView:
     replay: dict[tuple[str, int], dict[str, Any]] = dataclasses.field(default_factory=dict)
     eager_fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)
     decode_steps: int = 0
+    # issue 37: decode batch size (tokens) -> exact count / decayed weight (serving/batches.py)
+    decode_batch_counts: dict[int, int] = dataclasses.field(default_factory=dict)
+    decode_batch_weights: dict[int, float] = dataclasses.field(default_factory=dict)
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
     memory: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     processes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -110,6 +113,7 @@ def aggregate(engine_reports: Sequence[Mapping[str, Any]]) -> EngineView:
         for reason, count in (report.get("eager_fallbacks") or {}).items():
             view.eager_fallbacks[reason] = max(view.eager_fallbacks.get(reason, 0), int(count))
         view.decode_steps = max(view.decode_steps, int(report.get("decode_steps") or 0))
+        batches.merge_process(view.decode_batch_counts, view.decode_batch_weights, report)
         for hook, count in (report.get("errors") or {}).items():
             view.errors[hook] = view.errors.get(hook, 0) + int(count)
         memory_report = report.get("memory") or {}
@@ -227,12 +231,22 @@ class RuntimeStatus:
             "failure": failure.to_dict() if failure is not None else None,
             "engine": {"pid": pid, "exit_code": exit_code, "vllm_version": view.vllm_version},
             "memory": memory,
-            "calibration": measured.calibration_section(
-                plan.plan, view.captures, view.memory, failure.to_dict() if failure is not None else None
-            ),
+            "calibration": self._calibration(plan, view, failure),
             "instrumentation_errors": dict(sorted(view.errors.items())),
             "observer": {"processes": view.processes},
         }
+
+    @staticmethod
+    def _calibration(plan: PlanView, view: EngineView, failure: Failure | None) -> dict[str, Any] | None:
+        section = measured.calibration_section(
+            plan.plan, view.captures, view.memory, failure.to_dict() if failure is not None else None
+        )
+        if section is not None:  # issue 37: the decode batches, for the next plan's capture sizes
+            seconds = [float(entry["seconds"]) for entry in view.captures.values() if entry.get("seconds")]
+            section["decode_batches"] = batches.section(
+                plan.plan, view.decode_batch_counts, view.decode_batch_weights, seconds
+            )
+        return section
 
     @staticmethod
     def _memory(plan: PlanView, view: EngineView) -> dict[tuple[str, str], int]:
@@ -276,4 +290,5 @@ class RuntimeStatus:
             eager_fallbacks=dict(view.eager_fallbacks),
             device_memory=self._memory(plan, view),
             instrumentation_errors=dict(view.errors),
+            decode_batches=dict(view.decode_batch_counts),
         )
