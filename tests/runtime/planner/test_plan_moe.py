@@ -122,7 +122,7 @@ def test_too_few_devices_name_the_smallest_layout() -> None:
 
 def test_ep_adds_its_communication_groups_to_margin_and_streams() -> None:
     model = load_model("deepseek-r1-w8a8")
-    common = {"data_parallel": 4, "tensor_parallel": 4, **R1}
+    common = {"data_parallel": 4, "tensor_parallel": 4, "stream_budget": 1800, **R1}
     sliced = make_plan(PlanOptions(**common), A3, model, environ=AIV)
     ep = make_plan(PlanOptions(enable_expert_parallel=True, **common), A3, model, environ=AIV)
     assert ep.memory.margin_bytes - sliced.memory.margin_bytes == 400 * 2**20  # vllm-ascend's MC2 group
