@@ -237,3 +237,90 @@ def copy_model(tmp_path: Path, name: str) -> Path:
     directory = tmp_path / name
     shutil.copytree(FIXTURES / name, directory)
     return directory
+
+
+# -- the engine's accounting on dense models, flashcomm1 and fused MC2 ------------------------------
+
+
+def qwen3_32b_plan(**changes: Any) -> Plan:
+    options = PlanOptions(tensor_parallel=4, max_num_seqs=64, **changes)
+    return make_plan(options, A2, load_model("qwen3-32b"), environ=AIV)
+
+
+@pytest.mark.parametrize("flashcomm1", [False, True])
+def test_dense_activation_is_the_larger_phase_or_the_logits(flashcomm1: bool) -> None:
+    # vllm-ascend NPUWorker.determine_available_memory reads the torch peak of the profile run: one
+    # layer's MLP phase (the larger here), beside the residual stream, which flashcomm1 splits over
+    # TP; the logits phase (NPUModelRunner._dummy_sampler_run) computes logits only, no sampler.
+    c = config("qwen3-32b")
+    h, inter, tp, tokens, seqs = c["hidden_size"], c["intermediate_size"], 4, 2048, 64
+    heads, kv, hd = c["num_attention_heads"] // tp, c["num_key_value_heads"] // tp, c["head_dim"]
+    residual = tokens // tp if flashcomm1 else tokens
+    attention_phase = tokens * (2 * h + heads * hd + 2 * kv * hd + heads * hd)
+    mlp_phase = 2 * tokens * h + tokens * 3 * inter // tp
+    forward = BF16 * (residual * h + max(attention_phase, mlp_phase))
+    logits = BF16 * (tokens * h + seqs * (math.ceil(c["vocab_size"] / tp) + c["vocab_size"]))
+    memory = qwen3_32b_plan(flashcomm1=flashcomm1).memory
+    assert memory.activation_bytes == max(forward, logits) == forward
+
+
+def test_dense_margin_is_the_tp_communicator_and_the_safety_term() -> None:
+    # No ACL context (created before the worker's memory snapshot), no 150 MiB (only in the
+    # --kv-cache-memory suggestion): 2 x 200 MB for the tp group and our 128 MiB.
+    memory = qwen3_32b_plan().memory
+    assert [(c.group, c.ranks) for c in memory.communicators] == [("tp", 4)]
+    assert memory.margin_bytes == 2 * 200 * MIB + 128 * MIB
+
+
+def test_fused_mc2_never_creates_the_ep_communicator() -> None:
+    # enable_fused_mc2 = 1 with EP 16 <= 32: FUSED_MC2 for the profile run and for decode
+    # (_select_a3_moe_comm_method); the ep group (shared with world) then runs no collective, and
+    # HCCL creates communicators lazily, so only mc2 holds buffers.
+    common: dict[str, Any] = {
+        "tensor_parallel": 4,
+        "data_parallel": 4,
+        "enable_expert_parallel": True,
+        "quantization": "ascend",
+        "max_num_seqs": 64,
+        "max_model_len": 32768,
+        "max_num_batched_tokens": 8192,
+    }
+    model = load_model("qwen3-235b-a22b-w8a8")
+    fused = make_plan(PlanOptions(**common, fused_mc2=1), A3, model, environ=AIV).memory
+    plain = make_plan(PlanOptions(**common), A3, model, environ=AIV).memory
+    assert fused.moe_dispatch == {"profile": "FUSED_MC2", "decode": "FUSED_MC2"}
+    assert [c.group for c in fused.communicators] == ["tp", "dp", "mc2"]
+    assert plain.moe_dispatch == {"profile": "ALLTOALL", "decode": "MC2"}
+    assert [c.group for c in plain.communicators] == ["tp", "dp", "ep", "mc2"]
+    assert plain.margin_bytes - fused.margin_bytes == 2 * 200 * MIB
+
+
+def test_the_worked_example_in_docs_planner_md() -> None:
+    # docs/planner.md "Worked example": Llama-3.1-8B, one 32 GiB 910B4, max_num_seqs 100, 4096 tokens.
+    c = config("llama-3.1-8b")
+    h, inter, vocab, t = c["hidden_size"], c["intermediate_size"], c["vocab_size"], 2048
+    total = 32 * GIB
+    budget = math.floor(total * 0.9)
+    weights = 16_060_522_496  # the index's total_size
+    mlp_phase = t * h + 2 * t * h + t * 3 * inter  # residual + MLP input and output + gate/up/act
+    activation = BF16 * mlp_phase
+    assert activation > BF16 * (t * h + 100 * 2 * vocab)  # the logits phase is smaller
+    margin = 128 * MIB
+    first = BF16 * 100 * (3 * h + 3 * inter) + 64 * MIB
+    graphs = first + 15 * MIB  # 16 sizes: 1, 2, 4, 8, ..., 96, 100
+    kv = budget - weights - activation - margin - graphs
+    per_token = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * (h // c["num_attention_heads"]) * BF16
+    device = DeviceInfo("npu", "Ascend910B4", 8, total, None, "override")
+    plan = make_plan(PlanOptions(max_num_seqs=100, max_model_len=4096), device, load_model("llama-3.1-8b"), environ=AIV)
+    m = plan.memory
+    assert (m.budget_bytes, m.weights_bytes, m.activation_bytes, m.margin_bytes) == (
+        30_923_764_531,
+        weights,
+        activation,
+        margin,
+    )
+    assert (m.activation_bytes, m.graph_first_capture_bytes, m.graph_bytes) == (226_492_416, 78_168_064, 93_896_704)
+    assert first == m.graph_first_capture_bytes and graphs == m.graph_bytes
+    assert m.kv_cache_bytes == kv == 14_408_635_187
+    assert (m.kv_bytes_per_token, m.kv_cache_tokens) == (per_token, kv // per_token) == (131_072, 109_929)
+    assert m.engine_gpu_memory_utilization == 0.8972
