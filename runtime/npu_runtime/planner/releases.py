@@ -47,6 +47,7 @@ __all__ = [
     "ReleaseRules",
     "engine_capture_sizes",
     "grid",
+    "release_of",
     "select",
 ]
 
@@ -78,10 +79,11 @@ def _sources(ascend: str, vllm: str) -> dict[str, str]:
         f" + vLLM {vllm} vllm/config/vllm.py VllmConfig._set_cudagraph_sizes",
         "grid": f"vLLM {vllm} vllm/config/vllm.py VllmConfig._set_cudagraph_sizes",
         "flashcomm1": f"vllm-ascend {ascend} vllm_ascend/platform.py NPUPlatform.check_and_update_config"
-        f" -> vLLM {vllm} VllmConfig.update_sizes_for_sequence_parallelism",
+        f" -> vLLM {vllm} vllm/config/vllm.py VllmConfig.update_sizes_for_sequence_parallelism",
         "spec-decode": f"vLLM {vllm} vllm/config/compilation.py "
         "CompilationConfig.adjust_cudagraph_sizes_for_spec_decode"
-        f" (vllm-ascend {ascend} NPUModelRunner._check_and_update_cudagraph_mode, update_pass_config)",
+        f" (vllm-ascend {ascend} vllm_ascend/worker/model_runner_v1.py NPUModelRunner._check_and_update_cudagraph_mode"
+        ", update_pass_config)",
         "decode-range": f"vLLM {vllm} vllm/v1/cudagraph_dispatcher.py CudagraphDispatcher.initialize_cudagraph_keys",
         "streams": f"vllm-ascend {ascend}: no update_aclgraph_sizes (removed before v0.21.0rc1, #9962)",
     }
@@ -114,6 +116,12 @@ RULES: Final[Mapping[str, ReleaseRules]] = {
     ),
 }
 DEFAULT_RELEASE: Final = "0.23.0"  # the images' default until a final release after it exists
+
+
+def release_of(versions: Mapping[str, str]) -> ReleaseRules | None:
+    """The row for an engine release of the compatibility matrix (its distributions' versions);
+    None for a release without vllm-ascend (the CPU build)."""
+    return RULES.get(versions.get("vllm-ascend", ""))
 
 
 def select(requested: str | None, installed: str | None = None) -> ReleaseRules:
