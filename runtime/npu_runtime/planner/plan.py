@@ -629,15 +629,22 @@ def largest_decode_batch(options: PlanOptions) -> int:
 
     It depends on the spec alone, never on the device or the model: every plan keeps its ceiling
     when it thins the candidates (`sizes.thin` keeps the largest size, `_choose_sizes`), and a
-    decode step of n requests is a batch of n x (1 + speculative tokens) tokens. 0 for graph mode
-    NONE. A planner downgrade on the device (to NONE, or a capture that failed) is the pods' to
-    report (status.graph). Raises PlanError for options make_plan would refuse the same way.
+    decode step of n requests is a batch of n x (1 + speculative tokens) tokens. What the engine
+    release keeps of the candidates (`_engine_kept`: flashcomm1 given in the options) is applied
+    as make_plan applies it. 0 for graph mode NONE. A planner downgrade on the device (to NONE, or
+    a capture that failed) is the pods' to report (status.graph). Raises PlanError for options
+    make_plan would refuse the same way.
     """
     if options.graph_mode == modes.NONE or options.enforce_eager:
         return 0
     q = 1 + options.speculative_tokens
-    ceiling, _ = _candidate_sizes(options, options.graph_mode, q, [])
-    return min(ceiling // q, options.max_num_seqs)
+    flashcomm1 = bool(options.flashcomm1)
+    ceiling, candidates = _candidate_sizes(options, options.graph_mode, q, [], flashcomm1)
+    rules = releases.select(options.engine_release)
+    kept = _engine_kept(
+        rules, options, options.graph_mode, candidates, _batched_tokens(options, ceiling), flashcomm1, []
+    )
+    return min(max(kept) // q, options.max_num_seqs)
 
 
 def _candidate_sizes(
