@@ -656,7 +656,8 @@ def _candidate_sizes(
     them too: the off-grid ceiling max_num_seqs x (1 + k) (vllm-ascend's default leaves it out,
     #16049); under flashcomm1 with TP > 1 and a mixed graph mode, the ceiling rounded up to a
     multiple of TP, since the engine keeps only multiples of TP (FULL_DECODE_ONLY keeps no size
-    above max_num_seqs x (1 + k), so there the largest batches run eagerly instead).
+    above max_num_seqs x (1 + k): there the largest multiple below it, and the batches above it
+    run eagerly).
     """
     full_decode = modes.decode_mode(mode) == modes.FULL
     decode_ceiling = options.max_num_seqs * q
@@ -686,7 +687,14 @@ def _candidate_sizes(
         warnings.append(
             f"max capture size {ceiling} is below max_num_seqs x (1 + speculative tokens) = {options.max_num_seqs * q}"
         )
-    return ceiling, sizes.covering_sizes(options.max_num_seqs, q, ceiling)
+    covering = sizes.covering_sizes(options.max_num_seqs, q, ceiling)
+    if flashcomm1 and tp > 1 and mode == modes.FULL_DECODE_ONLY:
+        # The engine keeps no size above max_num_seqs x (1 + k) here: the largest multiple it keeps
+        # below the ceiling covers the most batches a graph can.
+        multiple = max(q, tp) if full_decode else tp
+        below = ceiling // multiple * multiple
+        covering = tuple(sorted({*covering, below})) if below else covering
+    return ceiling, covering
 
 
 def _batched_tokens(options: PlanOptions, ceiling: int) -> int:

@@ -69,6 +69,17 @@ DEPLOYMENTS: dict[str, tuple[str, DeviceInfo, dict[str, Any], list[int], list[in
         [4, *EIGHTS_TO_64],
         [4, *EIGHTS_TO_64],
     ),
+    # The same off-grid 30 in FULL_DECODE_ONLY: D keeps nothing above 30, so the plan adds 28, the
+    # largest multiple of 4 within it: candidates 1, 2, 4, 8, 16, 24, 28, 30; F keeps 4, 8, 16, 24,
+    # 28; D keeps them (1 <= s <= 30). Batches of 29 and 30 run eagerly, as the plan warns.
+    # Default: P 30; S 1, 2, 4, 8, 16, 24; F 4, 8, 16, 24.
+    "qwen3-32b/tp4-flashcomm1-30-seqs": (
+        "qwen3-32b",
+        A2,
+        {"tensor_parallel": 4, "max_num_seqs": 30, "flashcomm1": True},
+        [4, 8, 16, 24, 28],
+        [4, 8, 16, 24],
+    ),
     # An off-grid max_num_seqs 30 under flashcomm1, FULL_AND_PIECEWISE. Default: P 30; S 1, 2, 4, 8,
     # 16, 24; F 4, 8, 16, 24: batches of 25..30 have no graph. Plan: our ceiling 30 rounded up to a
     # multiple of TP, 32, plus the grid in requests 1, 2, 4, 8, 16, 24, 30; F keeps 4, 8, 16, 24, 32

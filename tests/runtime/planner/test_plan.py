@@ -387,6 +387,20 @@ class TestServePlan:
             TestServePlan.serve_plan(model, **options)
         return caught.value
 
+    def test_flashcomm1_and_fused_mc2_come_from_the_additional_config(self) -> None:
+        # vllm_ascend/ascend_config.py _get_config_value: the additional config first, then the environment.
+        options = PlanOptions(tensor_parallel=4, max_num_seqs=64, **self.NPU_OVERRIDES)
+        config = '{"enable_flashcomm1": true, "enable_fused_mc2": 1}'
+        served = make_serve_plan(
+            ServeOptions(model=str(FIXTURES / "qwen3-32b"), plan=options, additional_config=config), environ={}
+        )
+        assert served.flashcomm1 and served.capture_sizes[:2] == (4, 8)
+        off = make_serve_plan(
+            ServeOptions(model=str(FIXTURES / "qwen3-32b"), plan=options, additional_config='{"enable_flashcomm1": 0}'),
+            environ={"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"},
+        )
+        assert not off.flashcomm1 and off.capture_sizes[:2] == (1, 2)
+
     def test_a_device_kind_this_machine_lacks_is_invalid_configuration(self) -> None:
         other = next(kind for kind in ("npu", "cuda", "cpu") if kind != probe_device().kind)
         error = self.serve_error(FIXTURES / "qwen2.5-7b", device_kind=other)  # no --device-memory
