@@ -8,6 +8,7 @@ KV heads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -324,3 +325,25 @@ def test_the_worked_example_in_docs_planner_md() -> None:
     assert m.kv_cache_bytes == kv == 14_408_635_187
     assert (m.kv_bytes_per_token, m.kv_cache_tokens) == (per_token, kv // per_token) == (131_072, 109_929)
     assert m.engine_gpu_memory_utilization == 0.8972
+
+
+def test_w8a8_per_channel_parameters_and_their_fp32_copies() -> None:
+    # ModelSlim W8A8_DYNAMIC (w8a8_dynamic.py): weight_scale + weight_offset in bf16 and a
+    # weight_scale_fp32 copy, 8 bytes per output channel, for every quantized linear layer and for
+    # the experts' w13 (2 x moe_intermediate) and w2 (hidden) on this rank.
+    c = config("qwen3-235b-a22b-w8a8")
+    tp, layers, h, hd = 4, c["num_hidden_layers"], c["hidden_size"], c["head_dim"]
+    attention = (c["num_attention_heads"] // tp + 2 * max(1, c["num_key_value_heads"] // tp)) * hd + h
+    experts = c["num_experts"] // 16 * (2 * c["moe_intermediate_size"] + h)  # EP 16: 8 experts per rank
+    options = PlanOptions(
+        tensor_parallel=tp,
+        data_parallel=4,
+        enable_expert_parallel=True,
+        quantization="ascend",
+        max_num_seqs=64,
+        max_model_len=32768,
+    )
+    terms = make_plan(options, A3, load_model("qwen3-235b-a22b-w8a8"), environ=AIV).memory.weight_terms
+    assert terms.quant_params == layers * (attention + experts) * 8 == 47_935_488
+    bf16 = make_plan(dataclasses.replace(options, quantization=None), A3, load_model("qwen3-235b-a22b"), environ=AIV)
+    assert bf16.memory.weight_terms.quant_params == 0
