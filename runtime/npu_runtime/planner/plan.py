@@ -2,8 +2,9 @@
 
 `make_plan(options, device, model)` is pure (no I/O, no clock): it resolves the graph mode
 (`modes.RULES`), lists the capture sizes that cover every decode batch up to max_num_seqs
-(`sizes.covering_sizes`), fits them to device memory and, on NPUs, to the ACL graph stream
-budget (`fit`), and returns the vLLM arguments that carry the decision. `plan_for(options, path)`
+(`sizes.covering_sizes`) and keeps those the engine release captures (`releases`), fits them to
+device memory and to a stream cap where one is set (`fit`), and returns the vLLM arguments that
+carry the decision. `plan_for(options, path)`
 adds the probe and the model inspection.
 
 Memory model, per device (all figures in bytes; see docs/planner.md). Each term is its own module
