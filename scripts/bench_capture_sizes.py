@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "runtime"))
 from npu_runtime.contract import PlanOptions  # noqa: E402
 from npu_runtime.planner import sizes, traffic_sizes  # noqa: E402
 from npu_runtime.planner.plan import plan_for  # noqa: E402
-from npu_runtime.planner.traffic_sizes import DecodeBatches, ReleaseRules, TrafficBudget  # noqa: E402
+from npu_runtime.planner.traffic_sizes import DecodeBatches, SizeRules, TrafficBudget  # noqa: E402
 
 MODEL = ROOT / "tests" / "runtime" / "fixtures" / "models" / "qwen2.5-7b"
 PROMPT_MEDIAN, OUTPUT_MEDIAN, SIGMA = 220, 180, 1.0
@@ -119,7 +119,7 @@ def rows(recorded: Counter[int], held_out: Counter[int], max_num_seqs: int) -> l
     grid = sizes.covering_sizes(max_num_seqs, 1, max_num_seqs)
     weights = {b: float(c) for b, c in held_out.items()}
     batches = DecodeBatches(1, {b: float(c) for b, c in recorded.items()}, sum(recorded.values()))
-    rules = ReleaseRules()
+    rules = SizeRules()
     out = [Row("grid", grid, traffic_sizes.expected_padding(grid, weights), traffic_sizes.padded_share(grid, weights))]
     for name, budget in (
         ("traffic, same count", TrafficBudget(len(grid), 0.0)),

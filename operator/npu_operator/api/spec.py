@@ -483,4 +483,17 @@ def plan_options(spec: NPUInferenceSpec) -> PlanOptions:
         enable_expert_parallel=spec.parallelism.expert,
         nodes=spec.npu.nodes,
         quantization=spec.engine.quantization,
+        flashcomm1=_flashcomm1(spec.engine),
     )
+
+
+def _flashcomm1(engine: EngineSpec) -> bool | None:
+    """vllm-ascend's flashcomm1 as the engine will read it (vllm_ascend/ascend_config.py: the
+    additional config's enable_flashcomm1, else VLLM_ASCEND_ENABLE_FLASHCOMM1); None: not set."""
+    config = engine.additional_config
+    if isinstance(config, Mapping) and "enable_flashcomm1" in config:
+        return bool(config["enable_flashcomm1"])
+    for variable in engine.env:
+        if variable.get("name") == "VLLM_ASCEND_ENABLE_FLASHCOMM1" and isinstance(variable.get("value"), str):
+            return variable["value"].strip() not in ("", "0")
+    return None

@@ -10,7 +10,7 @@ planner picks the sizes that minimise the expected padded tokens per decode step
 plus a per-size term (each size costs capture seconds at startup, `TrafficBudget.per_size_cost`),
 under the graph budget the fit allows (`max_sizes`: memory, streams, device caps; never more than
 the grid would capture). The ceiling (the largest decode batch) is always captured, so no decode
-step runs eagerly, and every size respects the engine release's rules (`ReleaseRules`: a multiple
+step runs eagerly, and every size respects the engine release's rules (`SizeRules`: a multiple
 of 1 + speculative tokens, and of TP where flashcomm1 needs it).
 
 Exact: only the smallest allowed size at or above each recorded batch can be worth capturing (a
@@ -42,8 +42,8 @@ __all__ = [
     "MAX_RECORD_SIZES",
     "MIN_DECODE_STEPS",
     "DecodeBatches",
-    "ReleaseRules",
     "SizeChoice",
+    "SizeRules",
     "TrafficBudget",
     "candidate_sizes",
     "choose_sizes",
@@ -83,7 +83,7 @@ class DecodeBatches:
 
 
 @dataclass(frozen=True)
-class ReleaseRules:
+class SizeRules:
     """What the engine release requires of a capture-size list, passed in by the plan."""
 
     query_len: int = 1
@@ -170,7 +170,7 @@ def padded_share(sizes: Sequence[int], weights: Mapping[int, float], above: floa
     return share / total
 
 
-def candidate_sizes(ceiling: int, rules: ReleaseRules) -> tuple[int, ...]:
+def candidate_sizes(ceiling: int, rules: SizeRules) -> tuple[int, ...]:
     """Every size the release allows up to `ceiling`: multiples of `rules.step`, and the ceiling."""
     step = rules.step
     return tuple(sorted({*range(step, ceiling + 1, step), ceiling})) if ceiling >= 1 else ()
@@ -271,7 +271,7 @@ def choose_sizes(
     batches: DecodeBatches | None,
     *,
     grid: Sequence[int],
-    rules: ReleaseRules,
+    rules: SizeRules,
     budget: TrafficBudget,
     min_steps: int = MIN_DECODE_STEPS,
 ) -> SizeChoice:
@@ -332,14 +332,12 @@ def choose_sizes(
 
 # -- what the plan passes in ----------------------------------------------------------------------
 
-FLASHCOMM1_ENV: Final = "VLLM_ASCEND_ENABLE_FLASHCOMM1"  # vllm_ascend/envs.py
 
-
-def release_rules(*, query_len: int, full_decode: bool, tensor_parallel: int, env: Mapping[str, str]) -> ReleaseRules:
-    """The engine release's rules for this plan: multiples of 1 + k for FULL decode graphs, and of
-    TP when vllm-ascend's flashcomm1 (VLLM_ASCEND_ENABLE_FLASHCOMM1) splits each batch over TP."""
-    flashcomm1 = env.get(FLASHCOMM1_ENV, "0").strip().lower() in ("1", "true")
-    return ReleaseRules(
+def size_rules(*, query_len: int, full_decode: bool, tensor_parallel: int, flashcomm1: bool) -> SizeRules:
+    """The engine release's rules for this plan's sizes: multiples of 1 + k for FULL decode graphs,
+    and of TP when vllm-ascend's flashcomm1 splits each batch over TP (the plan's own flashcomm1
+    decision, `plan._flashcomm1`)."""
+    return SizeRules(
         query_len=query_len if full_decode else 1,
         multiple_of=tensor_parallel if flashcomm1 and tensor_parallel > 1 else 1,
     )

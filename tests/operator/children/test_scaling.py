@@ -346,6 +346,21 @@ def test_explicit_capture_sizes_lower_the_target() -> None:
     assert "largest captured decode batch (16 requests per DP rank)" in target.reason
 
 
+def test_flashcomm1_in_the_additional_config_lowers_the_target_as_the_engine_drops_sizes() -> None:
+    # FULL_DECODE_ONLY under flashcomm1 keeps only multiples of TP (update_sizes_for_sequence_parallelism)
+    # and nothing above max_num_seqs (initialize_cudagraph_keys): with max_num_seqs 30 and TP 4 the
+    # plan adds 28, the largest multiple of 4 the engine keeps; batches of 29 and 30 run eagerly.
+    manifest = autoscaled(QWEN)
+    manifest["spec"]["engine"]["maxNumSeqs"] = 30
+    manifest["spec"]["parallelism"] = {"tensor": 4}
+    manifest["spec"]["npu"]["count"] = 4
+    manifest["spec"]["engine"]["additionalConfig"] = {"enable_flashcomm1": True}
+    spec = parse_spec(manifest["spec"])
+    options = api_spec.plan_options(spec)
+    assert options.flashcomm1 is True
+    assert scaling.capacity(spec, options).largest_batch == 28
+
+
 def test_the_status_shows_the_target_and_why() -> None:
     spec = parse_spec(example(QWEN)["spec"])
     status = compute_status("qwen25-7b", "llm", 1, spec, Observed(startup_seconds=420), {}, "2026-01-01T00:00:00Z")

@@ -16,7 +16,7 @@ from npu_runtime.planner import sizes
 from npu_runtime.planner.plan import plan_for
 from npu_runtime.planner.traffic_sizes import (
     DecodeBatches,
-    ReleaseRules,
+    SizeRules,
     TrafficBudget,
     candidate_sizes,
     choose_sizes,
@@ -24,7 +24,7 @@ from npu_runtime.planner.traffic_sizes import (
     optimal_sizes,
     padded_share,
     parse_decode_batches,
-    release_rules,
+    size_rules,
     tokens_for,
 )
 
@@ -69,9 +69,9 @@ def test_expected_padding_by_hand() -> None:
 def test_the_optimum_of_a_hand_checked_distribution() -> None:
     # Batches sit between 17 and 23, ceiling 32: with two sizes, 23 and 32 pad nothing below 23.
     weights = {17: 1.0, 19: 2.0, 21: 3.0, 23: 4.0}
-    assert optimal_sizes(weights, candidate_sizes(32, ReleaseRules()), 2) == (23, 32)
+    assert optimal_sizes(weights, candidate_sizes(32, SizeRules()), 2) == (23, 32)
     # Three sizes: 19 and 23 (padding (17->19) 2 x 0.1 + (21->23) 2 x 0.3 = 0.8) beats every other pair.
-    chosen = optimal_sizes(weights, candidate_sizes(32, ReleaseRules()), 3)
+    chosen = optimal_sizes(weights, candidate_sizes(32, SizeRules()), 3)
     assert chosen == (19, 23, 32)
     assert expected_padding(chosen, weights) == pytest.approx(0.8)
     # The grid's 24 pads every one of those steps: (7 x 1 + 5 x 2 + 3 x 3 + 1 x 4) / 10 = 3 tokens.
@@ -84,7 +84,7 @@ def test_the_dp_equals_brute_force_on_small_distributions() -> None:
         ceiling = rng.randint(1, 13)
         support = rng.sample(range(1, ceiling + 1), rng.randint(1, ceiling))
         weights = {batch: rng.choice([0.01, 0.5, 1.0, 7.0]) * rng.random() + 1e-3 for batch in support}
-        rules = ReleaseRules(query_len=rng.choice([1, 1, 2]), multiple_of=rng.choice([1, 1, 2, 3]))
+        rules = SizeRules(query_len=rng.choice([1, 1, 2]), multiple_of=rng.choice([1, 1, 2, 3]))
         candidates = candidate_sizes(ceiling, rules)
         max_sizes = rng.randint(1, 6)
         cost = rng.choice([0.0, 0.0, 0.05, 0.5])
@@ -97,7 +97,7 @@ def test_the_dp_equals_brute_force_on_small_distributions() -> None:
 
 def test_a_per_size_cost_drops_sizes_that_save_too_little() -> None:
     weights = {8: 100.0, 12: 1.0}  # 12 is rare: padding it to 16 costs 4 x 1/101 tokens per step
-    candidates = candidate_sizes(16, ReleaseRules())
+    candidates = candidate_sizes(16, SizeRules())
     assert optimal_sizes(weights, candidates, 3, per_size_cost=0.0) == (8, 12, 16)
     assert optimal_sizes(weights, candidates, 3, per_size_cost=0.1) == (8, 16)
 
@@ -108,13 +108,13 @@ def test_a_per_size_cost_drops_sizes_that_save_too_little() -> None:
 def test_the_ceiling_is_always_kept() -> None:
     # Every batch is tiny: still the ceiling (no eager decode step), even with one size allowed.
     weights = {1: 10.0, 2: 5.0}
-    assert optimal_sizes(weights, candidate_sizes(256, ReleaseRules()), 1) == (256,)
-    assert optimal_sizes(weights, candidate_sizes(256, ReleaseRules()), 4)[-1] == 256
-    assert optimal_sizes({}, candidate_sizes(256, ReleaseRules()), 4) == (256,)
+    assert optimal_sizes(weights, candidate_sizes(256, SizeRules()), 1) == (256,)
+    assert optimal_sizes(weights, candidate_sizes(256, SizeRules()), 4)[-1] == 256
+    assert optimal_sizes({}, candidate_sizes(256, SizeRules()), 4) == (256,)
 
 
 def test_sizes_are_multiples_of_the_speculative_query_len_and_of_tp_under_flashcomm1() -> None:
-    rules = release_rules(query_len=2, full_decode=True, tensor_parallel=4, env={"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"})
+    rules = size_rules(query_len=2, full_decode=True, tensor_parallel=4, flashcomm1=True)
     assert (rules.query_len, rules.multiple_of, rules.step) == (2, 4, 4)
     weights = {2 * n: 1.0 for n in (3, 5, 9, 11)}  # 6, 10, 18, 22 tokens
     chosen = optimal_sizes(weights, candidate_sizes(64, rules), 4)
@@ -122,8 +122,8 @@ def test_sizes_are_multiples_of_the_speculative_query_len_and_of_tp_under_flashc
     value, _ = brute_force(weights, candidate_sizes(64, rules), 4, 0.0)
     assert expected_padding(chosen, weights) == pytest.approx(value)
     # Without flashcomm1 the TP rule does not apply; without FULL decode nor does 1 + k.
-    assert release_rules(query_len=2, full_decode=True, tensor_parallel=4, env={}).step == 2
-    assert release_rules(query_len=2, full_decode=False, tensor_parallel=1, env={}).step == 1
+    assert size_rules(query_len=2, full_decode=True, tensor_parallel=4, flashcomm1=False).step == 2
+    assert size_rules(query_len=2, full_decode=False, tensor_parallel=1, flashcomm1=False).step == 1
 
 
 def test_a_distribution_recorded_with_another_speculative_setting_is_converted_through_requests() -> None:
@@ -140,9 +140,9 @@ GRID = tuple(sizes.covering_sizes(64, 1, 64))  # 1, 2, 4, 8, 16, ..., 64: 11 siz
 
 def test_without_a_distribution_or_with_too_few_steps_the_grid_stays() -> None:
     budget = TrafficBudget(len(GRID))
-    assert choose_sizes(None, grid=GRID, rules=ReleaseRules(), budget=budget).sizes == GRID
+    assert choose_sizes(None, grid=GRID, rules=SizeRules(), budget=budget).sizes == GRID
     few = DecodeBatches(1, {20: 5.0}, steps=12)
-    choice = choose_sizes(few, grid=GRID, rules=ReleaseRules(), budget=budget)
+    choice = choose_sizes(few, grid=GRID, rules=SizeRules(), budget=budget)
     assert (choice.sizes, choice.source) == (GRID, "grid")
     assert "12 decode steps" in choice.reason
 
@@ -150,7 +150,7 @@ def test_without_a_distribution_or_with_too_few_steps_the_grid_stays() -> None:
 def test_traffic_sizes_pad_less_than_the_grid_with_no_more_graphs() -> None:
     weights = dict.fromkeys(range(17, 24), 1.0) | dict.fromkeys(range(30, 41), 0.2)
     batches = DecodeBatches(1, weights, steps=5000)
-    choice = choose_sizes(batches, grid=GRID, rules=ReleaseRules(), budget=TrafficBudget(len(GRID), 0.0))
+    choice = choose_sizes(batches, grid=GRID, rules=SizeRules(), budget=TrafficBudget(len(GRID), 0.0))
     assert choice.source == "traffic"
     assert len(choice.sizes) <= len(GRID) and choice.sizes[-1] == 64
     assert choice.padding_grid is not None and choice.padding_chosen is not None
@@ -165,7 +165,7 @@ def test_stable_under_noise_the_previous_sizes_are_kept() -> None:
     rng = random.Random(5)
     base = {b: 1.0 + (b % 5) for b in range(9, 49)}
     first = choose_sizes(
-        DecodeBatches(1, base, steps=10_000), grid=GRID, rules=ReleaseRules(), budget=TrafficBudget(6, 0.0)
+        DecodeBatches(1, base, steps=10_000), grid=GRID, rules=SizeRules(), budget=TrafficBudget(6, 0.0)
     )
     assert first.source == "traffic"
     reshuffled = 0
@@ -173,14 +173,14 @@ def test_stable_under_noise_the_previous_sizes_are_kept() -> None:
         noisy = {b: w * rng.uniform(0.9, 1.1) for b, w in base.items()}
         # Without the previous sizes the optimum may move with the noise...
         fresh = choose_sizes(
-            DecodeBatches(1, noisy, steps=10_000), grid=GRID, rules=ReleaseRules(), budget=TrafficBudget(6, 0.0)
+            DecodeBatches(1, noisy, steps=10_000), grid=GRID, rules=SizeRules(), budget=TrafficBudget(6, 0.0)
         )
         reshuffled += fresh.sizes != first.sizes
         # ... with them (what the engine ran with, in the record), the sizes stay.
         kept = choose_sizes(
             DecodeBatches(1, noisy, steps=10_000, sizes=first.sizes),
             grid=GRID,
-            rules=ReleaseRules(),
+            rules=SizeRules(),
             budget=TrafficBudget(6, 0.0),
         )
         assert kept.sizes == first.sizes
@@ -192,13 +192,13 @@ def test_a_real_shift_in_traffic_replaces_the_previous_sizes() -> None:
     before = choose_sizes(
         DecodeBatches(1, dict.fromkeys(range(5, 12), 1.0), steps=5000),
         grid=GRID,
-        rules=ReleaseRules(),
+        rules=SizeRules(),
         budget=TrafficBudget(4, 0.0),
     )
     after = choose_sizes(
         DecodeBatches(1, dict.fromkeys(range(40, 50), 1.0), steps=5000, sizes=before.sizes),
         grid=GRID,
-        rules=ReleaseRules(),
+        rules=SizeRules(),
         budget=TrafficBudget(4, 0.0),
     )
     assert after.source == "traffic" and after.sizes != before.sizes
@@ -207,7 +207,7 @@ def test_a_real_shift_in_traffic_replaces_the_previous_sizes() -> None:
 def test_previous_sizes_that_break_the_budget_or_the_rules_are_not_kept() -> None:
     weights = dict.fromkeys(range(20, 30), 1.0)
     # The previous list has 5 sizes but the budget now allows 3; and one not a multiple of 2.
-    for previous, rules in (((22, 24, 26, 28, 64), ReleaseRules()), ((21, 64), ReleaseRules(query_len=2))):
+    for previous, rules in (((22, 24, 26, 28, 64), SizeRules()), ((21, 64), SizeRules(query_len=2))):
         choice = choose_sizes(
             DecodeBatches(1, weights, steps=5000, sizes=previous), grid=GRID, rules=rules, budget=TrafficBudget(3)
         )
