@@ -323,6 +323,18 @@ def _volume_mounts(spec: NPUInferenceSpec) -> list[JSON]:
     return mounts
 
 
+def without_calibration_record(pod_spec: JSON) -> None:
+    """Takes the calibration record out of a pod spec built by `pod_template`: its volume, its mount
+    and the `--calibration` flag (a P/D resource's record is the decode role's; prefill pods have none)."""
+    pod_spec["volumes"] = [v for v in pod_spec["volumes"] if v["name"] != CALIBRATION_VOLUME]
+    for container in pod_spec["containers"]:
+        container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m["name"] != CALIBRATION_VOLUME]
+        args = container.get("args", [])
+        if "--calibration" in args:
+            at = args.index("--calibration")
+            container["args"] = [*args[:at], *args[at + 2 :]]
+
+
 def calibration_volume(name: str) -> JSON:
     """The calibration record's ConfigMap as an optional volume: the pods start before it exists.
     A directory mount (no subPath), so the kubelet keeps it current for the next restart."""
