@@ -179,6 +179,7 @@ def _a2() -> Any:
 
 # -- the operator's side --------------------------------------------------------------------------------
 
+
 def layouts() -> frozenset[str]:
     return status_calibration.expected_layouts(4, 1, 4, 1, expert=True)  # tp4-pp1-dp4, ep16 or ep1
 
