@@ -17,9 +17,10 @@ from the watch by label, then kept only when their owner chain leads to our work
 (`kube.ownership`): labels can be copied.
 
 The calibration record (`children.kinds.CALIBRATION_RECORD`) is the one child written from the
-pods' reports, not from the spec: `store_calibration` folds them into it (the rules live in
-`status.calibration`) after the reports are read; a record the API server refuses is a note,
-never a reason to stop serving.
+pods' reports, not from the spec: `ensure_calibration_record` creates it empty before any other
+child (the pods mount it by name: a foreign object of that name holds everything), and
+`store_calibration` folds the reports into it (the rules live in `status.calibration`) after they
+are read; a record the API server refuses is a note, never a reason to stop serving.
 """
 
 from __future__ import annotations
