@@ -68,6 +68,8 @@ DEFAULT_SHUTDOWN_TIMEOUT: Final = 25.0
 # calibration record keeps one (planner/calibration.py) and `serve` writes it (serving/measured.py).
 GRAPH_CAPTURE_OOM: Final = "GraphCaptureOutOfMemory"
 CAPTURE_FAILURE_CLASSES: Final = (GRAPH_CAPTURE_OOM, "StreamResourcesExhausted")
+# The roles of a prefill/decode pair (kv_transfer.KV_ROLES's keys), as the calibration key names them.
+CALIBRATION_ROLES: Final = ("prefill", "decode")
 
 # Environment recommended for vLLM-Ascend engines. The operator writes it into the pod spec (so
 # `kubectl describe` shows it) and the runtime sets it for the engine where it is unset; a value
@@ -197,6 +199,9 @@ class PlanOptions:
     # A calibration record (JSON, written by the operator from an earlier pod's measurements) whose
     # measured figures replace the estimates when its key matches this plan's.
     calibration: str | None = None
+    # The prefill/decode role this engine serves (part of the calibration key: a role's record is
+    # never another role's); `serve` takes it from --kv-transfer-config. None: no role.
+    role: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,6 +351,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--calibration",
         default=None,
         help="a calibration record (JSON) of measured figures for this model, device and layout",
+    )
+    engine.add_argument(
+        "--role",
+        choices=CALIBRATION_ROLES,
+        default=None,
+        help="the prefill/decode role planned for (part of the calibration key; serve: from --kv-transfer-config)",
     )
     device = parser.add_argument_group("device overrides (default: probe the device)")
     device.add_argument("--device-kind", choices=DEVICE_KINDS, default=None)

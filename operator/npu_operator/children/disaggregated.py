@@ -84,6 +84,8 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     template = lws_spec["leaderWorkerTemplate"]["workerTemplate"]
     template["metadata"]["labels"] = names.sorted_mapping({**template["metadata"]["labels"], ROLE_LABEL: role})
     pod = template["spec"]
+    if role != "decode":  # the record is the decode role's (its key names the role): prefill pods mount none
+        engine_pod.without_calibration_record(pod)
     container = pod["containers"][0]
     # The args are already literals for the kubelet (`engine_pod.kubelet_literal`); so is this one,
     # but for the engine_id `$(POD_NAME)`, which the kubelet is meant to expand.

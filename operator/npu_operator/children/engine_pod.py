@@ -40,8 +40,9 @@ SHM_VOLUME: Final = "dshm"
 
 MODEL_LINK_VOLUME: Final = "model-link"
 
-# The resource's calibration record (a ConfigMap the status loop writes; optional: a missing one,
-# or a missing file in it, means no record yet and the runtime plans from its estimates).
+# The resource's calibration record (a ConfigMap the operator creates before the workload and the
+# status loop writes; optional: a missing one, or a missing file in it, means no record yet and
+# the runtime plans from its estimates).
 CALIBRATION_VOLUME: Final = "calibration"
 
 TOKEN_ENV: Final = "NPU_MODEL_TOKEN"  # npu_runtime.fetch.download.TOKEN_ENV (the runtime is not imported for it)
@@ -323,7 +324,19 @@ def _volume_mounts(spec: NPUInferenceSpec) -> list[JSON]:
     return mounts
 
 
+def without_calibration_record(pod_spec: JSON) -> None:
+    """Takes the calibration record out of a pod spec built by `pod_template`: its volume, its mount
+    and the `--calibration` flag (a P/D resource's record is the decode role's; prefill pods have none)."""
+    pod_spec["volumes"] = [v for v in pod_spec["volumes"] if v["name"] != CALIBRATION_VOLUME]
+    for container in pod_spec["containers"]:
+        container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m["name"] != CALIBRATION_VOLUME]
+        args = container.get("args", [])
+        if "--calibration" in args:
+            at = args.index("--calibration")
+            container["args"] = [*args[:at], *args[at + 2 :]]
+
+
 def calibration_volume(name: str) -> JSON:
-    """The calibration record's ConfigMap as an optional volume: the pods start before it exists.
+    """The calibration record's ConfigMap as an optional volume: it holds no record until the pods agree.
     A directory mount (no subPath), so the kubelet keeps it current for the next restart."""
     return {"name": CALIBRATION_VOLUME, "configMap": {"name": CALIBRATION_RECORD.child_name(name), "optional": True}}

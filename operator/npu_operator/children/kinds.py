@@ -43,8 +43,9 @@ class ChildKind:
     # that kind's API is not served (the endpoint picker's objects without the InferencePool API).
     needs: str | None = None
     # Written from the pods' runtime reports by the status loop (`controller.reconcile.store_calibration`),
-    # not built from the spec: the spec-driven apply/delete pass leaves it alone, and it lives as
-    # long as its owner (garbage-collected with it).
+    # not built from the spec: the spec-driven apply/delete pass leaves it alone (it is created
+    # empty before it, `ensure_calibration_record`), and it lives as long as its owner
+    # (garbage-collected with it).
     from_reports: bool = False
 
     @property

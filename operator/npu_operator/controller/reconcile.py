@@ -17,9 +17,10 @@ from the watch by label, then kept only when their owner chain leads to our work
 (`kube.ownership`): labels can be copied.
 
 The calibration record (`children.kinds.CALIBRATION_RECORD`) is the one child written from the
-pods' reports, not from the spec: `store_calibration` folds them into it (the rules live in
-`status.calibration`) after the reports are read; a record the API server refuses is a note,
-never a reason to stop serving.
+pods' reports, not from the spec: `ensure_calibration_record` creates it empty before any other
+child (the pods mount it by name: a foreign object of that name holds everything), and
+`store_calibration` folds the reports into it (the rules live in `status.calibration`) after they
+are read; a record the API server refuses is a note, never a reason to stop serving.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from npu_operator.status.collector import ReportCollector
 from npu_operator.status.findings import PodReport
 from npu_operator.status.graph import role_graphs
 from npu_operator.status.model import model_status
-from npu_operator.topologies.base import Found, LiveView, Seen, Topology
+from npu_operator.topologies.base import Found, LiveView, Seen, Topology, pod_name
 
 JSON = dict[str, Any]
 
@@ -68,6 +69,8 @@ class Written:
     rejected: list[str] = dataclasses.field(default_factory=list)  # writes the API server refused for good
     notes: list[str] = dataclasses.field(default_factory=list)  # optional children that cannot be managed
     workload: Mapping[str, Any] | None = None  # as the watch saw it, or as our apply returned it
+    # (reason, message): nothing was applied, e.g. the calibration record's name is someone else's.
+    held: tuple[str, str] | None = None
 
 
 async def reconcile(
@@ -113,6 +116,12 @@ async def apply_children(
     steps: list[Step] = []
     # Without its workload's API, a topology that holds everything changes nothing.
     held = desired.blocked is not None and topology.holds_all_without_api
+    if not held:
+        # The pods mount the record by name: it is ours before any pod exists, or nothing rolls out.
+        record_step, written.held = await ensure_calibration_record(body, client, view)
+        if record_step is not None:
+            written.steps.append(record_step)
+        held = written.held is not None
     for kind in () if held else children.KINDS:
         if (kind.optional and kind.kind not in served) or kind.from_reports:
             continue
@@ -179,11 +188,12 @@ async def observe(
     previous_graph = previous.get("graph", {})
     reports = await collector.collect(meta["uid"], found.pods) if collector is not None else []
     calibrating = topology.calibrating(reports, found)
-    calibrated, stored, why_not = await store_calibration(body, client, view, spec, calibrating, cache)
+    calibrated, stored, why_not = await store_calibration(body, client, view, spec, calibrating, cache, found.pods)
     if stored is not None:
         written.steps.append(stored)
     if why_not is not None:
         written.notes.append(why_not)
+    rejected = calibration.rejected_message((calibrated or {}).get("implausible") or {})
     same_generation = previous.get("observedGeneration") == int(meta.get("generation", 1))
     graph = topology.graph(spec, reports, found, previous_graph, now=now, same_generation=same_generation)
     if calibrated is not None:
@@ -212,12 +222,51 @@ async def observe(
         notes=tuple(written.notes),
         findings=findings.pod_findings(pods, reports, spec.npu.resource_name or config.npu_resource_name),
         graph=graph,
-        blocked=desired.blocked or resolution.problem,
+        blocked=desired.blocked or written.held or resolution.problem,
         model=model,
         startup_seconds=startup,
         capacity=desired.capacity,
         groups=groups,
+        calibration_rejected=rejected,
     )
+
+
+async def ensure_calibration_record(
+    body: Mapping[str, Any], client: KubeClient, view: LiveView
+) -> tuple[Step | None, tuple[str, str] | None]:
+    """The resource's calibration record ConfigMap, created empty (owned, labelled) before anything
+    else: the pods mount it by name, so a ConfigMap of that name that is not ours (someone who may
+    create ConfigMaps in the namespace made it first) would be applied by every pod's plan.
+    Returns the create made, if any, and (reason, message) when nothing may be rolled out."""
+    meta = body["metadata"]
+    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    kind = children.CALIBRATION_RECORD
+    child_name = kind.child_name(name)
+    foreign = (
+        resource.CALIBRATION_RECORD_CONFLICT,
+        f"ConfigMap {namespace}/{child_name} is not owned by this NPUInference: its pods would mount it as "
+        "their calibration record, so nothing is rolled out until it is deleted or renamed",
+    )
+    live = view.child(kind, namespace, name)
+    if live is not None:
+        return None, None if children.owned_by(live, uid) else foreign
+    # A POST, not the unforced apply of other children: an apply merges into an unlabelled object of
+    # that name (the watch never sees one) wherever no field conflicts, adding our owner reference.
+    empty = children.stamped(adopt(body, calibration.configmap(name, namespace, labels(name), None)))
+    try:
+        await client.create(kind.resource, namespace, empty)
+    except ApiError as exc:
+        if exc.status == 409:
+            existing = await client.get(kind.resource, namespace, child_name)
+            return None, None if existing is not None and children.owned_by(existing, uid) else foreign
+        if exc.transient:
+            raise
+        where = f"create {kind.kind} {namespace}/{child_name}: {apply.api_message(exc)}"
+        return None, (
+            resource.CHILD_REJECTED,
+            f"the calibration record comes first, and the API server refused: {where}",
+        )
+    return Step("create", kind, child_name, empty), None
 
 
 async def store_calibration(
@@ -227,12 +276,15 @@ async def store_calibration(
     spec: NPUInferenceSpec,
     reports: Sequence[PodReport],
     cache: DesiredCache | None = None,
+    pods: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[JSON | None, Step | None, str | None]:
-    """Fold the current calibration sections of the resource's own pods into its stored record
-    (`calibration.fold_record`: the trust rules) and apply the record's ConfigMap when it changed.
+    """Fold the current calibration sections of the resource's own pods (`pods`: who each one is)
+    into its stored record (`calibration.fold_record`: the trust rules) and apply the record's
+    ConfigMap when it changed.
 
-    Returns `status.graph.calibration`, the write made (None: none was needed) and, when the
-    record could not be written, a note saying why: the pods serve on with their estimates.
+    Returns `status.graph.calibration` (with the figures it did not keep: `implausible`), the write
+    made (None: none was needed) and, when the record could not be written, a note saying why: the
+    pods serve on with their estimates.
     """
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
@@ -242,16 +294,24 @@ async def store_calibration(
     not_ours = f"calibration not kept: {kind.kind} {namespace}/{child_name} is not ours, left alone"
     if live is not None and not children.owned_by(live, uid):
         return None, None, not_ours
-    sections = [r.current.calibration for r in reports if r.current is not None and r.current.calibration is not None]
-    layout = calibration.spec_layout(
-        spec.parallelism.tensor, spec.parallelism.pipeline, spec.parallelism.data, spec.npu.nodes
-    )
+    who = {pod_name(pod): reporter(pod) for pod in pods}
+    sections = [
+        (who.get(r.pod) or calibration.Reporter(r.pod, r.pod), r.current.calibration)
+        for r in reports
+        if r.current is not None and r.current.calibration is not None
+    ]
+    rejected = {
+        reporter.pod: sorted(found) for reporter, section in sections if (found := calibration.implausible(section))
+    }
     stored = calibration.stored_record(live)
-    record = calibration.fold_record(stored, sections, layout)
-    # issue 37: the decode batches the pods ran, for the next plan's capture sizes
-    batches = [(s.key, s.decode_batches) for s in sections if s.decode_batches is not None]
+    record = calibration.fold_record(stored, sections, calibration_layouts(spec), calibration_role(spec))
+    # issue 37: the decode batches the pods ran, for the next plan's capture sizes (none from a pod
+    # whose report was implausible)
+    batches = [
+        (s.key, s.decode_batches) for by, s in sections if s.decode_batches is not None and by.pod not in rejected
+    ]
     record = decode_batches.fold(stored, record, batches, decode_batches.spec_limits(spec))
-    shown = calibration.graph_section(sections, record, name)
+    shown = calibration.graph_section([section for _, section in sections], record, name, rejected)
     if extra := decode_batches.record_fields(record):
         shown = {**(shown or {}), **extra}
     if record is None:
@@ -280,6 +340,38 @@ async def store_calibration(
             f"calibration not kept: {step.action} {kind.kind} {namespace}/{child_name}: {apply.api_message(exc)}",
         )
     return shown, step, None
+
+
+def reporter(pod: Mapping[str, Any]) -> calibration.Reporter:
+    """Who a pod is to the calibration record: its name, uid and its containers' restarts, from the
+    pod object the watch holds (a run of a pod is its uid and restart count)."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    restarts = sum(
+        int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [] if isinstance(c, Mapping)
+    )
+    name = pod_name(pod)
+    return calibration.Reporter(name, str(meta.get("uid") or name), restarts)
+
+
+def calibration_layouts(spec: NPUInferenceSpec) -> frozenset[str]:
+    """The layout keys the resource's calibrating pods (the decode role's, for P/D) may report."""
+    eplb = (spec.engine.additional_config or {}).get("eplb_config")
+    redundant = eplb.get("num_redundant_experts") if isinstance(eplb, Mapping) else None
+    parallelism = spec.parallelism
+    return calibration.expected_layouts(
+        parallelism.tensor,
+        parallelism.pipeline,
+        parallelism.data,
+        spec.npu.nodes,
+        expert=parallelism.expert,
+        redundant=redundant if isinstance(redundant, int) and not isinstance(redundant, bool) else 0,
+    )
+
+
+def calibration_role(spec: NPUInferenceSpec) -> str | None:
+    """The role in the record's key: decode for a P/D resource (its record is the decode role's;
+    prefill pods mount none), none for the others."""
+    return "decode" if spec.disaggregation is not None else None
 
 
 def _result(

@@ -232,6 +232,11 @@ class KubeClient:
             query=(("fieldManager", FIELD_MANAGER), ("force", "true" if force else "false")),
         )
 
+    async def create(self, resource: Resource, namespace: str, obj: JSON) -> JSON:
+        """POST `obj` as field manager `npu-operator`: 409 (AlreadyExists) when its name is taken,
+        whoever took it; never a merge into an object that exists (an apply would be one)."""
+        return await self._request("POST", resource.path(namespace), body=obj, query=(("fieldManager", FIELD_MANAGER),))
+
     async def get(self, resource: Resource, namespace: str, name: str) -> JSON | None:
         """The object, or None when it does not exist."""
         try:

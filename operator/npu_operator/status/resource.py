@@ -34,6 +34,11 @@ DS_NOT_INSTALLED: Final = "DisaggregatedSetNotInstalled"
 GROUP_RESTARTING: Final = "GroupRestarting"  # LeaderWorkerSet is recreating a group
 RANKS_NOT_SERVING: Final = "RanksNotServing"  # the groups count as ready, but a rank does not serve
 RANK_FAILED: Final = "RankFailed"  # Event: a rank's runtime reports a failure
+# A pod reported calibration figures that cannot be measurements (status.calibration): not kept.
+CALIBRATION_REJECTED: Final = "CalibrationRejected"
+IMPLAUSIBLE_REPORT: Final = "ImplausibleReport"
+# The calibration record's name is taken by an object not ours: nothing rolls out (see reconcile).
+CALIBRATION_RECORD_CONFLICT: Final = "CalibrationRecordConflict"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +87,8 @@ class Observed:
     capacity: scaling.Capacity | None = None
     # The groups of a multi-node replica (see `findings.group_findings`).
     groups: GroupFindings = dataclasses.field(default_factory=GroupFindings)
+    # Why some pods' calibration figures were not kept (`calibration.rejected_message`); None: all plausible.
+    calibration_rejected: str | None = None
 
 
 def compute_status(
@@ -95,7 +102,7 @@ def compute_status(
 ) -> JSON:
     """The whole new status of a valid resource."""
     total, updated, ready = replica_counts(observed.workload)
-    conditions = assess(spec, observed)
+    conditions = [*assess(spec, observed), calibration_condition(observed.calibration_rejected)]
     status: JSON = {
         "observedGeneration": generation,
         "replicas": total,
@@ -121,6 +128,14 @@ def compute_status(
             status["routing"] = routing.routing_status(name, cap.per_replica)
     status["phase"], status["reason"] = summarize(conditions, created=observed.workload is not None)
     return status
+
+
+def calibration_condition(rejected: str | None) -> Condition:
+    """CalibrationRejected: True while a pod reports figures that were not kept (a Warning Event when
+    it turns on); the pods plan with their estimates meanwhile, nothing is degraded."""
+    if rejected is None:
+        return Condition(CALIBRATION_REJECTED, False, "AsExpected", "")
+    return Condition(CALIBRATION_REJECTED, True, IMPLAUSIBLE_REPORT, rejected)
 
 
 def replica_counts(workload: Mapping[str, Any] | None) -> tuple[int, int, int]:
@@ -280,7 +295,9 @@ def transition_events(previous: Sequence[Mapping[str, Any]], current: Sequence[M
         changed = (old.get("status"), old.get("reason")) != (condition["status"], condition["reason"])
         if not changed or condition["status"] != "True":
             continue
-        if condition["type"] == DEGRADED and condition["reason"] != GRAPH_MODE_DOWNGRADED:
+        if condition["type"] == CALIBRATION_REJECTED:
+            events.append(Event("Warning", condition["reason"], condition["message"]))
+        elif condition["type"] == DEGRADED and condition["reason"] != GRAPH_MODE_DOWNGRADED:
             # Downgrades have an Event each, when first seen (see graph_events).
             events.append(Event("Warning", condition["reason"], condition["message"]))
         elif condition["type"] == READY and old.get("status") != "True":

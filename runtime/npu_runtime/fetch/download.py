@@ -38,6 +38,9 @@ shared cache volume needs around them:
   the listing does not name are removed. Only then is the marker
   `<repo folder>/.npu-complete/<commit>.json` written; later pods trust it when the hub's
   listing still matches it and every file is still there with its size.
+- **A snapshot is never rewritten for a commit it already holds.** A hub that lists other sizes
+  or hashes under a commit the marker records (a commit names its bytes) is ModelHashMismatch:
+  nothing is downloaded, removed or re-linked, and the replicas that link the snapshot keep it.
 - **A branch is a commit.** Both hubs' branches and tags are resolved to the commit they point
   at, and the snapshot is that commit's: a branch that moves makes a new snapshot, never a
   rewritten one under a running replica. The operator resolves a branch once per rollout: the
@@ -786,6 +789,13 @@ def fetch(options: FetchOptions, hub: Hub, progress: Progress, *, on_config: OnC
         if _complete(marker, snapshot, folder, listing):
             _finish(progress, listing)
             return snapshot
+        if changed := _rewritten(marker, listing):
+            raise FetchError(
+                HASH_MISMATCH,
+                f"{_name(options)}: the hub now lists other bytes under commit {listing.commit} than the"
+                f" snapshot that already holds it ({', '.join(changed[:5])}); a commit names its bytes, so the"
+                " snapshot is left as it is and nothing is downloaded",
+            )
         marker.unlink(missing_ok=True)
         progress.phase = "Downloading"
         hub.drop_orphans(options)
@@ -944,6 +954,19 @@ def _complete(marker: Path, snapshot: Path, folder: Path, listing: Listing) -> b
         if not path.startswith(root + os.sep) or not os.path.isfile(path) or os.path.getsize(path) != remote.size:
             return False
     return not _extras(snapshot, listing)
+
+
+def _rewritten(marker: Path, listing: Listing) -> list[str]:
+    """The paths whose size or hash the hub lists differently from what a finished fetch of the same
+    commit recorded in `marker` (none without a readable marker). A commit names its bytes: a hub that
+    answers other bytes under it is wrong or hostile, and a running replica links that snapshot, so
+    it is never rewritten for a commit it already holds (files the record does not name may be added)."""
+    try:
+        recorded = json.loads(marker.read_text())
+        held = {f["path"]: (f["size"], f["sha256"], f["sha1"]) for f in recorded["files"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return sorted(f.path for f in listing.files if f.path in held and held[f.path] != (f.size, f.sha256, f.sha1))
 
 
 @contextlib.contextmanager

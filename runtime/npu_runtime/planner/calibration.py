@@ -1,31 +1,41 @@
-"""Calibration: what an earlier engine measured for the same key replaces the planner's estimates.
+"""Calibration: what earlier engines measured for the same key replaces the planner's estimates.
 
 A calibration record is a small JSON document (the operator keeps it in a ConfigMap it owns and
 mounts it into later pods; `npu-runtime plan --calibration FILE` reads it offline):
 
     {"schema": 1,
      "key": {"config_digest": str, "quantization": str|null, "device_name": str,
-             "layout": str, "engine": str},
+             "layout": str, "engine": str, "role": "prefill"|"decode"|null},
      "measured": {"weights_bytes": int, "kv_cache_bytes": int, "graph_bytes": int,
                   "graph_first_capture_bytes": int, "graph_per_size_bytes": int},   # each optional
      "capture_failure": {"size": int, "error_class": "GraphCaptureOutOfMemory"|
-                         "StreamResourcesExhausted"}|null}
-     "decode_batches": {...}|null}   # optional: the decode batches run (planner/traffic_sizes.py)
+                         "StreamResourcesExhausted"}|null,
+     "decode_batches": {...}|null,   # optional: the decode batches run (planner/traffic_sizes.py)
+     "reports": [...]}   # the operator's own bookkeeping (status/calibration.py); not read here
 
 Rules (docs/planner.md, "Calibration"):
 - the record applies only when its key equals the plan's: the model's config digest (config.json
-  and the quantization description), the quantization, the device name, the layout (TP, PP, DP,
-  EP, nodes) and the engine release; otherwise the plan says so and keeps its estimates;
+  and the quantization description), the quantization, the device name, the whole layout (TP, PP,
+  DP, EP, nodes, EPLB's redundant experts), the engine release and the prefill/decode role;
+  otherwise the plan says so and keeps its estimates (a record written before the role was part
+  of the key has none: it is read as role null);
+- plausible or ignored: a measured figure is used only within PLAUSIBLE_BAND of this plan's own
+  estimate (measured / estimated from 1/8 to 8) and below the device's memory; the others are
+  dropped with a warning (`plausible`, also the operator's check of what pods report);
 - a measured figure replaces the estimate plus MARGIN (10 %): weights after load, the largest
   capture's graph memory and the per-size increment; the KV cache is what remains, as before;
 - a capture that failed at a size caps the candidates below it: a plan-stage downgrade of the
   capture list with reason CaptureFailedBefore, never the same sizes again;
+- a record never makes a plan that the estimates cannot fit, and a calibrated plan that does not
+  fit falls back to the estimates (the capture cap kept): a record can cost graphs, never a start;
 - bounded: the file is at most MAX_RECORD_BYTES, every figure a whole number of bytes below
-  MAX_FIGURE; anything else is a PlanError naming --calibration (exit 2).
+  MAX_FIGURE; anything else is a PlanError naming --calibration (exit 2 for `npu-runtime plan`;
+  `serve` warns and plans with its estimates).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -44,12 +54,14 @@ __all__ = [
     "CAPTURE_FAILURE_CLASSES",
     "MARGIN",
     "MAX_RECORD_BYTES",
+    "PLAUSIBLE_BAND",
     "Calibration",
     "config_digest",
     "engine_release",
     "layout_key",
     "load_record",
     "plan_key",
+    "plausible",
 ]
 
 SCHEMA: Final = 1
@@ -63,7 +75,11 @@ MEASURED_FIGURES: Final = (
     "graph_first_capture_bytes",
     "graph_per_size_bytes",
 )
-KEY_FIELDS: Final = ("config_digest", "quantization", "device_name", "layout", "engine")
+KEY_FIELDS: Final = ("config_digest", "quantization", "device_name", "layout", "engine", "role")
+# measured / estimated: a figure outside this band is not a measurement of this plan (a 1-byte graph,
+# 16 TiB of weights, 1090x the estimate) and is never used; the planner's estimates are within it
+# for the engines measured so far (the graph terms are the least certain: within 5x).
+PLAUSIBLE_BAND: Final = (0.125, 8.0)
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,11 @@ class Calibration:
     failed_size: int | None
     failed_class: str | None
     decode_batches: DecodeBatches | None = None  # issue 37: the capture sizes' traffic (traffic_sizes)
+
+    def only(self, figures: Mapping[str, int]) -> Calibration:
+        """This record with `figures` as its measured figures (the capture failure and the decode
+        batches kept)."""
+        return dataclasses.replace(self, measured=dict(figures))
 
     def with_margin(self, figure: str) -> int | None:
         """A measured figure plus MARGIN, rounded up; None when the record lacks it."""
@@ -105,15 +126,23 @@ def engine_release() -> str:
 
 
 def layout_key(layout: Layout) -> str:
-    """The layout part of the key: tp4-pp1-dp4-ep16-nodes1 (ep1 without expert parallelism)."""
+    """The layout part of the key: tp4-pp1-dp4-ep16-nodes1 (ep1 without expert parallelism), with
+    `-redundant<n>` when EPLB adds redundant experts (they change what each device holds)."""
+    redundant = f"-redundant{layout.redundant_experts}" if layout.redundant_experts else ""
     return (
         f"tp{layout.tensor_parallel}-pp{layout.pipeline_parallel}-dp{layout.data_parallel}-"
-        f"ep{layout.ep_size}-nodes{layout.nodes}"
+        f"ep{layout.ep_size}-nodes{layout.nodes}{redundant}"
     )
 
 
 def plan_key(
-    *, config_digest: str, quantization: str | None, device_name: str, layout: Layout, engine: str
+    *,
+    config_digest: str,
+    quantization: str | None,
+    device_name: str,
+    layout: Layout,
+    engine: str,
+    role: str | None = None,
 ) -> dict[str, str | None]:
     return {
         "config_digest": config_digest,
@@ -121,7 +150,23 @@ def plan_key(
         "device_name": device_name,
         "layout": layout_key(layout),
         "engine": engine,
+        "role": role,
     }
+
+
+def plausible(measured: int, estimated: int | None, device_bytes: int | None) -> str | None:
+    """Why `measured` is no measurement of a plan that estimated `estimated` on a device of
+    `device_bytes` (None: it is one): at or above the device's memory, without an estimate to
+    compare with, or outside PLAUSIBLE_BAND of it."""
+    if device_bytes is not None and measured >= device_bytes:
+        return f"{measured} bytes is not below the device's {device_bytes}"
+    if not estimated or estimated <= 0:
+        return "there is no estimate to compare it with"
+    ratio = measured / estimated
+    low, high = PLAUSIBLE_BAND
+    if not low <= ratio <= high:
+        return f"{measured} bytes is {ratio:.3g}x the estimate {estimated} (the band is {low:g}x to {high:g}x)"
+    return None
 
 
 def load_record(path: str) -> Calibration | None:
@@ -143,6 +188,8 @@ def parse_record(data: Any, *, where: str = "the record") -> Calibration:
     if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
         raise PlanError("calibration", f"{where}: expected an object with schema {SCHEMA}")
     key = data.get("key")
+    if isinstance(key, Mapping) and "role" not in key:  # written before the role was in the key
+        key = {**key, "role": None}
     if not isinstance(key, Mapping) or set(key) != set(KEY_FIELDS):
         raise PlanError("calibration", f"{where}: key must have exactly {', '.join(KEY_FIELDS)}")
     if not all(value is None or (isinstance(value, str) and len(value) <= 256) for value in key.values()):

@@ -226,10 +226,8 @@ def make_plan(
         device_name=device.name,
         layout=layout,
         engine=identity[1] or "",
+        role=options.role,
     )
-    calibrated = _calibrated(calibration_record, key, warnings)
-    candidates, mode, capped = _cap_below_failed_capture(calibrated, candidates, mode, resolve_mode, warnings)
-    downgrades += [capped] if capped else []
     inputs = BudgetInputs(
         options=options,
         device=device,
@@ -242,15 +240,61 @@ def make_plan(
         batched_tokens=batched_tokens,
         resolve_mode=resolve_mode,
         layout=layout,
-        calibrated=calibrated,
         rules=rules,
         flashcomm1=flashcomm1,
         fused_mc2=_fused_mc2(options, env),
     )
+    calibrated = _calibrated(calibration_record, key, warnings)
+    # The estimates first: a record never makes fit what they cannot (DoesNotFitError here), and
+    # every measured figure is judged against them (`calibration.plausible`).
+    estimate = _fitted(inputs, mode, downgrades, warnings, quantization, key, calibration_record, None)
+    if calibrated is None:
+        return estimate
+    kept = calibrated.only(_plausible_figures(calibrated, estimate.memory, device, warnings))
+    try:
+        return _fitted(inputs, mode, downgrades, warnings, quantization, key, calibration_record, kept)
+    except DoesNotFitError as exc:
+        warnings.append(f"the calibrated plan does not fit ({exc}): the estimates are used")
+    return _fitted(inputs, mode, downgrades, warnings, quantization, key, calibration_record, kept.only({}))
+
+
+def _fitted(
+    inputs: BudgetInputs,
+    mode: str,
+    downgrades: list[Downgrade],
+    warnings: list[str],
+    quantization: str | None,
+    key: dict[str, str | None],
+    record: calibration.Calibration | None,
+    calibrated: calibration.Calibration | None,
+) -> Plan:
+    """The plan of `inputs` with `calibrated` (its measured figures and its capture cap) or without a
+    record; `warnings` and `downgrades` are copied, so each try starts from the same ones."""
+    warnings = list(warnings)
+    candidates, mode, capped = _cap_below_failed_capture(
+        calibrated, inputs.candidates, mode, inputs.resolve_mode, warnings
+    )
+    inputs = dataclasses.replace(inputs, candidates=candidates, calibrated=calibrated)
     fit_warnings: list[str] = []
     fit = fit_budget(make_budget(inputs, fit_warnings), mode, fit_warnings)
-    report = _calibration_report(key, calibration_record, calibrated, capped)
-    return _plan(inputs, fit, downgrades + list(fit.downgrades), warnings + list(fit.warnings), quantization, report)
+    report = _calibration_report(key, record, calibrated, capped)
+    all_downgrades = [*downgrades, *([capped] if capped else []), *fit.downgrades]
+    return _plan(inputs, fit, all_downgrades, warnings + list(fit.warnings), quantization, report)
+
+
+def _plausible_figures(
+    record: calibration.Calibration, estimated: MemoryPlan, device: DeviceInfo, warnings: list[str]
+) -> dict[str, int]:
+    """The record's measured figures that are plausible for this plan (`calibration.plausible`);
+    a warning for each of the others, which are not used."""
+    kept: dict[str, int] = {}
+    for figure, value in sorted(record.measured.items()):
+        why = calibration.plausible(value, getattr(estimated, figure, None), device.total_bytes)
+        if why is None:
+            kept[figure] = value
+        else:
+            warnings.append(f"calibration: measured {figure} not used: {why}")
+    return kept
 
 
 def _graph_mode(

@@ -8,6 +8,8 @@ graphs), and the runtime's failure, and returns
      "estimated": {term: bytes},            # weights, activation, margin, kv_cache, graphs, ...
      "measured": {term: bytes},             # what the engine measured (the busiest device)
      "ratio": {term: measured / estimated}, # where both are known
+     "device_bytes": int|null,              # the plan's per-device memory (the bound of any figure)
+     "captured_size": int|null,             # the largest size captured (a failure there is over)
      "capture_failure": {"size", "error_class"}|null}
 
 The measured names are the record's (planner/calibration.py MEASURED_FIGURES). A capture failure is
@@ -68,6 +70,8 @@ def calibration_section(
         "estimated": estimated,
         "measured": measured,
         "ratio": ratio,
+        "device_bytes": (plan.get("device") or {}).get("total_bytes"),
+        "captured_size": max(by_size) if by_size else None,
         "capture_failure": _capture_failure(plan, by_size, failure),
     }
 

@@ -120,10 +120,23 @@ def make_serve_plan(options: ServeOptions, environ: Mapping[str, str] | None = N
         if isinstance(redundant, int) and not isinstance(redundant, bool) and redundant > 0:
             plan_options = dataclasses.replace(plan_options, redundant_experts=redundant)
     plan_options = _ascend_switches(plan_options, options.additional_config)
+    if plan_options.role is None and options.kv_transfer_config:
+        # The role is part of the calibration key: a prefill engine never plans with decode's record.
+        plan_options = dataclasses.replace(plan_options, role=kv_transfer.role_of(options.kv_transfer_config))
     try:
-        return plan_for(
-            plan_options, options.model, resolve_mode=not options.engine_resolves_mode, environ=engine_environ
-        )
+        try:
+            return plan_for(
+                plan_options, options.model, resolve_mode=not options.engine_resolves_mode, environ=engine_environ
+            )
+        except PlanError as exc:
+            if exc.field != "calibration":
+                raise
+            # A record that cannot be read is no reason to stop serving (never a crash loop): the estimates.
+            log(f"{option_name(exc.field)}: {exc.message}; planning with the estimates")
+            without = dataclasses.replace(plan_options, calibration=None)
+            return plan_for(
+                without, options.model, resolve_mode=not options.engine_resolves_mode, environ=engine_environ
+            )
     except ModelError as exc:
         raise ServeError(Failure(failures.MODEL_INVALID, str(exc)), EXIT_INVALID) from exc
     except PlanError as exc:

@@ -282,3 +282,18 @@ def test_the_pod_monitor_bounds_what_one_scrape_of_a_pod_may_add() -> None:
     monitor = next(c for c in render(example("qwen2.5-7b-910b.yaml")) if c["kind"] == "PodMonitor")
     assert {key: monitor["spec"][key] for key in workloads.POD_MONITOR_LIMITS} == workloads.POD_MONITOR_LIMITS
     assert all(0 < value <= 20000 for value in workloads.POD_MONITOR_LIMITS.values())
+
+
+def test_prefill_pods_never_mount_the_decode_roles_record() -> None:
+    """Issue 33, item 11: a P/D resource's record is the decode role's (its key names the role);
+    prefill pods mount none and are given no --calibration, decode pods mount it."""
+    (ds,) = [c for c in render(example("sandbox-cpu-pd.yaml")) if c["kind"] == "DisaggregatedSet"]
+    by_role = {
+        role["name"]: role["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"] for role in ds["spec"]["roles"]
+    }
+    for role, pod in by_role.items():
+        volumes = [v for v in pod["volumes"] if "configMap" in v and v["configMap"]["name"].endswith("-calibration")]
+        (container,) = [c for c in pod["containers"] if c["name"] == names.CONTAINER_NAME]
+        mounted = [m for m in container["volumeMounts"] if m["mountPath"] == names.RECORD_MOUNT]
+        flagged = "--calibration" in container["args"]
+        assert (bool(volumes), bool(mounted), flagged) == ((True,) * 3 if role == "decode" else (False,) * 3), role

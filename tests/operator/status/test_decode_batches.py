@@ -130,7 +130,9 @@ def test_from_a_runtimes_status_to_the_next_pods_plan(tmp_path: Path) -> None:
     report = parse_report(document)
     assert report.calibration is not None and report.calibration.decode_batches is not None
     sections = [report.calibration]
-    record = calibration.fold_record(None, sections, calibration.spec_layout(1, 1, 1, 1))
+    who = calibration.Reporter("pod-0", "uid-0")
+    layouts = calibration.expected_layouts(1, 1, 1, 1, expert=False)
+    record = calibration.fold_record(None, [(who, s) for s in sections], layouts)
     pairs = [(s.key, s.decode_batches) for s in sections if s.decode_batches is not None]
     record = decode_batches.fold(None, record, pairs, LIMITS)
     configmap = calibration.configmap("demo", "default", {}, record or {})

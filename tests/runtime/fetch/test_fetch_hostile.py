@@ -228,6 +228,25 @@ def test_a_moving_branch_never_rewrites_a_running_replicas_snapshot(
 
 
 @pytest.mark.parametrize("which", HUBS)
+def test_other_bytes_under_a_commit_the_snapshot_holds_never_rewrite_it(
+    which: str, hub: LocalHub, repo: Repo, tmp_path: Path
+) -> None:
+    """Issue 33, item 17: the hub answers other bytes under the very commit a running replica links
+    (a rewritten history, a hostile mirror). The snapshot is not touched; the fetch fails clearly."""
+    volume = Volume(tmp_path)
+    first, second = tmp_path / "pod0" / "model", tmp_path / "pod1" / "model"
+    assert run(volume, hub, which, "--link", str(first))[0] == fetch.EXIT_OK
+    forged = changed(repo, {WEIGHTS: b"forged " + repo.files[WEIGHTS].data[7:]})
+    hub.push(dataclasses.replace(forged, commit=repo.commit))  # same commit, other bytes
+    code, message = run(volume, hub, which, "--link", str(second))
+    assert code != fetch.EXIT_OK
+    assert message.startswith(fetch.HASH_MISMATCH) and repo.commit in message and WEIGHTS in message, message
+    assert (first / WEIGHTS).read_bytes() == repo.files[WEIGHTS].data  # pod0's files did not change
+    assert hub.served.get(f"{REPO}/{WEIGHTS}") == 1  # nothing was downloaded again
+    assert not second.exists()
+
+
+@pytest.mark.parametrize("which", HUBS)
 def test_a_branch_that_moves_between_replicas_of_a_rollout_is_served_at_one_commit(
     which: str, hub: LocalHub, repo: Repo, tmp_path: Path
 ) -> None:

@@ -196,15 +196,41 @@ def _a2() -> Any:
 # -- the operator's side --------------------------------------------------------------------------------
 
 
+def layouts() -> frozenset[str]:
+    return status_calibration.expected_layouts(4, 1, 4, 1, expert=True)  # tp4-pp1-dp4, ep16 or ep1
+
+
 def section_doc(layout: str = "tp4-pp1-dp4-ep16-nodes1", **changes: Any) -> dict[str, Any]:
-    key = {"config_digest": "abc", "quantization": "ascend", "device_name": "A3", "layout": layout, "engine": "vllm"}
+    key = {
+        "config_digest": "abc",
+        "quantization": "ascend",
+        "device_name": "A3",
+        "layout": layout,
+        "engine": "vllm",
+        "role": None,
+    }
     return {
         "key": key,
-        "estimated": {"weights_bytes": 40 * GIB},
+        "estimated": {"weights_bytes": 40 * GIB, "kv_cache_bytes": 8 * GIB, "graph_per_size_bytes": 8 << 20},
         "measured": {"weights_bytes": 42 * GIB, "kv_cache_bytes": 9 * GIB},
+        "device_bytes": 64 * GIB,
         "capture_failure": None,
         **changes,
     }
+
+
+def parsed(**changes: Any) -> status_calibration.CalibrationSection:
+    section = status_calibration.parse_section(section_doc(**changes))
+    assert section is not None
+    return section
+
+
+def pod(number: int, restarts: int = 0) -> status_calibration.Reporter:
+    return status_calibration.Reporter(f"pod-{number}", f"uid-{number}", restarts)
+
+
+def fold(previous: Any, *reports: tuple[status_calibration.Reporter, Any], role: str | None = None) -> Any:
+    return status_calibration.fold_record(previous, list(reports), layouts(), role)
 
 
 def test_operator_keeps_only_known_bounded_figures() -> None:
@@ -213,39 +239,111 @@ def test_operator_keeps_only_known_bounded_figures() -> None:
     assert report.calibration is not None
     assert report.calibration.measured == {"graph_bytes": 7}
     assert parse_report({"calibration": {"key": "x"}}).calibration is None
-    assert status_calibration.ratios(status_calibration.parse_section(section_doc()) or _never()) == {
-        "weights_bytes": 1.05
+    assert status_calibration.ratios(parsed()) == {"kv_cache_bytes": 1.125, "weights_bytes": 1.05}
+
+
+def test_one_pod_alone_never_sets_a_figure_two_that_agree_do() -> None:
+    """Issue 33, item 2: several pods agree (QUORUM pod uids, within AGREEMENT of their median)
+    before a figure replaces an estimate; a pod's restarts are still one pod."""
+    alone = fold(None, (pod(1), parsed()), (pod(1, restarts=3), parsed()))
+    assert alone is not None and alone["measured"] == {}
+    agreed = fold(alone, (pod(2), parsed(measured={"weights_bytes": 44 * GIB})))
+    assert agreed["measured"] == {"weights_bytes": 44 * GIB}  # the higher median of 42 and 44 GiB
+    # A third pod far from the others (in band, but not agreeing) changes nothing.
+    odd = fold(agreed, (pod(3), parsed(measured={"weights_bytes": 20 * GIB})))
+    assert odd["measured"] == {"weights_bytes": 44 * GIB}
+    # The record is one the runtime accepts (its `reports` are the operator's bookkeeping).
+    assert calibration.parse_record(json.loads(json.dumps(odd))).measured == {"weights_bytes": 44 * GIB}
+
+
+def test_sixteen_tib_of_weights_is_implausible_and_never_kept() -> None:
+    """Issue 33, item 2: weights_bytes up to 16 TiB were accepted (the next plan did not fit: a crash
+    loop). A figure at or above the device, or outside the band of the pod's estimate, is never kept,
+    not even when two pods say it."""
+    huge = {"weights_bytes": (1 << 44) - 1}
+    section = parsed(measured=huge)
+    assert set(status_calibration.implausible(section)) == {"weights_bytes"}
+    record = fold(None, (pod(1), section), (pod(2), section))
+    assert record is not None and record["measured"] == {}
+    message = status_calibration.rejected_message({"pod-1": ["weights_bytes"]})
+    assert message is not None and "pod pod-1: weights_bytes" in message and "0.125x..8x" in message
+
+
+def test_a_1090x_ratio_is_implausible() -> None:
+    """Issue 33, item 2: a 1090x estimated/measured ratio raised nothing."""
+    tiny = parsed(measured={"graph_per_size_bytes": (8 << 20) // 1090})
+    assert "1/1090" not in str(status_calibration.implausible(tiny))
+    assert "0.000917x" in status_calibration.implausible(tiny)["graph_per_size_bytes"]
+    huge = parsed(measured={"kv_cache_bytes": 1090 * (8 << 20)}, estimated={"kv_cache_bytes": 8 << 20})
+    assert "1.09e+03x" in status_calibration.implausible(huge)["kv_cache_bytes"]
+
+
+def test_one_byte_graph_figures_never_stick_after_honest_reports() -> None:
+    """Issue 33, item 2: the last pod's figures won (1-byte graphs stuck after honest reports).
+    Now they are implausible, and the honest pods' agreed figure is the record's."""
+    honest = parsed(measured={"graph_per_size_bytes": 6 << 20})
+    liar = parsed(measured={"graph_per_size_bytes": 1})
+    record = fold(None, (pod(1), honest), (pod(2), honest), (pod(9), liar))
+    assert record["measured"] == {"graph_per_size_bytes": 6 << 20}
+    again = fold(record, (pod(9, restarts=1), liar), (pod(8), liar))
+    assert again["measured"] == {"graph_per_size_bytes": 6 << 20}
+    # Even in band, one low liar never wins over honest pods: the higher median.
+    low = parsed(measured={"graph_per_size_bytes": 5 << 20})
+    assert fold(None, (pod(1), honest), (pod(2), low))["measured"] == {"graph_per_size_bytes": 6 << 20}
+
+
+def test_a_forged_capture_failure_needs_a_second_run_and_a_later_capture_drops_it() -> None:
+    """Issue 33, item 2: one forged capture failure at size 1 kept graphs off for good. A failure
+    counts once seen by QUORUM runs (pod uid + restart count); the cap is the QUORUM-th smallest
+    size, so one liar cannot lower it below an honest failure; a later capture at or above a
+    failed size drops it."""
+    forged = parsed(capture_failure={"size": 1, "error_class": "GraphCaptureOutOfMemory"})
+    once = fold(None, (pod(9), forged))
+    assert once["capture_failure"] is None
+    assert fold(once, (pod(9), forged))["capture_failure"] is None  # read again: still one run
+    honest = parsed(capture_failure={"size": 32, "error_class": "GraphCaptureOutOfMemory"})
+    capped = fold(once, (pod(1), honest))
+    assert capped["capture_failure"] == {"size": 32, "error_class": "GraphCaptureOutOfMemory"}  # not 1
+    # One honest pod that failed, restarted and failed again: two runs, the cap is learnt.
+    restarted = fold(None, (pod(1), honest), (pod(1, restarts=1), honest))
+    assert restarted["capture_failure"]["size"] == 32
+    # A later run captured size 32: the failure is dropped, and reading the old report again does not revive it.
+    captured = parsed(captured_size=32)
+    cleared = fold(restarted, (pod(2), captured))
+    assert cleared["capture_failure"] is None
+    assert fold(cleared, (pod(1, restarts=1), honest), (pod(2), captured))["capture_failure"] is None
+
+
+def test_a_report_for_another_layout_ep_or_role_is_ignored() -> None:
+    """Issue 33, item 11: the whole layout (EP included) and the role are checked against the spec."""
+    for layout in ("tp8-pp1-dp2-ep16-nodes1", "tp4-pp1-dp4-ep4-nodes1", "tp4-pp1-dp4-ep16-nodes2"):
+        section = parsed(layout=layout)
+        assert fold(None, (pod(1), section), (pod(2), section)) is None, layout
+    decode = parsed()
+    decode.key["role"] = "decode"
+    assert fold(None, (pod(1), decode), (pod(2), decode)) is None  # a resource without roles
+    prefill = parsed()
+    prefill.key["role"] = "prefill"
+    assert fold(None, (pod(1), prefill), (pod(2), prefill), role="decode") is None
+    kept = fold(None, (pod(1), decode), (pod(2), decode), role="decode")
+    assert kept is not None and kept["key"]["role"] == "decode"
+    assert status_calibration.expected_layouts(4, 1, 4, 1, expert=True, redundant=16) == {
+        "tp4-pp1-dp4-ep1-nodes1",
+        "tp4-pp1-dp4-ep16-nodes1-redundant16",
     }
+    assert status_calibration.expected_layouts(4, 1, 4, 1, expert=False) == {"tp4-pp1-dp4-ep1-nodes1"}
 
 
-def test_a_report_for_another_layout_is_ignored() -> None:
-    section = status_calibration.parse_section(section_doc("tp8-pp1-dp2-ep16-nodes1"))
-    assert section is not None
-    assert status_calibration.merge_record(None, section, (4, 1, 4, 1)) is None
-
-
-def test_a_failure_only_lowers_the_cap_and_a_new_key_starts_afresh() -> None:
-    failed = status_calibration.parse_section(
-        section_doc(capture_failure={"size": 32, "error_class": "GraphCaptureOutOfMemory"})
-    )
-    assert failed is not None
-    record = status_calibration.merge_record(None, failed, (4, 1, 4, 1))
-    assert record is not None and record["capture_failure"]["size"] == 32
-    bigger = status_calibration.parse_section(
-        section_doc(capture_failure={"size": 64, "error_class": "GraphCaptureOutOfMemory"})
-    )
-    assert bigger is not None
-    again = status_calibration.merge_record(record, bigger, (4, 1, 4, 1))
-    assert again is not None and again["capture_failure"]["size"] == 32  # a later lie cannot raise it
-    other_key = section_doc()
-    other_key["key"] = {**other_key["key"], "engine": "vllm-next"}
-    fresh_section = status_calibration.parse_section(other_key)
-    assert fresh_section is not None
-    fresh = status_calibration.merge_record(again, fresh_section, (4, 1, 4, 1))
-    assert fresh is not None and fresh["capture_failure"] is None
-    # The stored record is one the runtime accepts.
-    parsed = calibration.parse_record(json.loads(json.dumps(fresh)))
-    assert parsed.measured == {"weights_bytes": 42 * GIB, "kv_cache_bytes": 9 * GIB}
+def test_the_key_follows_the_pods_not_one_liar() -> None:
+    """The key changes only when no current report is for the stored one."""
+    record = fold(None, (pod(1), parsed()), (pod(2), parsed()))
+    other = section_doc()
+    other["key"] = {**other["key"], "engine": "vllm-next"}
+    liar = status_calibration.parse_section(other)
+    assert liar is not None
+    assert fold(record, (pod(1), parsed()), (pod(9), liar))["key"]["engine"] == "vllm"
+    moved = fold(record, (pod(3), liar))  # a rollout: every current pod runs the new engine
+    assert moved["key"]["engine"] == "vllm-next" and moved["measured"] == {}
 
 
 def test_the_configmap_holds_the_record_under_the_resource_name() -> None:
@@ -253,7 +351,43 @@ def test_the_configmap_holds_the_record_under_the_resource_name() -> None:
     cm = status_calibration.configmap("r1", "ns", {"inference.npu.dev/name": "r1"}, record)
     assert cm["metadata"]["name"] == "r1-calibration"
     assert json.loads(cm["data"][names.RECORD_FILE]) == record
+    assert status_calibration.configmap("r1", "ns", {}, None)["data"] == {}  # created first, empty
 
 
-def _never() -> Any:
-    raise AssertionError("unreachable")
+# -- the runtime's side of plausibility ---------------------------------------------------------------------
+
+
+def test_a_record_beyond_the_device_is_not_used_and_the_plan_fits(tmp_path: Path) -> None:
+    """Issue 33, item 2: 16 TiB of weights in the record made the next plan not fit (exit 3, a crash
+    loop). The runtime judges every figure against its own estimate and the device."""
+    plan = first_plan()
+    path = write_record(tmp_path, record_for(plan, {"weights_bytes": (1 << 44) - 1, "graph_per_size_bytes": 1}))
+    calibrated = plan_for(PlanOptions(**OPTIONS, calibration=path), str(R1), environ=AIV)
+    assert calibrated.calibration["measured_used"] == []
+    assert calibrated.memory.weights_bytes == plan.memory.weights_bytes
+    assert calibrated.memory.graph_per_size_bytes == plan.memory.graph_per_size_bytes
+    assert any("weights_bytes not used" in w and "device" in w for w in calibrated.warnings)
+    assert any("graph_per_size_bytes not used" in w and "band" in w for w in calibrated.warnings)
+
+
+def test_a_calibrated_plan_that_does_not_fit_falls_back_to_the_estimates(tmp_path: Path) -> None:
+    """Issue 33, item 2: plausible figures (in band, below the device) that leave no room for the KV
+    cache: the plan is the estimates', never a DoesNotFitError (exit 3, a crash loop)."""
+    plan = first_plan()
+    weights = math.ceil(plan.memory.total_bytes * 0.95 / 1.1)  # with the margin: above the 92 % budget
+    assert calibration.plausible(weights, plan.memory.weights_bytes, plan.memory.total_bytes) is None
+    path = write_record(tmp_path, record_for(plan, {"weights_bytes": weights}))
+    fallback = plan_for(PlanOptions(**OPTIONS, calibration=path), str(R1), environ=AIV)
+    assert fallback.memory.weights_bytes == plan.memory.weights_bytes
+    assert fallback.calibration["measured_used"] == []
+    assert any("calibrated plan does not fit" in w for w in fallback.warnings)
+
+
+def test_the_role_is_part_of_the_key(tmp_path: Path) -> None:
+    """Issue 33, item 11: a prefill engine never plans with the decode role's record."""
+    decode = plan_for(PlanOptions(**OPTIONS, role="decode"), str(R1), environ=AIV)
+    assert decode.calibration["key"]["role"] == "decode"
+    path = write_record(tmp_path, record_for(decode, {"weights_bytes": 46 * GIB}))
+    prefill = plan_for(PlanOptions(**OPTIONS, role="prefill", calibration=path), str(R1), environ=AIV)
+    assert prefill.calibration["record"] == "other-key"
+    assert any("role 'decode' != 'prefill'" in w for w in prefill.warnings)

@@ -445,6 +445,25 @@ class TestServePlan:
         assert chosen.streams.hccl_op_expansion_mode == "default"
         assert len(chosen.capture_sizes) < len(unset.capture_sizes)
 
+    def test_a_record_serve_cannot_read_is_planned_around_never_an_exit(self, tmp_path: Path) -> None:
+        """Issue 33, item 2: a broken or foreign record must not crash-loop the pod (exit 2 each start)."""
+        record = tmp_path / "record.json"
+        record.write_text('{"schema": 1, "key": {}, "measured": {"weights_bytes": 1099511627776000}}')
+        model = FIXTURES / "qwen2.5-7b"
+        p = self.serve_plan(model, calibration=str(record), max_model_len=4096, **self.NPU_OVERRIDES)
+        assert p.calibration["record"] == "none"
+        assert p == self.serve_plan(model, max_model_len=4096, **self.NPU_OVERRIDES)
+
+    def test_a_prefill_engine_plans_under_its_role(self) -> None:
+        """Issue 33, item 11: serve takes the role of the calibration key from --kv-transfer-config."""
+        transfer = '{"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer"}'
+        options = ServeOptions(
+            model=str(FIXTURES / "qwen2.5-7b"),
+            plan=PlanOptions(max_model_len=4096, **self.NPU_OVERRIDES),
+            kv_transfer_config=transfer,
+        )
+        assert make_serve_plan(options, environ={}).calibration["key"]["role"] == "prefill"
+
     def test_engine_resolves_mode_reaches_the_plan(self) -> None:
         options = ServeOptions(
             model=str(FIXTURES / "qwen2.5-7b"),

@@ -108,7 +108,10 @@ def test_the_engines_measurements_become_the_next_pods_plan(planned: ServeRun, t
     assert section.measured["kv_cache_bytes"] == 1 << 30  # VLLM_CPU_KVCACHE_SPACE=1, measured by the worker
     # The CPU build's runner has no model_memory_usage: weights are measured on NPU/CUDA only.
     assert "weights_bytes" not in section.measured
-    record = status_calibration.merge_record(None, section, (1, 1, 1, 1))
+    # Two pods measured the same (the record keeps a figure only when QUORUM pods agree on it).
+    reporters = [status_calibration.Reporter(f"pod-{i}", f"uid-{i}") for i in range(status_calibration.QUORUM)]
+    layouts = status_calibration.expected_layouts(1, 1, 1, 1, expert=False)
+    record = status_calibration.fold_record(None, [(who, section) for who in reporters], layouts)
     assert record is not None
     path = tmp_path / names.RECORD_FILE
     path.write_text(json.dumps(record))
@@ -179,7 +182,9 @@ def test_the_decode_batches_the_engine_runs_shape_the_next_pods_capture_sizes(
     assert shown["steps"] >= sum(delta.values())
     section = parse_report(status).calibration
     assert section is not None and section.decode_batches is not None
-    record = status_calibration.fold_record(None, [section], (1, 1, 1, 1))
+    who = status_calibration.Reporter("pod-0", "uid-0")
+    layouts = status_calibration.expected_layouts(1, 1, 1, 1, expert=False)
+    record = status_calibration.fold_record(None, [(who, section)], layouts)
     record = decode_batches.fold(None, record, [(section.key, section.decode_batches)], decode_batches.SpecLimits(1, 4))
     assert record is not None and record["decode_batches"]["steps"] == shown["steps"]
     path = tmp_path / "record.json"
