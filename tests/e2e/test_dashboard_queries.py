@@ -5,9 +5,10 @@ of one NPUInference on CPU, Ready, serving one completion. A fresh Prometheus op
 and each panel's queries run the way Grafana would send them for that namespace and resource:
 `$namespace` and `$npuinference` substituted as Grafana interpolates a multi-value variable into
 PromQL (regex-escaped), `$__rate_interval` as max($__interval + scrape interval, 4 x scrape
-interval), range queries over the run for time series, instant queries for tables. A panel has
-data when some series has a number. Panels listed in the dashboard's NPU_ONLY can only have data
-on an NPU (graph capture and replay); on CPU they must be empty, every other panel must answer.
+interval), `$__range` as the run's length, range queries over the run for time series, instant
+queries for tables. A panel has data when some series has a number. Panels listed in the
+dashboard's NPU_ONLY can only have data on an NPU (graph capture and replay); on CPU they must be
+empty, every other panel must answer.
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ def regex_escape(value: str) -> str:
 Selection = dict[str, list[str] | str]  # variable -> the values selected, or "All" (its allValue, verbatim)
 
 
-def interpolate(expr: str, variables: Selection, step: float, scrape: float, all_values: dict[str, str]) -> str:
-    """The expression as Grafana sends it (multi-value variables with "All": one or more values, or All)."""
+def interpolate(
+    expr: str, variables: Selection, step: float, scrape: float, all_values: dict[str, str], range_seconds: float = 3600
+) -> str:
+    """The expression as Grafana sends it (multi-value variables with "All": one or more values, or
+    All; `$__range` the dashboard's time range, in seconds)."""
     for name, values in variables.items():
         if values == "All":
             value = all_values[name]
@@ -58,7 +62,8 @@ def interpolate(expr: str, variables: Selection, step: float, scrape: float, all
             value = escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
         expr = expr.replace(f"${name}", value)
     rate_interval = max(step + scrape, 4 * scrape)
-    return expr.replace("$__rate_interval", f"{rate_interval:g}s").replace("$__interval", f"{step:g}s")
+    expr = expr.replace("$__rate_interval", f"{rate_interval:g}s").replace("$__range", f"{round(range_seconds)}s")
+    return expr.replace("$__interval", f"{step:g}s")
 
 
 def has_numbers(data: dict[str, Any]) -> bool:
@@ -110,7 +115,8 @@ async def _answers(
             continue
         answers[panel["title"]] = {}
         for target in panel["targets"]:
-            expr = interpolate(target["expr"], variables, step, scrape, all_values)
+            span = window["end"] - window["start"]
+            expr = interpolate(target["expr"], variables, step, scrape, all_values, span)
             if target.get("instant"):
                 result = await server.api("query", {"query": expr, "time": f"{window['end']:.3f}"})
             else:
@@ -166,6 +172,10 @@ def test_grafana_interpolation_of_a_multi_value_variable() -> None:
     expr = 'rate(m{namespace=~"$namespace", inference_npu_dev_name=~"$npuinference"}[$__rate_interval])'
     assert interpolate(expr, variables, step=15, scrape=15, all_values={}) == (
         'rate(m{namespace=~"(llm|research\\\\.v2)", inference_npu_dev_name=~"qwen-7b"}[60s])'
+    )
+    ranged = 'increase(m{namespace=~"$namespace"}[$__range])'
+    assert interpolate(ranged, variables, 15, 15, {}, range_seconds=900.4) == (
+        'increase(m{namespace=~"(llm|research\\\\.v2)"}[900s])'
     )
     everything: Selection = {"namespace": "All", "npuinference": ["qwen-7b"]}
     assert interpolate(expr, everything, step=30, scrape=15, all_values={"namespace": ".*"}) == (

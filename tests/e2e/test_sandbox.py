@@ -89,7 +89,7 @@ def test_a_real_prometheus_scraped_the_sandbox_and_shows_the_plan_downgrade_aler
         pytest.skip("prometheus not found: install Debian's prometheus package (scripts/bootstrap does it as root)")
     found = sandbox_run.summary["prometheus"]
     # Every npu_graph_* metric the CPU build produces, with the labels the chart's PodMonitor gives.
-    assert found["metrics"] == ["npu_graph_downgrades_total", "npu_graph_mode_info"]
+    assert found["metrics"] == ["npu_graph_decode_batches_total", "npu_graph_downgrades_total", "npu_graph_mode_info"]
     for series in found["series"]:
         for label in ('namespace="default"', 'inference_npu_dev_name="tiny-llama"', 'pod="tiny-llama-'):
             assert label in series, series

@@ -148,7 +148,19 @@ def test_the_decode_batches_the_engine_runs_shape_the_next_pods_capture_sizes(
     from npu_runtime.planner.plan import plan_for
 
     tokens = 160
-    before = decode_batch_counts(planned)
+    # The counts reach /metrics with the observer's next flush: start from counts that no longer
+    # move, so that an earlier test's last steps are not counted as this load's.
+    previous = [decode_batch_counts(planned)]
+
+    def unchanged() -> dict[int, float] | None:
+        time.sleep(2.0)
+        now = decode_batch_counts(planned)
+        same = now == previous[0]
+        previous[0] = now
+        return now if same else None
+
+    before = wait_for(unchanged, timeout=30.0)
+    assert before is not None, "the decode batch counts never stopped moving before the load"
     planned.complete("A single request:", tokens, ignore_eos=True)
     threads = [
         threading.Thread(target=planned.complete, args=(f"Request {n}:", tokens), kwargs={"ignore_eos": True})
