@@ -118,7 +118,7 @@ def compute_status(
             timeout = spec.engine.startup_timeout_seconds
             status["autoscaling"] = scaling.autoscaling_status(spec.autoscaling, cap, observed.startup_seconds, timeout)
         if spec.routing is not None:
-            status["routing"] = routing.routing_status(name, cap.per_replica)
+            status["routing"] = routing.routing_status(name, routing.endpoint_concurrency(spec, cap.per_replica))
     status["phase"], status["reason"] = summarize(conditions, created=observed.workload is not None)
     return status
 

@@ -542,6 +542,14 @@ def largest_decode_batch(options: PlanOptions) -> int:
     return min(ceiling // q, options.max_num_seqs)
 
 
+def batched_token_budget(options: PlanOptions) -> int:
+    """max_num_batched_tokens of a plan for `options`: the prompt tokens one engine (DP rank) takes
+    into one step. Like `largest_decode_batch`, from the options alone (the requested mode's
+    ceiling; `_batched_tokens` does not depend on the device). Raises PlanError as make_plan would."""
+    ceiling, _ = _candidate_sizes(options, options.graph_mode, 1 + options.speculative_tokens, [])
+    return _batched_tokens(options, ceiling)
+
+
 def _candidate_sizes(options: PlanOptions, mode: str, q: int, warnings: list[str]) -> tuple[int, tuple[int, ...]]:
     """(ceiling, the sizes before fitting). The ceiling is the largest decode batch in tokens."""
     full_decode = modes.decode_mode(mode) == modes.FULL
