@@ -62,6 +62,15 @@ def setting(path: str, value: Any) -> Callable[[Manifest], None]:
 
 DELETE = object()
 
+
+def settings(*changes: Callable[[Manifest], None]) -> Callable[[Manifest], None]:
+    def change(manifest: Manifest) -> None:
+        for one in changes:
+            one(manifest)
+
+    return change
+
+
 # (id, change, a fragment of the message the user sees)
 INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
     ("name-not-dns-1035", setting("metadata.name", "7b-model"), "DNS-1035"),
@@ -239,11 +248,11 @@ INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
     ),
     (
         "pd-scale-to-zero",
-        lambda m: [
-            setting("spec.disaggregation", {"prefill": {}})(m),
-            setting("spec.routing", {})(m),
-            setting("spec.autoscaling", {"minReplicas": 0, "maxReplicas": 2})(m),
-        ],
+        settings(
+            setting("spec.disaggregation", {"prefill": {}}),
+            setting("spec.routing", {}),
+            setting("spec.autoscaling", {"minReplicas": 0, "maxReplicas": 2}),
+        ),
         "is not offered with spec.disaggregation",
     ),
     (
