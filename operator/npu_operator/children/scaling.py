@@ -463,6 +463,18 @@ def autoscaling_status(autoscaling: AutoscalingSpec, cap: Capacity, startup_seen
     return found
 
 
+def prefill_status(target: PrefillTarget) -> JSON:
+    """status.autoscaling.prefill: the prefill role's target in force and why."""
+    return {
+        "queuedTokensPerReplica": target.queued_tokens,
+        "batchedTokens": target.capacity.batched_tokens,
+        "dataParallelRanks": target.capacity.data_parallel,
+        "minReplicas": target.min_replicas,
+        "maxReplicas": target.max_replicas,
+        "reason": target.reason,
+    }
+
+
 def _time(value: Any) -> datetime | None:
     if not isinstance(value, str):
         return None

@@ -174,3 +174,21 @@ def test_a_resource_without_p_d_reads_every_engine_of_it_as_before() -> None:
     assert (
         scaling.running_query("m", "ns") == 'sum(vllm:num_requests_running{namespace="ns",inference_npu_dev_name="m"})'
     )
+
+
+def test_the_status_shows_each_roles_target_and_why() -> None:
+    manifest = autoscaled(maxReplicas=6)
+    spec = parse_spec(manifest["spec"])
+    status = compute_status("deepseek-r1-pd", "llm", 1, spec, Observed(), {}, "2026-01-01T00:00:00Z")
+    prefill = status["autoscaling"]["prefill"]
+    assert prefill == {
+        "queuedTokensPerReplica": 26214,
+        "batchedTokens": 16384,
+        "dataParallelRanks": 2,
+        "minReplicas": 1,
+        "maxReplicas": 6,
+        "reason": "80% of the prefill plan's max_num_batched_tokens (16384 per DP rank) x 2 DP ranks "
+        "= 32768 prompt tokens per step",
+    }
+    assert status["autoscaling"]["dataParallelRanks"] == 32  # the decode role's, as before
+    assert not crd.validate({**manifest, "status": status}), "the status fits the CRD's status schema"
