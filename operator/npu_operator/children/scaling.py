@@ -66,6 +66,7 @@ RESOURCE_LABEL: Final = "inference_npu_dev_name"
 ROLE_TARGET_LABEL: Final = "inference_npu_dev_role"
 # The router's per-engine outstanding work; for prefill, the prompt tokens sent and not yet answered.
 ROUTER_WORK_METRIC: Final = ROUTER_ENGINE_WORK.name
+PREFILL_WINDOW: Final = "1m"  # a few scrapes (the PodMonitor's interval, 30 s by default)
 # vLLM's own gauges, per engine (DP rank), on the API server's /metrics (port http).
 RUNNING_METRIC: Final = "vllm:num_requests_running"
 WAITING_METRIC: Final = "vllm:num_requests_waiting"
@@ -321,8 +322,10 @@ def waiting_query(name: str, namespace: str, role: str | None = None) -> str:
 
 def prefill_tokens_query(name: str, namespace: str) -> str:
     """The prompt tokens at the prefill engines of one P/D resource, queued or being prefilled, over
-    every router replica (each counts its own requests) and every prefill engine."""
-    return f'sum({ROUTER_WORK_METRIC}{{{_matchers(name, namespace)},role="prefill"}})'
+    every router replica (each counts its own requests) and every prefill engine, each series averaged
+    over PREFILL_WINDOW: one long prompt is a spike of its own length for a step, not a load."""
+    selector = f'{ROUTER_WORK_METRIC}{{{_matchers(name, namespace)},role="prefill"}}'
+    return f"sum(avg_over_time({selector}[{PREFILL_WINDOW}]))"
 
 
 def picker_queue_query(name: str, namespace: str) -> str:

@@ -84,7 +84,8 @@ def test_each_role_has_a_scaled_object_on_its_own_scale_target_and_signal() -> N
     }
     (trigger,) = prefill["spec"]["triggers"]
     assert trigger["metadata"]["query"] == (
-        f'sum(npu_router_engine_work{{namespace="{namespace}",inference_npu_dev_name="{name}",role="prefill"}})'
+        "sum(avg_over_time(npu_router_engine_work"
+        f'{{namespace="{namespace}",inference_npu_dev_name="{name}",role="prefill"}}[1m]))'
     )
     prefill_options = PlanOptions(
         graph_mode="NONE", max_num_seqs=16, max_num_batched_tokens=16384, tensor_parallel=8, data_parallel=2
