@@ -9,6 +9,7 @@ import copy
 from typing import Any
 
 import yaml
+from hypothesis import assume, given, settings
 from npu_operator.api import crd
 from npu_operator.api.spec import parse_spec, plan_options
 from npu_operator.api.validation import validate_spec
@@ -17,11 +18,14 @@ from npu_operator.controller.desired import adopted_children, read_spec
 from npu_operator.kube import names
 from npu_operator.status.resource import Observed, compute_status
 from npu_runtime.contract import PlanOptions
+from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.plan import batched_token_budget
+from npu_runtime.planner.probe import DeviceInfo
 from npu_runtime.routing.router import DEFAULT_MAX_IN_FLIGHT
 
 from tests.examples import TEST_CONFIG, example
 from tests.operator import ds_schema, traffic_schemas
+from tests.runtime.planner.test_plan_properties import PROPERTY_SETTINGS, cases, try_plan
 
 CONFIG = TEST_CONFIG
 UID = "11111111-2222-3333-4444-555555555555"
@@ -193,3 +197,17 @@ def test_the_status_shows_each_roles_target_and_why() -> None:
     }
     assert status["autoscaling"]["dataParallelRanks"] == 32  # the decode role's, as before
     assert not crd.validate({**manifest, "status": status}), "the status fits the CRD's status schema"
+
+
+@settings(**PROPERTY_SETTINGS)
+@given(cases())
+def test_the_prefill_budget_is_the_one_every_plan_pins(
+    case: tuple[PlanOptions, DeviceInfo, ModelInfo, dict[str, str]],
+) -> None:
+    """The prefill target's budget, from the options alone, is the max_num_batched_tokens the runtime's
+    real plan gives the engine, on any device and model, whenever the plan keeps the requested mode."""
+    options = case[0]
+    plan = try_plan(*case)
+    assume(plan is not None and plan.effective_mode == options.graph_mode)
+    assert plan is not None
+    assert batched_token_budget(options) == plan.max_num_batched_tokens
