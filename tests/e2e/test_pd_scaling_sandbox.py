@@ -4,8 +4,10 @@ The real operator (kopf) over the emulated API with KEDA's and LeaderWorkerSet's
 sandbox's DisaggregatedSet and LeaderWorkerSet stand-ins make the role LeaderWorkerSets, the role
 scaler, the StatefulSets and pods; its kubelet runs the real router (`npu-runtime route`, resolving
 the role Services through the sandbox's DNS) and, for each engine, `tests.sandbox.node.fake_engine`
-given the very `npu-runtime serve` arguments the operator rendered. No vLLM: this machine (2 CPUs,
-shared) cannot hold three CPU engines at once; tests/e2e/test_pd_cpu.py runs a real pair.
+given the very `npu-runtime serve` arguments the operator rendered (decode 1 -> 2 and prefill 1 -> 2
+in seconds). The `engine`-marked variant runs real vLLM CPU engines instead (the tiny model, their
+Mooncake connector mapped to vLLM's file-based ExampleConnector) and scales decode only: three
+engines at once on this 2-CPU machine.
 
 KEDA itself cannot run here (no kube-apiserver for its HPA): the test writes each role's scale target
 as KEDA's HPA would (decode: the NPUInference's /scale, 1 -> 2; prefill: the DisaggregatedSetRoleScaler
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ from npu_sandbox.controllers import disaggregated
 from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LocalKubelet, LocalPod, ServeRunner
 
 from tests.e2e.conftest import scale, wait_ready
+from tests.e2e.test_status_loop import ENGINE_STARTUP
 from tests.examples import example
 from tests.operator import traffic_schemas
 
@@ -132,12 +136,32 @@ async def ready_role_pods(cluster: LocalCluster, role: str, count: int) -> list[
 
 
 async def test_a_p_d_resource_scales_per_role_while_it_serves(tmp_path: Path) -> None:
+    """Fake engines: decode 1 -> 2 and prefill 1 -> 2, in seconds."""
     models = tmp_path / "models"
     (models / "tiny-llama").mkdir(parents=True)
+    await scale_while_serving(tmp_path, models / "tiny-llama", [FakeEngineRunner(), *DEFAULT_RUNNERS], prefill=True)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(1500)
+async def test_real_cpu_engines_keep_serving_while_decode_scales_out(tiny_model: Path, tmp_path: Path) -> None:
+    """Real vLLM CPU engines (the tiny model; their Mooncake connector mapped to vLLM's file-based
+    ExampleConnector): decode 1 -> 2 through the resource's /scale; three engines in all."""
+    await scale_while_serving(tmp_path, tiny_model, list(DEFAULT_RUNNERS), prefill=False, within=ENGINE_STARTUP)
+
+
+async def scale_while_serving(
+    tmp_path: Path, model: Path, runners: list[Any], *, prefill: bool, within: float = 120
+) -> None:
+    """The P/D resource with spec.autoscaling Ready, a client sending completions through the router, then
+    decode 1 -> 2 through the resource's /scale and (with `prefill`) prefill 1 -> 2 through its role
+    scaler's /scale, as KEDA's HPA writes them; every completion must succeed and the router must send
+    work to every engine; `kubectl get` shows the result."""
     manifest = example("sandbox-cpu-pd.yaml")
     manifest["spec"]["model"].update(
-        {"path": str(models / "tiny-llama"), "mountPath": str(models), "source": {"hostPath": {"path": str(models)}}}
+        {"path": str(model), "mountPath": str(model.parent), "source": {"hostPath": {"path": str(model.parent)}}}
     )
+    manifest["spec"]["disaggregation"]["connector"]["extraConfig"] = {"shared_storage_path": str(tmp_path / "kv")}
     manifest["spec"]["autoscaling"] = {"maxReplicas": 2}
     manifest["spec"]["metrics"] = {"podMonitor": {"enabled": True}}
     manifest["spec"]["disaggregation"]["prefill"]["maxReplicas"] = 2
@@ -145,15 +169,18 @@ async def test_a_p_d_resource_scales_per_role_while_it_serves(tmp_path: Path) ->
     emulator.serve_scaled_objects()
     async with LocalCluster(emulator=emulator, leader_worker_sets=True, disaggregated_sets=True) as cluster:
         await cluster.start_operator(CONFIG)
-        environ = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        kubelet = LocalKubelet(
-            cluster, NS, workdir=tmp_path / "pods", environ=environ, runners=[FakeEngineRunner(), *DEFAULT_RUNNERS]
-        )
+        environ = {
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+        }
+        kubelet = LocalKubelet(cluster, NS, workdir=tmp_path / "pods", environ=environ, runners=runners)
         load: Load | None = None
         try:
             await kubelet.start()
             await cluster.apply_npu_inference(manifest)
-            await wait_ready(cluster, NS, NAME, 1, 1, within=120)
+            began = time.monotonic()
+            await wait_ready(cluster, NS, NAME, 1, 1, within=within)
+            print(f"\nP/D resource Ready: {time.monotonic() - began:.0f}s")
 
             # Both roles' ScaledObjects are applied, each valid for KEDA v2.20.2, each on its own target.
             scaled = {
@@ -167,50 +194,54 @@ async def test_a_p_d_resource_scales_per_role_while_it_serves(tmp_path: Path) ->
             (router,) = [pod for pod in kubelet.pods if pod.object["metadata"]["labels"].get(ROLE_LABEL) == "router"]
             load = Load(router.api_url)
             sending = asyncio.create_task(load.run())
-            await asyncio.sleep(2)
-            assert load.decoded_by and not load.failures, load.failures
+            await cluster.wait_for(lambda: _answered(load), within=60, what="a first completion")
+            assert not load.failures, load.failures
 
             # decode 1 -> 2 through the resource's /scale (as KEDA's HPA writes it), serving throughout.
-            await scale(cluster, NS, NAME, 2, within=120)
-            decode = await ready_role_pods(cluster, "decode", 2)
-            # prefill 1 -> 2 through its DisaggregatedSetRoleScaler's /scale.
+            began = time.monotonic()
+            await scale(cluster, NS, NAME, 2, within=within)
+            print(f"decode scaled to 2 Ready: {time.monotonic() - began:.0f}s")
+            await ready_role_pods(cluster, "decode", 2)
+            prefills = 1
             scaler = f"{NAME}-prefill"
-            await cluster.patch(
-                disaggregated.API_VERSION,
-                disaggregated.SCALER_PLURAL,
-                NS,
-                scaler,
-                {"spec": {"replicas": 2}},
-                subresource="scale",
-            )
-            prefill = await ready_role_pods(cluster, "prefill", 2)
+            if prefill:  # prefill 1 -> 2 through its DisaggregatedSetRoleScaler's /scale.
+                await cluster.patch(
+                    disaggregated.API_VERSION,
+                    disaggregated.SCALER_PLURAL,
+                    NS,
+                    scaler,
+                    {"spec": {"replicas": 2}},
+                    subresource="scale",
+                )
+                prefills = 2
+            await ready_role_pods(cluster, "prefill", prefills)
 
-            async def both_engines_of_each_role_served() -> bool | None:
-                served = {pod["metadata"]["name"] for pod in decode} <= set(load.decoded_by) if load else False
+            async def every_engine_served() -> bool | None:
                 chosen = await engines_chosen(router.metrics_url)
-                return (served and len(chosen["prefill"]) == 2 and len(chosen["decode"]) == 2) or None
+                return (len(chosen["prefill"]) == prefills and len(chosen["decode"]) == 2) or None
 
             # The router follows the role Services' records (--resolve-seconds): the new engines get work.
-            await cluster.wait_for(both_engines_of_each_role_served, within=60, what="two engines of each role serving")
+            await cluster.wait_for(every_engine_served, within=120, what="every engine of each role serving")
 
-            async def scaler_counts_two() -> bool | None:
+            async def scaler_counts() -> bool | None:
                 found = await cluster.get(disaggregated.API_VERSION, disaggregated.SCALER_PLURAL, NS, f"{scaler}/scale")
-                return (found is not None and found["status"].get("replicas") == 2) or None
+                return (found is not None and found["status"].get("replicas") == prefills) or None
 
-            await cluster.wait_for(scaler_counts_two, within=30, what="the prefill scaler's status at 2")
+            await cluster.wait_for(scaler_counts, within=30, what=f"the prefill scaler's status at {prefills}")
             await asyncio.sleep(2)  # one more round of the stand-ins' status writes, for the kubectl output
             load.stop()
             await sending
             assert load.failures == [], load.failures
+            print(
+                f"{load.sent} completions through the router, none failed; {await engines_chosen(router.metrics_url)}"
+            )
             # Every prefill's KV parameters named a prefill engine the router knows: none was dropped.
             async with aiohttp.ClientSession() as session, session.get(f"{router.metrics_url}/metrics") as response:
                 dropped = [line for line in (await response.text()).splitlines() if 'reason="kv_params_' in line]
             assert all(line.endswith(" 0.0") for line in dropped), dropped
-            print(f"\n{load.sent} completions through the router, none failed; decoded by {load.decoded_by}")
-            assert len(prefill) == 2
 
             scale_doc = await cluster.get(disaggregated.API_VERSION, disaggregated.SCALER_PLURAL, NS, f"{scaler}/scale")
-            assert scale_doc is not None and scale_doc["spec"]["replicas"] == 2
+            assert scale_doc is not None and scale_doc["spec"]["replicas"] == prefills
             obj = await cluster.get(crd.API_VERSION, crd.PLURAL, NS, NAME)
             assert obj is not None and obj["status"]["ready"] == "2/2"
             assert obj["status"]["autoscaling"]["prefill"]["maxReplicas"] == 2
@@ -232,10 +263,14 @@ async def test_a_p_d_resource_scales_per_role_while_it_serves(tmp_path: Path) ->
                 )
                 assert shown.returncode == 0, shown.stderr
                 print(shown.stdout)
-                (tmp_path.parent / "pd-kubectl-get.txt").write_text(shown.stdout, encoding="utf-8")
                 assert f"{NAME}-prefill" in shown.stdout
         finally:
             if load is not None:
                 load.stop()
             await kubelet.stop()
             await cluster.stop_operator()
+
+
+async def _answered(load: Load) -> bool | None:
+    """A completion came back (or one failed: the caller's assertion says which)."""
+    return bool(load.decoded_by or load.failures) or None
