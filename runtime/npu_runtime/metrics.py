@@ -100,6 +100,13 @@ INSTRUMENTATION_ERRORS: Final = MetricSpec(
     "Observer hooks that failed and disabled themselves instead of breaking the engine.",
 )
 
+DECODE_BATCHES: Final = MetricSpec(
+    "npu_graph_decode_batches_total",
+    "counter",
+    ("size",),
+    "Decode steps by batch size in tokens before padding (the distribution the planner shapes capture sizes for).",
+)
+
 RUNTIME_METRICS: Final[tuple[MetricSpec, ...]] = (
     GRAPH_MODE_INFO,
     GRAPH_DOWNGRADES,
@@ -110,6 +117,7 @@ RUNTIME_METRICS: Final[tuple[MetricSpec, ...]] = (
     GRAPH_EAGER_FALLBACKS,
     DEVICE_MEMORY,
     INSTRUMENTATION_ERRORS,
+    DECODE_BATCHES,
 )
 
 # The PD router's own series (`npu-runtime route`, routing/router.py), in a registry of their own;
@@ -279,6 +287,7 @@ class MetricValues:
     eager_fallbacks: Mapping[str, int]
     device_memory: Mapping[tuple[str, str], int]  # (device, kind) -> bytes
     instrumentation_errors: Mapping[str, int]
+    decode_batches: Mapping[int, int] = dataclasses.field(default_factory=dict)  # tokens -> decode steps
 
 
 def _sorted(items: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
@@ -335,7 +344,11 @@ def families(values: MetricValues) -> list[Metric]:
     for hook, count in _sorted(values.instrumentation_errors.items()):
         errors.add_metric([hook], count)
 
-    return [mode_info, downgrades, sizes, memory, seconds, replay, fallbacks, device_memory, errors]
+    batches = counter(DECODE_BATCHES)
+    for size, count in _sorted(values.decode_batches.items()):
+        batches.add_metric([str(size)], count)
+
+    return [mode_info, downgrades, sizes, memory, seconds, replay, fallbacks, device_memory, errors, batches]
 
 
 def cumulative_buckets(counts: Sequence[int]) -> list[tuple[str, float]]:

@@ -22,6 +22,8 @@ Report schema (version 1), every key optional except schema and pid:
      "replay": [{"mode", "size", "count", "timed", "sum_seconds", "buckets": [int],
                  "p50_seconds": float|null, "p99_seconds": float|null}],
      "eager_fallbacks": {reason: int}, "decode_steps": int,
+     "decode_batches": {"counts": {"<tokens>": int}, "weights": {"<tokens>": float},
+                        "dropped": int, "half_life_seconds": float},   # observer/batches.py
      "errors": {hook: int}, "hooks": {"installed": [str], "unavailable": [str]},
      "memory": {"device": str, "total"|"free"|"weights"|"kv_cache"|"graphs": int}|null}
 
@@ -42,6 +44,8 @@ ENV_DIR: Final = "NPU_GRAPH_OBSERVER_DIR"
 ENV_ENABLED: Final = "NPU_GRAPH_OBSERVER"  # "0", "false" or "off" disables the plugin
 ENV_SAMPLE_EVERY: Final = "NPU_GRAPH_OBSERVER_REPLAY_SAMPLE_EVERY"  # time 1 replay in N (default 1)
 ENV_FLUSH_SECONDS: Final = "NPU_GRAPH_OBSERVER_FLUSH_SECONDS"  # report period (default 1.0)
+# The decode batch distribution's half-life in seconds (default 3600, observer/batches.py)
+ENV_BATCH_HALF_LIFE_SECONDS: Final = "NPU_GRAPH_OBSERVER_BATCH_HALF_LIFE_SECONDS"
 PLUGIN_NAME: Final = "npu_graph_observer"
 _PREFIX: Final = "observer-"
 

@@ -7,14 +7,17 @@ import re
 from pathlib import Path
 from typing import Any
 
+import celpy
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
 from npu_operator import topologies
 from npu_operator.api.config import OperatorConfig, load_config
 from npu_operator.api.spec import parse_spec
 from npu_operator.children import kinds as children
 from npu_operator.children import kinds as children_kinds
 from npu_operator.kube import client, names
+from npu_operator.status import calibration
 
 from tests.chart import monitoring
 from tests.chart.helm import (
@@ -40,8 +43,10 @@ MONITORING_ON = {
     }
 }
 NAMESPACED = {"watch": {"scope": "namespaced", "namespaces": ["llm", "research"]}}
+CLUSTER = {"watch": {"scope": "cluster"}}  # the opt-in: every namespace
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "cluster": CLUSTER,
     "monitoring-on": MONITORING_ON,
     "namespaced": NAMESPACED,
     "namespaced-release-namespace": {"watch": {"scope": "namespaced"}, "rbac": {"namespacedDiscovery": False}},
@@ -103,13 +108,15 @@ def test_every_rendered_object_passes_validation(name: str, tmp_path: Path, peer
 def test_default_values_render_the_operator_and_nothing_that_needs_prometheus(defaults: list[JSON]) -> None:
     kinds = sorted(obj["kind"] for obj in defaults)
     assert kinds == [
-        "ClusterKopfPeering",
-        "ClusterRole",
+        "ClusterRole",  # kopf's read-only discovery
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "CustomResourceDefinition",
         "CustomResourceDefinition",
         "Deployment",
+        "KopfPeering",
+        "Role",
+        "RoleBinding",
         "ServiceAccount",
     ]
     assert not [obj for obj in defaults if obj["apiVersion"].startswith("monitoring.coreos.com")]
@@ -155,7 +162,7 @@ def test_the_operator_accepts_the_settings_the_chart_gives_it(name: str, tmp_pat
     assert config.runtime_image == "ghcr.io/npu-inference/npu-runtime:0.1.0"
     assert config.npu_resource_name == "huawei.com/Ascend910"
     scope = VALUE_SETS[name].get("watch", {})
-    if scope.get("scope") == "namespaced":
+    if scope.get("scope", "namespaced") == "namespaced":  # the default
         assert config.namespaces == tuple(scope.get("namespaces") or [NAMESPACE])
     else:
         assert config.namespaces == ()
@@ -190,7 +197,7 @@ def test_operator_settings_come_from_values(tmp_path: Path) -> None:
     assert config.resync_seconds == 60
     assert config.peering_name == "llm-operators"
     assert container(objects)["image"] == "registry.example.com/npu-operator:1.2.3"
-    assert one(objects, "ClusterKopfPeering")["metadata"]["name"] == "llm-operators"
+    assert one(objects, "KopfPeering")["metadata"]["name"] == "llm-operators"
 
 
 # --- RBAC ----------------------------------------------------------------------------------------
@@ -236,7 +243,28 @@ def grants(role: JSON) -> dict[tuple[str, str], set[str]]:
     return result
 
 
-def test_cluster_scope_grants_exactly_what_is_used(defaults: list[JSON]) -> None:
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection", "escalate", "bind", "impersonate"})
+
+
+def test_the_default_grants_write_rights_only_in_the_namespaces_it_serves(defaults: list[JSON]) -> None:
+    """Issue 33 item 8: by default nothing cluster-wide that a namespaced grant can do. The only
+    ClusterRole reads CRDs and namespace names (kopf's discovery); every write right is in a Role of
+    the release namespace, the one the operator serves (NPU_OPERATOR_NAMESPACES), so a compromised
+    operator can write nothing in kube-system or any other namespace."""
+    for role in by_kind(defaults, "ClusterRole"):
+        assert not any(set(verbs) & WRITE_VERBS for verbs in grants(role).values()), grants(role)
+        assert grants(role) == {
+            ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+            ("", "namespaces"): {"list", "watch"},
+        }
+    (role,) = by_kind(defaults, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert grants(role) == {**NAMESPACED_RULES, ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"}}
+    assert env_of(defaults)["NPU_OPERATOR_NAMESPACES"] == NAMESPACE
+
+
+def test_cluster_scope_grants_exactly_what_is_used(tmp_path: Path) -> None:
+    defaults = render(CLUSTER, tmp_path)
     role = one(defaults, "ClusterRole")
     assert grants(role) == {
         **NAMESPACED_RULES,
@@ -251,6 +279,89 @@ def test_cluster_scope_grants_exactly_what_is_used(defaults: list[JSON]) -> None
     ]
     assert one(defaults, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
     assert not by_kind(defaults, "Role") and not by_kind(defaults, "RoleBinding")
+
+
+# --- the cluster-wide opt-in's admission policy --------------------------------------------------
+
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:npu-npu-inference-operator"
+
+
+def admitted(policy: JSON, operation: str, namespace: str, new: JSON | None, old: JSON | None, user: str) -> bool:
+    """Whether the ValidatingAdmissionPolicy lets the request through, its CEL evaluated as the API
+    server does (matchConditions first: an unmatched request is not validated; then every validation)."""
+    environment = celpy.Environment()
+    request = {"operation": operation, "namespace": namespace, "userInfo": {"username": user}}
+    variables = {"request": json_to_cel(request), "object": json_to_cel(new), "oldObject": json_to_cel(old)}
+
+    def holds(expression: str) -> bool:
+        return bool(environment.program(environment.compile(expression)).evaluate(variables))
+
+    if not all(holds(condition["expression"]) for condition in policy["spec"]["matchConditions"]):
+        return True
+    return all(holds(validation["expression"]) for validation in policy["spec"]["validations"])
+
+
+def confined_kinds(policy: JSON) -> set[tuple[str, str]]:
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    return {(group, resource) for rule in rules for group in rule["apiGroups"] for resource in rule["resources"]}
+
+
+def test_the_cluster_wide_opt_in_confines_the_operators_writes_to_objects_it_manages(tmp_path: Path) -> None:
+    objects = render(CLUSTER, tmp_path)
+    policy = one(objects, "ValidatingAdmissionPolicy")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    # The kinds a write to which takes over a namespace, all of them writable under the ClusterRole.
+    assert confined_kinds(policy) == {
+        ("", "configmaps"),
+        ("", "services"),
+        ("", "serviceaccounts"),
+        ("apps", "deployments"),
+        ("rbac.authorization.k8s.io", "roles"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+        ("policy", "poddisruptionbudgets"),
+    }
+    assert confined_kinds(policy) <= set(grants(one(objects, "ClusterRole")))
+    ours = {"metadata": {"name": "m", "labels": {"app.kubernetes.io/managed-by": "npu-operator"}}}
+    foreign = {"metadata": {"name": "coredns", "labels": {"k8s-app": "kube-dns"}}}
+    bare: JSON = {"metadata": {"name": "x"}}
+    me = OPERATOR_USER
+    assert admitted(policy, "CREATE", "llm", ours, None, me)
+    assert admitted(policy, "UPDATE", "llm", ours, ours, me)
+    assert admitted(policy, "DELETE", "llm", None, ours, me)
+    assert not admitted(policy, "CREATE", "llm", bare, None, me)
+    assert not admitted(policy, "UPDATE", "llm", ours, foreign, me)  # adopting another's object by labelling it
+    assert not admitted(policy, "UPDATE", "llm", foreign, ours, me)
+    assert not admitted(policy, "DELETE", "llm", None, foreign, me)
+    for namespace in ("kube-system", "kube-public", "kube-node-lease"):
+        assert not admitted(policy, "CREATE", namespace, ours, None, me)  # a forged label does not help there
+        assert not admitted(policy, "UPDATE", namespace, foreign, foreign, me)
+    assert admitted(policy, "UPDATE", "kube-system", foreign, foreign, "system:serviceaccount:kube-system:admin")
+    # The namespaced default needs none: its Roles grant nothing outside the served namespaces.
+    assert not by_kind(render({}, tmp_path), "ValidatingAdmissionPolicy")
+    assert not by_kind(
+        render({**CLUSTER, "rbac": {"confineClusterWrites": {"enabled": False}}}, tmp_path), "ValidatingAdmissionPolicy"
+    )
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+def test_every_object_the_operator_writes_passes_the_cluster_wide_policy(example: str, tmp_path: Path) -> None:
+    """The policy must never refuse the operator's own writes: every child of a confined kind that it
+    builds (the endpoint picker's too) and the calibration record carry its label."""
+    policy = one(render(CLUSTER, tmp_path), "ValidatingAdmissionPolicy")
+    manifest = yaml.safe_load((ROOT / "examples" / example).read_text(encoding="utf-8"))
+    spec = parse_spec(manifest["spec"])
+    built = topologies.build_children("m", "llm", spec, OperatorConfig(), children_kinds.Capabilities.everything())
+    built.append(calibration.configmap("m", "llm", names.labels("m"), {}))
+    plurals = {(kind.resource.group, kind.resource.kind): kind.resource.plural for kind in children.KINDS}
+    confined = confined_kinds(policy)
+    written = [c for c in built if (group := c["apiVersion"].rpartition("/")[0], plurals[group, c["kind"]]) in confined]
+    assert written
+    for child in written:
+        assert admitted(policy, "CREATE", "llm", child, None, OPERATOR_USER), child["metadata"]
+        assert admitted(policy, "UPDATE", "llm", child, child, OPERATOR_USER), child["metadata"]
+        assert admitted(policy, "DELETE", "llm", None, child, OPERATOR_USER), child["metadata"]
 
 
 def test_every_kind_the_operator_touches_has_a_rule() -> None:
@@ -285,7 +396,7 @@ def test_namespaced_scope_without_discovery_has_no_cluster_grant(tmp_path: Path)
     assert [role["metadata"]["namespace"] for role in by_kind(objects, "Role")] == [NAMESPACE]
 
 
-@pytest.mark.parametrize("name", ["defaults", "namespaced"])
+@pytest.mark.parametrize("name", ["defaults", "cluster", "namespaced"])
 def test_every_rbac_rule_says_who_needs_it(name: str, tmp_path: Path) -> None:
     text = template(VALUE_SETS[name], tmp_path, "--show-only", "templates/rbac.yaml")
     lines = text.splitlines()
@@ -311,7 +422,8 @@ def test_no_rbac_when_disabled(tmp_path: Path) -> None:
 # --- peering -------------------------------------------------------------------------------------
 
 
-def test_cluster_peering_object_is_a_hook_named_as_the_operator_expects(defaults: list[JSON]) -> None:
+def test_cluster_peering_object_is_a_hook_named_as_the_operator_expects(tmp_path: Path) -> None:
+    defaults = render(CLUSTER, tmp_path)
     peering = one(defaults, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == env_of(defaults)["NPU_OPERATOR_PEERING_NAME"]
     assert peering["apiVersion"] == "kopf.dev/v1"
@@ -416,7 +528,8 @@ def test_notes_say_how_npuinferences_are_deleted_around_an_uninstall(tmp_path: P
     assert "Uninstalling leaves the NPUInferences serving" in text and "keeps no finalizer" in text
     assert "inference.npu.dev/finalizer" in text and "remove it by hand" in text
     assert "kubectl get npuinf" in text
-    assert "every namespace" in text
+    assert f"It serves NPUInference resources in: {NAMESPACE}." in text
+    assert "every namespace" in notes(CLUSTER, tmp_path)
 
 
 def test_notes_follow_the_values(tmp_path: Path) -> None:
@@ -444,7 +557,9 @@ def test_inference_pod_monitor_selects_the_operators_pods_on_their_ports(tmp_pat
     children = operator_children()
     pod = one(children, "Deployment")["spec"]["template"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
-    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}  # the namespaces served
+    cluster = one(render({**MONITORING_ON, **CLUSTER}, tmp_path), "PodMonitor", "npu-npu-inference-operator-inference")
+    assert cluster["spec"]["namespaceSelector"] == {"any": True}
     ports = {port["name"] for port in pod["spec"]["containers"][0]["ports"]}
     assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"http", "metrics"} == ports
 

@@ -10,6 +10,7 @@ model runner v2 or vllm-ascend's runner variants) or `n/a` (the release has no v
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 from npu_runtime.engines import RELEASES, EngineRelease
 from npu_runtime.observer import compat as resolve
 from npu_runtime.observer import targets
-from npu_runtime.planner import modes
+from npu_runtime.planner import modes, releases
 
 from tests.compat import sources
 
@@ -28,6 +29,9 @@ class Matrix:
     hooks: dict[str, list[resolve.Cell]]  # hook -> one cell per release
     targets: dict[str, list[resolve.Cell]]  # "hook @ module.Class.method" -> one cell per release
     rules: dict[str, list[resolve.Cell]]  # "Reason: module symbol" -> one cell per release
+    # "step: module symbol" -> one cell per release: the functions planner/releases.py cites, checked
+    # in every release (a release's own row must bind them all: test_engine_releases).
+    capture_rules: dict[str, list[resolve.Cell]] = dataclasses.field(default_factory=dict)
 
 
 def release_source(release: EngineRelease) -> resolve.Source:
@@ -36,8 +40,8 @@ def release_source(release: EngineRelease) -> resolve.Source:
     return resolve.Source(roots)
 
 
-def build(releases: tuple[EngineRelease, ...] = RELEASES) -> Matrix:
-    loaded = [release_source(release) for release in releases]
+def build(supported: tuple[EngineRelease, ...] = RELEASES) -> Matrix:
+    loaded = [release_source(release) for release in supported]
     target_rows = {
         f"{t.hook} @ {t.qualname}": [resolve.check_target(source, t) for source in loaded] for t in targets.TARGETS
     }
@@ -53,7 +57,21 @@ def build(releases: tuple[EngineRelease, ...] = RELEASES) -> Matrix:
         for rule in modes.RULES
         for module, symbol in resolve.citations(rule)
     }
-    return Matrix(releases, hooks, target_rows, rules)
+    capture_rules = {
+        f"{step}: {module}.{symbol}": [resolve.check_citation(source, module, symbol) for source in loaded]
+        for step, module, symbol in capture_citations()
+    }
+    return Matrix(supported, hooks, target_rows, rules, capture_rules)
+
+
+def capture_citations() -> list[tuple[str, str, str]]:
+    """(step, module, symbol) of every function planner/releases.py's rows cite, once each."""
+    found: dict[tuple[str, str, str], None] = {}
+    for row in releases.RULES.values():
+        for step, text in row.sources.items():
+            for path, symbol in resolve.CITATION.findall(text):
+                found[(step, path.replace("/", "."), symbol)] = None
+    return list(found)
 
 
 def render(matrix: Matrix) -> str:
@@ -63,6 +81,7 @@ def render(matrix: Matrix) -> str:
         ("hook", matrix.hooks),
         ("hook target", matrix.targets),
         ("planner rule (modes.RULES) citation", matrix.rules),
+        ("capture-size step (releases.RULES) citation", matrix.capture_rules),
     ):
         width = max(len(title), *(len(row) for row in rows))
         lines.append(" | ".join([title.ljust(width), *names]))

@@ -53,6 +53,33 @@ def test_the_cpu_build_the_tests_run_is_checked_too(built: matrix.Matrix) -> Non
     assert not missing, missing
 
 
+def test_each_release_row_of_the_planner_binds_its_capture_size_functions(built: matrix.Matrix) -> None:
+    # planner/releases.py: the capture-size steps each release row cites exist in that release's source.
+    from npu_runtime.planner import releases
+
+    checked = 0
+    for column, release in enumerate(built.releases):
+        row = releases.release_of(release.versions)
+        if row is None:
+            continue
+        checked += 1
+        cited = {f"{step}: {module}.{symbol}" for step, module, symbol in matrix.capture_citations()}
+        own = [text for text in cited if any(text.startswith(f"{step}:") for step in row.sources)]
+        missing = {
+            text: str(built.capture_rules[text][column]) for text in own if built.capture_rules[text][column].missing
+        }
+        assert not missing, f"{release.name}: {missing}"
+    assert checked == sum(1 for r in built.releases if "vllm-ascend" in r.versions)
+
+
+def test_every_release_in_the_matrix_has_a_planner_row() -> None:
+    from npu_runtime.planner import releases
+
+    for release in engines.RELEASES:
+        if "vllm-ascend" in release.versions:
+            assert releases.release_of(release.versions) is not None, release.name
+
+
 def test_every_rule_citing_a_function_is_resolved_somewhere(built: matrix.Matrix) -> None:
     # Reported, not required per release (a rule may cite a newer refactoring of the same check);
     # but a citation no supported release has is a typo or a rule for an engine we do not ship.

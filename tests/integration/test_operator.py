@@ -215,6 +215,44 @@ async def test_invalid_spec_is_marked_once_and_then_left_alone(operator: LocalCl
     assert await child(operator, "apps/v1", "deployments", "tiny-llama") is not None
 
 
+async def test_a_tenants_prometheus_and_gateway_are_refused_as_invalid_spec(operator: LocalCluster) -> None:
+    """Issue 33 items 7 and 15 on the real operator: a Prometheus address KEDA would query from its pod,
+    and an HTTPRoute without hostnames on another namespace's Gateway, are the resource's problem
+    (Degraded/InvalidSpec and one Warning Event, nothing created), not the operator's."""
+    bad = manifest(
+        autoscaling={"maxReplicas": 2, "prometheus": {"address": "http://169.254.169.254/latest/meta-data"}},
+        routing={"gateway": {"name": "shared", "namespace": "gateway-system"}},
+        metrics={"podMonitor": {"enabled": True}},  # what autoscaling reads
+    )
+    await operator.apply_npu_inference(bad)
+    obj = await wait_condition(operator, "tiny-llama", "Degraded", "True", "InvalidSpec")
+    message = condition(obj, "Degraded")["message"]
+    for field in (
+        "spec.autoscaling.prometheus.address",
+        "spec.routing.gateway.hostnames",
+        "spec.routing.gateway.namespace",
+    ):
+        assert field in message, message
+    assert await child(operator, "apps/v1", "deployments", "tiny-llama") is None
+
+    async def warning() -> Any:
+        return [e for e in await events(operator, "tiny-llama") if e["reason"] == "InvalidSpec"]
+
+    (event,) = await operator.wait_for(warning)
+    assert event["type"] == "Warning" and "spec.autoscaling.prometheus.address" in event["message"]
+
+    # The operator's own Prometheus and a route for the resource's hosts on its own namespace's Gateway pass.
+    fix = {
+        "spec": {
+            "autoscaling": {"prometheus": None},
+            "routing": {"gateway": {"namespace": None, "hostnames": ["tiny.example.com"]}},
+        }
+    }
+    await operator.patch(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama", fix)
+    await wait_condition(operator, "tiny-llama", "Degraded", "False")
+    assert await child(operator, "apps/v1", "deployments", "tiny-llama") is not None
+
+
 async def test_schema_violations_are_refused_by_the_api(cluster: LocalCluster) -> None:
     bad = manifest()
     bad["spec"]["parallelism"] = {"tensor": 2}

@@ -14,7 +14,8 @@ kept from those projects' own published schemas and sources (never a copy of the
   inference.networking.k8s.io_inferencepools.yaml (v1: selector.matchLabels 1..64 entries, label
   value pattern, targetPorts 1..8 unique ports, endpointPickerRef name/kind/port, failureMode enum,
   its CEL rule "port is required when kind is 'Service'").
-- HTTPRoute: Gateway API v1 (parentRefs, backendRefs by group/kind/name), the fields this operator sets;
+- HTTPRoute: Gateway API v1 (parentRefs, backendRefs by group/kind/name, hostnames: at most 16 of
+  apis/v1/shared_types.go's Hostname), the fields this operator sets;
   rules[].timeouts from kubernetes-sigs/gateway-api v1.4.0 apis/v1/httproute_types.go
   (HTTPRouteTimeouts: request, backendRequest, its CEL rule "backendRequest timeout cannot be longer
   than request timeout") and apis/v1/shared_types.go (Duration, GEP-2257's pattern).
@@ -195,6 +196,13 @@ _PARENT_REF = {
         "port": _INT32,
     },
 }
+# kubernetes-sigs/gateway-api v1.4.0 apis/v1/shared_types.go Hostname (kubebuilder markers).
+HOSTNAME = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 253,
+    "pattern": r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+}
 HTTP_ROUTE: dict[str, Any] = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -205,6 +213,7 @@ HTTP_ROUTE: dict[str, Any] = {
             "type": "object",
             "properties": {
                 "parentRefs": {"type": "array", "maxItems": 32, "items": _PARENT_REF},
+                "hostnames": {"type": "array", "maxItems": 16, "items": HOSTNAME},
                 "rules": {
                     "type": "array",
                     "maxItems": 16,

@@ -97,10 +97,12 @@ class ServeRun:
             for family in text_string_to_metric_families(body)
         }
 
-    def complete(self, prompt: str, max_tokens: int = 8) -> dict[str, Any]:
+    def complete(self, prompt: str, max_tokens: int = 8, **fields: Any) -> dict[str, Any]:
+        """A completion; `fields` go into the request as they are (ignore_eos=True, ...)."""
+        body = {"model": self.model_name(), "prompt": prompt, "max_tokens": max_tokens, **fields}
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.api_port}/v1/completions",
-            data=json.dumps({"model": self.model_name(), "prompt": prompt, "max_tokens": max_tokens}).encode(),
+            data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=120) as response:

@@ -138,7 +138,7 @@ def test_model_that_cannot_fit_exits_3_with_numbers() -> None:
 def test_environment_reaches_the_plan() -> None:
     model = str(FIXTURES / "llama-3.1-70b")
     args = ["--model", model, *NPU_64, "--tensor-parallel", "8", "--graph-mode", "PIECEWISE"]
-    args += ["--max-model-len", "8192", "--json"]
+    args += ["--max-model-len", "8192", "--stream-budget", "1800", "--json"]  # our own cap: no release has one
     default = json.loads(run("plan", *args).stdout)
     aiv = json.loads(run("plan", *args, env={"HCCL_OP_EXPANSION_MODE": "AIV"}).stdout)
     assert (default["streams"]["hccl_op_expansion_mode"], aiv["streams"]["hccl_op_expansion_mode"]) == (
@@ -146,6 +146,18 @@ def test_environment_reaches_the_plan() -> None:
         "AIV",
     )
     assert len(default["capture_sizes"]) < len(aiv["capture_sizes"])
+
+
+def test_engine_release_and_flashcomm1_select_the_rules() -> None:
+    model = str(FIXTURES / "qwen3-32b")
+    args = ["--model", model, *NPU_64, "--tensor-parallel", "4", "--max-num-seqs", "64", "--json"]
+    for release in ("0.23.0", "0.25.1rc1"):
+        plan = json.loads(run("plan", *args, "--engine-release", release, "--flashcomm1").stdout)
+        assert (plan["engine_release"], plan["flashcomm1"]) == (release, True)
+        assert plan["capture_sizes"][:2] == [4, 8]  # flashcomm1 keeps multiples of TP only
+        assert plan["capture_size_steps"][-1]["sizes"] == plan["capture_sizes"]
+    refused = run("plan", *args, "--engine-release", "0.9.0")
+    assert refused.returncode == 2 and "--engine-release" in refused.stderr
 
 
 def test_probe_json() -> None:

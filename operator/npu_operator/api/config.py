@@ -66,6 +66,12 @@ class OperatorConfig:
     # Node directories a hostPath model source may lie under (none: hostPath sources are refused).
     allowed_host_paths: tuple[str, ...] = ()
     allow_service_account_token: bool = False
+    # Prometheus addresses spec.autoscaling.prometheus.address may name besides prometheus_address
+    # (none: KEDA queries only the operator's Prometheus). KEDA's scaler sends a GET to whatever
+    # address a ScaledObject names, from KEDA's pod.
+    allowed_prometheus_addresses: tuple[str, ...] = ()
+    # Namespaces whose Gateways spec.routing.gateway may attach to besides the resource's own (none).
+    allowed_gateway_namespaces: tuple[str, ...] = ()
 
 
 def _positive_float(text: Any) -> float:
@@ -112,6 +118,10 @@ def _url(text: Any) -> str:
     if not value.startswith(("http://", "https://")) or any(c.isspace() for c in value):
         raise ValueError(f"must be an http:// or https:// URL, got {text!r}")
     return value
+
+
+def _urls(value: Any) -> tuple[str, ...]:
+    return tuple(_url(item) for item in _strings(value))
 
 
 def _resource_name(text: Any) -> str:
@@ -185,6 +195,8 @@ _PARSERS: Final[dict[str, Callable[[Any], Any]]] = {
     "allowed_priority_classes": _strings,
     "allowed_host_paths": _host_paths,
     "allow_service_account_token": _boolean,
+    "allowed_prometheus_addresses": _urls,
+    "allowed_gateway_namespaces": _namespaces,
 }
 
 
@@ -237,6 +249,8 @@ _CHART_VALUES: Final = {
     "allowed_priority_classes": "operator.podTemplatePolicy.allowedPriorityClasses",
     "allowed_host_paths": "operator.podTemplatePolicy.allowedHostPaths",
     "allow_service_account_token": "operator.podTemplatePolicy.allowServiceAccountToken",
+    "allowed_prometheus_addresses": "operator.podTemplatePolicy.allowedPrometheusAddresses",
+    "allowed_gateway_namespaces": "operator.podTemplatePolicy.allowedGatewayNamespaces",
 }
 # Every setting by field: the one place that knows its key, variable and chart value.
 SETTINGS: Final = {field: Setting(field, _CHART_VALUES[field]) for field in _PARSERS}

@@ -70,12 +70,13 @@ def only_permissive() -> str:
     return f"refused by podTemplatePolicy {RESTRICTED}; {hint}"
 
 
-def policy_problems(spec: NPUInferenceSpec, config: OperatorConfig) -> list[SpecError]:
-    """What the operator's pod-template policy refuses in `spec`, each naming its field and the
-    setting (chart value, variable) that would allow it."""
+def policy_problems(spec: NPUInferenceSpec, config: OperatorConfig, namespace: str | None = None) -> list[SpecError]:
+    """What the operator's pod-template policy refuses in `spec` (of a resource in `namespace`), each
+    naming its field and the setting (chart value, variable) that would allow it."""
     if config.pod_template_policy == PERMISSIVE:
         return []
     problems = _image_and_account(spec, config) + _host_and_priority(spec, config) + _placement(spec)
+    problems += _prometheus(spec, config) + _gateway(spec, config, namespace)
     envs = {"spec.engine.env": spec.engine.env}
     if spec.disaggregation is not None:
         envs["spec.disaggregation.prefill.env"] = spec.disaggregation.prefill.env
@@ -122,6 +123,55 @@ def _host_and_priority(spec: NPUInferenceSpec, config: OperatorConfig) -> list[S
         why = f"{host.path!r} is not under an allowed host directory ({_listed(config.allowed_host_paths)})"
         allowing = allowed_by("allowed_host_paths", (*config.allowed_host_paths, host.path))
         problems.append(SpecError("spec.model.source.hostPath.path", f"{why}; {allowing}"))
+    return problems
+
+
+def same_address(address: str, allowed: str) -> bool:
+    """Whether two Prometheus base URLs are the same: KEDA's scaler writes the query URL as
+    `serverAddress + "/api/v1/query?..."` (kedacore/keda pkg/scalers/prometheus_scaler.go
+    ExecutePromQuery), so only a trailing `/` may differ; anything else (another path, a user part
+    such as `http://allowed@elsewhere`) is another address."""
+    return address.rstrip("/") == allowed.rstrip("/")
+
+
+def _prometheus(spec: NPUInferenceSpec, config: OperatorConfig) -> list[SpecError]:
+    """A resource's own Prometheus address: KEDA's pod sends a GET there every polling interval
+    (the scaler takes any string as `serverAddress`, no scheme or host check), so a tenant's address
+    is a request from KEDA's network position to a host the tenant picks. Only the operator's
+    address and the listed ones are allowed."""
+    address = spec.autoscaling.prometheus.address if spec.autoscaling is not None else None
+    allowed = (config.prometheus_address, *config.allowed_prometheus_addresses)
+    if address is None or any(same_address(address, known) for known in allowed):
+        return []
+    why = (
+        f"{address!r} is not the operator's Prometheus ({config.prometheus_address}) nor an allowed one"
+        f" ({_listed(config.allowed_prometheus_addresses)}): KEDA would send its queries there"
+    )
+    allowing = allowed_by("allowed_prometheus_addresses", (*config.allowed_prometheus_addresses, address))
+    return [SpecError("spec.autoscaling.prometheus.address", f"{why}; {allowing}")]
+
+
+def _gateway(spec: NPUInferenceSpec, config: OperatorConfig, namespace: str | None) -> list[SpecError]:
+    """The HTTPRoute's parent and hosts. A route without hostnames matching `/` takes every request
+    of the listeners it attaches to (Gateway API v1 HTTPRoute spec.hostnames: none means every
+    host the listener allows), so on a shared Gateway it would catch other tenants' traffic; and a
+    Gateway in another namespace is shared by definition: only the resource's own namespace and the
+    listed ones may be named."""
+    gateway = spec.routing.gateway if spec.routing is not None else None
+    if gateway is None:
+        return []
+    problems: list[SpecError] = []
+    if not gateway.hostnames:
+        why = "the HTTPRoute would take every host the Gateway's listener serves; name the hosts it answers for"
+        problems.append(SpecError("spec.routing.gateway.hostnames", f"{why}; {only_permissive()}"))
+    parent = gateway.namespace
+    if parent is not None and parent != namespace and parent not in config.allowed_gateway_namespaces:
+        why = (
+            f"a Gateway in namespace {parent!r} is not the resource's own namespace nor an allowed one"
+            f" ({_listed(config.allowed_gateway_namespaces)})"
+        )
+        allowing = allowed_by("allowed_gateway_namespaces", (*config.allowed_gateway_namespaces, parent))
+        problems.append(SpecError("spec.routing.gateway.namespace", f"{why}; {allowing}"))
     return problems
 
 

@@ -241,9 +241,12 @@ class AutoscalingSpec:
 
 @dataclasses.dataclass(frozen=True)
 class GatewayRef:
+    """spec.routing.gateway: the Gateway the HTTPRoute attaches to, and the hosts it answers for."""
+
     name: str
-    namespace: str | None
+    namespace: str | None  # None: the resource's
     section_name: str | None
+    hostnames: tuple[str, ...] = ()  # the HTTPRoute's spec.hostnames (none: every host the listener takes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,8 +421,14 @@ def _routing(value: JSON | None) -> RoutingSpec | None:
     gateway = value.get("gateway")
     return RoutingSpec(
         failure_mode=value["failureMode"],
-        gateway=GatewayRef(gateway["name"], gateway.get("namespace"), gateway.get("sectionName")) if gateway else None,
+        gateway=_gateway(gateway) if gateway else None,
         request_timeout_seconds=value["requestTimeoutSeconds"],
+    )
+
+
+def _gateway(value: JSON) -> GatewayRef:
+    return GatewayRef(
+        value["name"], value.get("namespace"), value.get("sectionName"), tuple(value.get("hostnames", ()))
     )
 
 
@@ -478,4 +487,17 @@ def plan_options(spec: NPUInferenceSpec) -> PlanOptions:
         enable_expert_parallel=spec.parallelism.expert,
         nodes=spec.npu.nodes,
         quantization=spec.engine.quantization,
+        flashcomm1=_flashcomm1(spec.engine),
     )
+
+
+def _flashcomm1(engine: EngineSpec) -> bool | None:
+    """vllm-ascend's flashcomm1 as the engine will read it (vllm_ascend/ascend_config.py: the
+    additional config's enable_flashcomm1, else VLLM_ASCEND_ENABLE_FLASHCOMM1); None: not set."""
+    config = engine.additional_config
+    if isinstance(config, Mapping) and "enable_flashcomm1" in config:
+        return bool(config["enable_flashcomm1"])
+    for variable in engine.env:
+        if variable.get("name") == "VLLM_ASCEND_ENABLE_FLASHCOMM1" and isinstance(variable.get("value"), str):
+            return variable["value"].strip() not in ("", "0")
+    return None

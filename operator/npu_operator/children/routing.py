@@ -491,7 +491,8 @@ def route_timeouts(request_timeout: int, cold_start: int) -> JSON:
 def build_http_route(pool: Pool, gateway: GatewayRef, timeouts: Mapping[str, str] | None = None) -> JSON:
     """An HTTPRoute (gateway.networking.k8s.io/v1) from the named Gateway to the pool, as the
     inference extension's guides attach one (a backendRef of kind InferencePool), with `timeouts`
-    (`route_timeouts`) on its rule."""
+    (`route_timeouts`) on its rule and the spec's hostnames (Gateway API v1 HTTPRouteSpec.Hostnames:
+    the Host header it answers for; none means every host the listener takes)."""
     parent: JSON = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway.name}
     if gateway.namespace:
         parent["namespace"] = gateway.namespace
@@ -503,6 +504,7 @@ def build_http_route(pool: Pool, gateway: GatewayRef, timeouts: Mapping[str, str
         "metadata": _metadata(pool, pool.name),
         "spec": {
             "parentRefs": [parent],
+            **({"hostnames": list(gateway.hostnames)} if gateway.hostnames else {}),
             "rules": [
                 {
                     "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],

@@ -53,9 +53,11 @@ def read_spec(body: Mapping[str, Any], config: OperatorConfig) -> tuple[NPUInfer
         spec = parse_spec(body.get("spec", {}))
     except SpecError as exc:
         return None, [exc]
-    name = (body.get("metadata") or {}).get("name")
+    meta = body.get("metadata") or {}
+    name, namespace = meta.get("name"), meta.get("namespace")
     problems = validate_spec(spec, name if isinstance(name, str) else None)
-    return spec, problems + scaling.spec_problems(spec, plan_options(spec)) + policy_problems(spec, config)
+    namespace = namespace if isinstance(namespace, str) else None
+    return spec, problems + scaling.spec_problems(spec, plan_options(spec)) + policy_problems(spec, config, namespace)
 
 
 def desired_state(

@@ -39,7 +39,7 @@ from npu_operator.controller.desired import Desired, DesiredCache, adopt
 from npu_operator.kube.client import ApiError, KubeClient
 from npu_operator.kube.names import labels
 from npu_operator.kube.ownership import rank_of
-from npu_operator.status import calibration, findings, resource, revisions
+from npu_operator.status import calibration, decode_batches, findings, resource, revisions
 from npu_operator.status.collector import ReportCollector
 from npu_operator.status.findings import PodReport
 from npu_operator.status.graph import role_graphs
@@ -246,8 +246,14 @@ async def store_calibration(
     layout = calibration.spec_layout(
         spec.parallelism.tensor, spec.parallelism.pipeline, spec.parallelism.data, spec.npu.nodes
     )
-    record = calibration.fold_record(calibration.stored_record(live), sections, layout)
+    stored = calibration.stored_record(live)
+    record = calibration.fold_record(stored, sections, layout)
+    # issue 37: the decode batches the pods ran, for the next plan's capture sizes
+    batches = [(s.key, s.decode_batches) for s in sections if s.decode_batches is not None]
+    record = decode_batches.fold(stored, record, batches, decode_batches.spec_limits(spec))
     shown = calibration.graph_section(sections, record, name)
+    if extra := decode_batches.record_fields(record):
+        shown = {**(shown or {}), **extra}
     if record is None:
         return shown, None, None
     # What `adopt` reads of the owner: the ConfigMap is the same while these and the record are.

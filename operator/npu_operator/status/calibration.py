@@ -46,6 +46,8 @@ from npu_runtime.planner.calibration import (
 
 from npu_operator.children.kinds import CALIBRATION_RECORD
 from npu_operator.kube.names import RECORD_FILE, RECORD_MOUNT
+from npu_operator.status.decode_batches import DecodeBatchesSection
+from npu_operator.status.decode_batches import parse_section as parse_decode_batches
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -76,6 +78,7 @@ class CalibrationSection:
     estimated: dict[str, int]
     measured: dict[str, int]
     capture_failure: tuple[int, str] | None
+    decode_batches: DecodeBatchesSection | None = None  # issue 37 (status/decode_batches.py)
 
 
 def parse_section(value: Any) -> CalibrationSection | None:
@@ -101,6 +104,7 @@ def parse_section(value: Any) -> CalibrationSection | None:
         estimated=_figures(value.get("estimated"), _ESTIMATED),
         measured=_figures(value.get("measured"), MEASURED_FIGURES),
         capture_failure=failed,
+        decode_batches=parse_decode_batches(value.get("decode_batches")),  # issue 37
     )
 
 

@@ -19,6 +19,7 @@ fold per role under `roles` (`role_graphs`).
 from __future__ import annotations
 
 import datetime
+import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -93,6 +94,7 @@ def graph_status(
         graph["effectiveMode"] = previous["effectiveMode"]
     if sizes := _capture_sizes(readable):
         graph["captureSizes"] = sizes
+    graph.update(_sizes_from(readable))  # issue 37: captureSizesFrom, expectedPadding
     if memory := _capture_memory(readable):
         graph["captureMemory"] = memory
     if replay := _replay(readable):
@@ -255,6 +257,15 @@ def _capture_sizes(reports: Iterable[RuntimeReport]) -> list[int]:
         return []
     # Ties go to the longer list: a pod still capturing has captured fewer sizes so far.
     return list(min(lists.items(), key=lambda item: (-item[1], -len(item[0]), item[0]))[0])
+
+
+def _sizes_from(reports: Iterable[RuntimeReport]) -> JSON:
+    """How the most pods chose their capture sizes (status/decode_batches.graph_fields); {} for none."""
+    shown: Counter[str] = Counter(json.dumps(r.sizes_from, sort_keys=True) for r in reports if r.sizes_from)
+    if not shown:
+        return {}
+    found: JSON = json.loads(min(shown.items(), key=lambda item: (-item[1], item[0]))[0])
+    return found
 
 
 def _capture_memory(reports: Iterable[RuntimeReport]) -> JSON:

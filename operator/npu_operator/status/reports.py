@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from npu_operator.status.calibration import CalibrationSection, parse_section
+from npu_operator.status.decode_batches import graph_fields
 
 # Bounds on what one report can hold.
 MAX_CAPTURES: Final = 64  # vLLM captures at most a few dozen batch sizes per mode
@@ -104,6 +105,8 @@ class RuntimeReport:
     data_parallel_ranks: tuple[int, ...] = ()
     calibration: CalibrationSection | None = None
     """Estimated vs measured per memory term (npu_operator.calibration)."""
+    sizes_from: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Issue 37: status.graph's captureSizesFrom and expectedPadding from the plan (status/decode_batches.py)."""
     dropped: int = 0
 
 
@@ -202,6 +205,7 @@ def parse_report(document: Any) -> RuntimeReport:
         node_rank=node_rank,
         data_parallel_ranks=tuple(sorted({rank for rank in ranks if rank is not None})),
         calibration=parse_section(document.get("calibration")),
+        sizes_from=graph_fields(plan),
         dropped=read.dropped,
     )
 

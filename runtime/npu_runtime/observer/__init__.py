@@ -19,6 +19,7 @@ import sys
 import threading
 
 from npu_runtime import cpu_amx, reports
+from npu_runtime.observer.batches import HALF_LIFE_SECONDS
 from npu_runtime.observer.recorder import Recorder
 
 log = logging.getLogger("npu_runtime.observer")
@@ -58,6 +59,7 @@ def register() -> None:
                 os.environ[reports.ENV_DIR],
                 vllm_version=getattr(vllm, "__version__", None),
                 flush_seconds=max(0.05, _float_env(reports.ENV_FLUSH_SECONDS, 1.0)),
+                batch_half_life_seconds=_float_env(reports.ENV_BATCH_HALF_LIFE_SECONDS, HALF_LIFE_SECONDS),
             )
             observer = vllm_hooks.Observer(recorder, sample_every=int(_float_env(reports.ENV_SAMPLE_EVERY, 1)))
             _recorder = recorder

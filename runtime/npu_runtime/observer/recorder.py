@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 from npu_runtime import metrics, reports
+from npu_runtime.observer import batches
 
 log = logging.getLogger("npu_runtime.observer")
 
@@ -152,8 +153,10 @@ class Recorder:
         vllm_version: str | None = None,
         flush_seconds: float = 1.0,
         clock: Callable[[], float] = time.time,
+        batch_half_life_seconds: float = batches.HALF_LIFE_SECONDS,
     ) -> None:
         self.directory = directory
+        self.batch_half_life_seconds = batch_half_life_seconds  # issue 37: decode batch distribution
         self.vllm_version = vllm_version
         self.flush_seconds = flush_seconds
         self.clock = clock
@@ -173,6 +176,8 @@ class Recorder:
         self.replay: dict[Key, ReplayStats] = {}
         self.eager_fallbacks: dict[str, int] = {}
         self.decode_steps = 0
+        # issue 37: the decode batch sizes the engine really runs (observer/batches.py)
+        self.decode_batches = batches.DecodeBatchCounter(half_life_seconds=self.batch_half_life_seconds)
         self.errors: dict[str, int] = {}
         self.memory: dict[str, Any] | None = None
         self._dirty = True
@@ -229,10 +234,12 @@ class Recorder:
         stats.count += 1
         self._dirty = True
 
-    def record_decode_step(self, eager_reason: str | None) -> None:
+    def record_decode_step(self, eager_reason: str | None, num_tokens: int | None = None) -> None:
         if self._flusher is None:
             self.ensure_flusher()  # started lazily: a forked worker starts its own
         self.decode_steps += 1
+        if num_tokens is not None:
+            self.decode_batches.count(num_tokens)
         if eager_reason is not None:
             self.eager_fallbacks[eager_reason] = self.eager_fallbacks.get(eager_reason, 0) + 1
         self._dirty = True
@@ -289,6 +296,7 @@ class Recorder:
             "replay": replay,
             "eager_fallbacks": dict(self.eager_fallbacks),
             "decode_steps": self.decode_steps,
+            "decode_batches": self.decode_batches.to_report(),
             "errors": dict(self.errors),
             "hooks": {"installed": list(self.hooks_installed), "unavailable": list(self.hooks_unavailable)},
             "memory": dict(self.memory) if self.memory is not None else None,

@@ -20,8 +20,9 @@ Hooks (the name is the `hook` label of npu_graph_instrumentation_errors_total):
   timed with device events.
 - graph_manager_capture / graph_manager_replay / graph_manager_dispatch: model runner v2's
   CudaGraphManager.capture, run_fullgraph and dispatch (the model's manager, not drafters').
-- batch_dispatch: V1 runners' _determine_batch_execution_and_padding. Decode steps, and eager
-  fallbacks (uniform decode batches dispatched to no graph while graphs are on).
+- batch_dispatch: V1 runners' _determine_batch_execution_and_padding. Decode steps, their batch
+  sizes in tokens before padding (`batches`), and eager fallbacks (uniform decode batches
+  dispatched to no graph while graphs are on).
 - dummy_run: V1 runners' _dummy_run, so warmup, profiling and capture runs are not counted.
 - capture_model: runners' capture_model. Phase capturing/captured, graph memory, device memory.
 - load_model, initialize_kv_cache: weights and KV cache memory.
@@ -582,7 +583,7 @@ def batch_dispatch_wrapper(
                 force_eager=bool(binding.get(args, kwargs, "force_eager", False)),
                 cascade=bool(binding.get(args, kwargs, "use_cascade_attn", False)),
             )
-        recorder.record_decode_step(reason)
+        recorder.record_decode_step(reason, num_tokens)
 
     return around(hook, original, None, after, outermost_only=True, require=target.self_attributes)
 
@@ -760,13 +761,12 @@ def manager_dispatch_wrapper(
         if binding.get(args, kwargs, "uniform_token_count") is None:
             return  # not a uniform decode batch
         reason = None
+        num_tokens = int(binding.get(args, kwargs, "num_tokens"))
         if getattr(result, "cg_mode", none_mode) == none_mode:
             captured = getattr(manager, "captured_token_counts", None)
             sizes = captured() if callable(captured) else []
-            reason = eager_reason(
-                num_tokens=int(binding.get(args, kwargs, "num_tokens")), max_size=max(sizes) if sizes else None
-            )
-        recorder.record_decode_step(reason)
+            reason = eager_reason(num_tokens=num_tokens, max_size=max(sizes) if sizes else None)
+        recorder.record_decode_step(reason, num_tokens)
 
     target = targets.target("graph_manager_dispatch", targets.GRAPH_MANAGER, "CudaGraphManager", "dispatch")
     return around(hook, original, None, after, require=target.self_attributes)

@@ -10,6 +10,7 @@ mounts it into later pods; `npu-runtime plan --calibration FILE` reads it offlin
                   "graph_first_capture_bytes": int, "graph_per_size_bytes": int},   # each optional
      "capture_failure": {"size": int, "error_class": "GraphCaptureOutOfMemory"|
                          "StreamResourcesExhausted"}|null}
+     "decode_batches": {...}|null}   # optional: the decode batches run (planner/traffic_sizes.py)
 
 Rules (docs/planner.md, "Calibration"):
 - the record applies only when its key equals the plan's: the model's config digest (config.json
@@ -37,6 +38,7 @@ from npu_runtime import engines, files
 from npu_runtime.contract import CAPTURE_FAILURE_CLASSES, PlanError
 from npu_runtime.planner.layout import Layout
 from npu_runtime.planner.model import MODELSLIM_DESCRIPTION
+from npu_runtime.planner.traffic_sizes import DecodeBatches, parse_decode_batches
 
 __all__ = [
     "CAPTURE_FAILURE_CLASSES",
@@ -72,6 +74,7 @@ class Calibration:
     measured: dict[str, int]
     failed_size: int | None
     failed_class: str | None
+    decode_batches: DecodeBatches | None = None  # issue 37: the capture sizes' traffic (traffic_sizes)
 
     def with_margin(self, figure: str) -> int | None:
         """A measured figure plus MARGIN, rounded up; None when the record lacks it."""
@@ -166,7 +169,8 @@ def parse_record(data: Any, *, where: str = "the record") -> Calibration:
                 f"{', '.join(CAPTURE_FAILURE_CLASSES)}",
             )
         failed_size, failed_class = int(failure["size"]), str(failure["error_class"])
-    return Calibration({k: key[k] for k in KEY_FIELDS}, measured, failed_size, failed_class)
+    batches = parse_decode_batches(data.get("decode_batches"), where=where)  # issue 37
+    return Calibration({k: key[k] for k in KEY_FIELDS}, measured, failed_size, failed_class, batches)
 
 
 def _figure(value: Any) -> bool:

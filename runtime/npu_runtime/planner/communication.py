@@ -9,10 +9,13 @@ Sources (vLLM 0.23.0, vllm-ascend v0.23.0):
   max(ceil((dp + 1) x 4 B / 1 MiB), 50) MB, and leaves mc2 to the HCCL_BUFFSIZE environment
   variable (its FIXME: MC2 operators partition by HCCL_BUFFSIZE), whose HCCL default is 200 MB;
 - HCCL holds two buffers of that size per communicator (input and output), allocated when the
-  communicator first runs a collective: mc2 only runs MoE layers with EP on an NPU;
+  communicator first runs a collective (lazily): mc2 only when a forward pass dispatches MoE
+  layers with MC2 or FUSED_MC2; under EP the ep group only with ALLTOALL or ALLGATHER (with
+  MC2 / FUSED_MC2 for every pass it never runs one); a group that never runs a collective holds
+  nothing;
 - groups of the same ranks and options share one communicator (vllm_ascend/patch/worker/
   patch_distributed.py _acquire_hccl_group, reuse domain "shared"; mc2 has its own domain):
-  with DP 1 the ep group is the tp group.
+  with DP 1 the ep group is the tp group, and with PP 1 it is the world group (one communicator).
 Off NPUs (NCCL, Gloo) the planner keeps 2 x 200 MB per group, as before: no engine source sizes
 them per group.
 """
@@ -20,7 +23,7 @@ them per group.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -61,9 +64,15 @@ def hccl_buffsize(options: PlanOptions, env: Mapping[str, str]) -> int:
 
 
 def communicators(
-    options: PlanOptions, device: DeviceInfo, layout: Layout, env: Mapping[str, str]
+    options: PlanOptions,
+    device: DeviceInfo,
+    layout: Layout,
+    env: Mapping[str, str],
+    dispatch: Collection[str | None] | None = None,
 ) -> tuple[Communicator, ...]:
-    """The communicators one device holds buffers for (see the module's sources)."""
+    """The communicators one device holds buffers for (see the module's sources). `dispatch`: the
+    MoE communications the forward passes use (activation.moe_comm_mode); None counts every group
+    that could run."""
     tp, pp, dp = options.tensor_parallel, options.pipeline_parallel, options.data_parallel
     npu = device.kind == "npu"
     default = DEFAULT_HCCL_BUFFSIZE_MB
@@ -76,9 +85,12 @@ def communicators(
         dp_mb = max(math.ceil((dp + 1) * 4 / MIB), _MIN_DP_BUFFER_MB) if npu else default
         found.append(Communicator("dp", dp, dp_mb))
     moe = layout.moe_ranks > 1 and (dp > 1 or layout.expert_parallel)
-    if moe and not (npu and layout.moe_ranks == tp):
+    used = set(dispatch) if dispatch is not None else {"MC2", "FUSED_MC2", "ALLTOALL", "ALLGATHER"}
+    # Without EP the experts are tensor-sliced over the DP x TP ranks and reduce over the ep group.
+    ep_runs = not npu or not layout.expert_parallel or bool(used & {"ALLTOALL", "ALLGATHER"})
+    if moe and not (npu and layout.moe_ranks == tp) and ep_runs:
         found.append(Communicator("ep", layout.moe_ranks, default))
-    if moe and layout.expert_parallel and npu:
+    if moe and layout.expert_parallel and npu and used & {"MC2", "FUSED_MC2"}:
         found.append(Communicator("mc2", layout.moe_ranks, hccl_buffsize(options, env)))
     return tuple(found)
 

@@ -14,17 +14,19 @@ from dataclasses import dataclass
 from typing import Final
 
 from npu_runtime.contract import GIB, PlanOptions, format_gib
-from npu_runtime.planner import modes, sizes
-from npu_runtime.planner.activation import activation_bytes, mc2_capacity, moe_comm_mode, sampler_bytes
+from npu_runtime.planner import modes, sizes, traffic_sizes
+from npu_runtime.planner.activation import activation_bytes, logits_bytes, mc2_capacity, moe_comm_mode
 from npu_runtime.planner.calibration import Calibration
 from npu_runtime.planner.communication import Communicator, communicators, hccl_buffsize
 from npu_runtime.planner.graphs import StreamPlan, graph_cost, graph_reserved_by, stream_plan
 from npu_runtime.planner.kv import kv_sequence_bytes
 from npu_runtime.planner.layout import Layout, moe_split
-from npu_runtime.planner.margin import margin_bytes
+from npu_runtime.planner.margin import margin_bytes, safety_bytes
 from npu_runtime.planner.model import DTYPE_BYTES, ModelInfo
 from npu_runtime.planner.modes import Downgrade
 from npu_runtime.planner.probe import DeviceInfo
+from npu_runtime.planner.releases import DEFAULT_RELEASE, RULES, ReleaseRules
+from npu_runtime.planner.traffic_sizes import SizeChoice
 from npu_runtime.planner.weights import MTP_METHODS, WeightTerms, weight_terms, weights_per_device
 
 __all__ = ["BudgetInputs", "DoesNotFitError", "Fit", "MemoryPlan", "fit_budget", "make_budget"]
@@ -88,6 +90,8 @@ class Fit:
     streams: StreamPlan
     downgrades: tuple[Downgrade, ...]
     warnings: tuple[str, ...]
+    traffic: SizeChoice | None = None
+    """How the sizes were chosen from the recorded decode batches (None: no graphs or an explicit list)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,12 @@ class BudgetInputs:
     layout: Layout
     calibrated: Calibration | None = None
     """The calibration record when its key is this plan's (its measured figures replace estimates)."""
+    rules: ReleaseRules = RULES[DEFAULT_RELEASE]
+    """The engine release's row (`releases.select`)."""
+    flashcomm1: bool = False
+    """vllm-ascend's flashcomm1 (sequence parallelism over TP) is on."""
+    fused_mc2: int = 0
+    """vllm-ascend's enable_fused_mc2 (0, 1 or 2)."""
 
 
 @dataclass(frozen=True)
@@ -157,10 +167,10 @@ class _GraphChoice:
 def fit_budget(b: _Budget, mode: str, warnings: list[str]) -> Fit:
     """Fit the candidates to the budget: the mode and its cap, the sizes, the KV cache, in that order."""
     choice = _choose_graphs(b, mode)
-    chosen, streams, graph_bytes = _choose_sizes(b, choice, warnings)
+    chosen, streams, graph_bytes, traffic = _choose_sizes(b, choice, warnings)
     kv_cache, tokens = _kv_cache(b, graph_bytes, warnings)
     memory = _memory_plan(b, choice, graph_bytes, kv_cache, tokens, warnings)
-    return Fit(choice.mode, chosen, memory, streams, choice.downgrades, tuple(warnings))
+    return Fit(choice.mode, chosen, memory, streams, choice.downgrades, tuple(warnings), traffic)
 
 
 def make_budget(inputs: BudgetInputs, warnings: list[str]) -> _Budget:
@@ -178,7 +188,7 @@ def make_budget(inputs: BudgetInputs, warnings: list[str]) -> _Budget:
     moe_dispatch = _moe_dispatch(inputs)
     activation = _activation(inputs, dtype_bytes, moe_dispatch, warnings)
     held = communicators(
-        options, inputs.device, inputs.layout, inputs.env
+        options, inputs.device, inputs.layout, inputs.env, moe_dispatch.values() if inputs.model.is_moe else None
     )  # once per budget: HCCL_BUFFSIZE parsed here
     margin = margin_bytes(inputs.device, sum(c.bytes for c in held))
     kv_per_token = _kv_per_token(inputs, dtype_bytes, mtp)
@@ -234,20 +244,23 @@ def _moe_dispatch(inputs: BudgetInputs) -> dict[str, str | None]:
     """The MoE communication vllm-ascend picks for the profile run and for the largest decode graph."""
     model, layout, family, candidates = inputs.model, inputs.layout, inputs.family, inputs.candidates
     capacity = mc2_capacity(max(candidates, default=inputs.batched_tokens), inputs.options.tensor_parallel)
+    fused = inputs.fused_mc2
     return {
-        "profile": moe_comm_mode(model, layout, family, inputs.batched_tokens, capacity),
-        "decode": moe_comm_mode(model, layout, family, max(candidates, default=1), capacity),
+        "profile": moe_comm_mode(model, layout, family, inputs.batched_tokens, capacity, fused),
+        "decode": moe_comm_mode(model, layout, family, max(candidates, default=1), capacity, fused),
     }
 
 
 def _activation(
     inputs: BudgetInputs, dtype_bytes: int, moe_dispatch: dict[str, str | None], warnings: list[str]
 ) -> int:
-    """The profile run's activation peak and the sampler's, plus 310P's attention mask."""
+    """The profile run's peak: its forward pass or its logits, the larger; plus 310P's attention mask."""
     options, model, max_model_len = inputs.options, inputs.model, inputs.max_model_len
-    activation = activation_bytes(
-        model, inputs.batched_tokens, options.tensor_parallel, dtype_bytes, inputs.layout, moe_dispatch["profile"]
-    ) + sampler_bytes(options, model)
+    tp, tokens = options.tensor_parallel, inputs.batched_tokens
+    forward = activation_bytes(
+        model, tokens, tp, dtype_bytes, inputs.layout, moe_dispatch["profile"], inputs.flashcomm1
+    )
+    activation = max(forward, logits_bytes(options, model, tokens, tp, dtype_bytes))
     if inputs.family == "310P":
         # vllm-ascend 310P guide: AttentionMaskBuilder310 builds a [max_model_len, max_model_len]
         # float16 mask.
@@ -283,9 +296,13 @@ def _choose_graphs(b: _Budget, mode: str) -> _GraphChoice:
     options, family, tp = i.options, i.family, i.options.tensor_parallel
     downgrades: list[Downgrade] = []
     while True:
-        streams = stream_plan(options, i.device, i.model, dict(i.env), mode, i.layout)
+        streams = stream_plan(
+            options, i.device, i.model, dict(i.env), mode, i.layout, i.rules.stream_budget, i.rules.release
+        )
         first, per_size = (
-            graph_cost(i.model, mode, max(i.candidates), tp, b.dtype_bytes, i.layout, b.moe_dispatch["decode"])
+            graph_cost(
+                i.model, mode, max(i.candidates), tp, b.dtype_bytes, i.layout, b.moe_dispatch["decode"], i.flashcomm1
+            )
             if mode != modes.NONE
             else (0, 0)
         )
@@ -318,13 +335,19 @@ def _choose_graphs(b: _Budget, mode: str) -> _GraphChoice:
         mode = target
 
 
-def _choose_sizes(b: _Budget, choice: _GraphChoice, warnings: list[str]) -> tuple[tuple[int, ...], StreamPlan, int]:
-    """(sizes, streams with their estimate, graph bytes): the candidates thinned to `choice.keep`.
+def _choose_sizes(
+    b: _Budget, choice: _GraphChoice, warnings: list[str]
+) -> tuple[tuple[int, ...], StreamPlan, int, SizeChoice | None]:
+    """(sizes, streams with their estimate, graph bytes, the traffic choice): the candidates thinned
+    to `choice.keep`, then, with a recorded decode-batch distribution, the sizes that pad it least
+    in at most as many graphs (`_from_traffic`).
 
-    Invariant: the sizes are a subset of the candidates that keeps the largest (sizes.thin), empty
-    only in mode NONE; graph bytes = first + (sizes - 1) x per_size.
+    Invariant: the sizes keep the largest candidate (sizes.thin, traffic_sizes.optimal_sizes) and
+    are never more than `choice.keep`, empty only in mode NONE; graph bytes = first + (sizes - 1) x
+    per_size.
     """
     candidates, streams = b.inputs.candidates, choice.streams
+    traffic: SizeChoice | None = None
     if choice.mode == modes.NONE:
         chosen: tuple[int, ...] = ()
     elif choice.keep < 1:
@@ -339,10 +362,28 @@ def _choose_sizes(b: _Budget, choice: _GraphChoice, warnings: list[str]) -> tupl
         chosen = sizes.thin(candidates, choice.keep)
         if len(chosen) < len(candidates):
             warnings.append(_thinning_message(choice.why, len(candidates), len(chosen), streams, b.inputs.family))
+        if b.inputs.options.capture_sizes is None:  # issue 37: an explicit list is the user's
+            traffic = _from_traffic(b, choice, chosen)
+            chosen = traffic.sizes
     graph_bytes = choice.first + (len(chosen) - 1) * choice.per_size if chosen else 0
     if streams.applies:  # an NPU graph mode: at least one size is chosen
         streams = dataclasses.replace(streams, estimate=streams.fixed + len(chosen) * streams.per_size)
-    return chosen, streams, graph_bytes
+    return chosen, streams, graph_bytes, traffic
+
+
+def _from_traffic(b: _Budget, choice: _GraphChoice, grid: tuple[int, ...]) -> SizeChoice:
+    """The sizes for the recorded decode batches (traffic_sizes.choose_sizes), at most `choice.keep`,
+    under the release's rules; the thinned grid when there is no distribution."""
+    i = b.inputs
+    batches = i.calibrated.decode_batches if i.calibrated else None
+    rules = traffic_sizes.size_rules(
+        query_len=1 + i.options.speculative_tokens,
+        full_decode=modes.decode_mode(choice.mode) == modes.FULL,
+        tensor_parallel=i.options.tensor_parallel,
+        flashcomm1=i.flashcomm1,
+    )
+    budget = traffic_sizes.TrafficBudget(choice.keep, traffic_sizes.capture_seconds(batches, i.device.kind))
+    return traffic_sizes.choose_sizes(batches, grid=grid, rules=rules, budget=budget)
 
 
 def _kv_cache(b: _Budget, graph_bytes: int, warnings: list[str]) -> tuple[int, int]:
@@ -353,8 +394,10 @@ def _kv_cache(b: _Budget, graph_bytes: int, warnings: list[str]) -> tuple[int, i
     """
     kv_cache = b.budget - b.fixed - graph_bytes
     measured_kv = b.inputs.calibrated.measured.get("kv_cache_bytes") if b.inputs.calibrated else None
-    if measured_kv is not None and b.min_kv <= measured_kv < kv_cache:
-        kv_cache = measured_kv  # what the engine allocated for this key: never promise more
+    if measured_kv is not None and b.min_kv <= measured_kv:
+        # What the engine allocated for this key: never promise more; where it allocated more, the
+        # planner's own safety term (margin.safety_bytes) is given back, and nothing beyond it.
+        kv_cache = min(measured_kv, kv_cache + safety_bytes(b.inputs.device))
     cpu_space = b.inputs.env.get("VLLM_CPU_KVCACHE_SPACE", "")
     if b.inputs.device.kind == "cpu" and cpu_space.isdigit() and int(cpu_space) > 0:
         # vllm/platforms/cpu.py: VLLM_CPU_KVCACHE_SPACE (GiB) becomes kv_cache_memory_bytes.
@@ -495,7 +538,8 @@ def _layout_hint(model: ModelInfo, dtype: str, layout: Layout, mtp: bool, budget
 def _thinning_message(why: str, before: int, after: int, streams: StreamPlan, family: str) -> str:
     reason = {
         "memory": "device memory",
-        "streams": f"the stream budget ({streams.budget} streams, {streams.per_size} per size)",
+        "streams": f"the stream budget ({streams.budget} streams, {streams.per_size} per size, set by "
+        f"{streams.enforced_by})",
         "310P": "310P's graph limit with tensor parallel > 1 (vllm-ascend 310P guide: 2 graphs)",
         "A5": "vllm-ascend's 4-size limit for PIECEWISE on 950 (_prune_capture_sizes_for_950)",
     }.get(why, why)

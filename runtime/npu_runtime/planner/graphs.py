@@ -1,9 +1,13 @@
-"""Graph memory and ACL graph streams per capture size.
+"""Graph memory per capture size, and the ACL graph stream cap where one applies.
 
 Sources: vLLM's profile_cudagraph_memory (vllm/v1/worker/gpu_model_runner.py: the first capture
-allocates the pool, "at least 1 MiB per graph for driver overhead"), vllm-ascend's
-update_aclgraph_sizes (vllm_ascend/utils.py before #9962: the stream budget and its factors),
+allocates the pool, "at least 1 MiB per graph for driver overhead"),
 vllm/v1/worker/gpu_worker.py determine_available_memory (who reserves the graphs).
+
+Streams: vllm-ascend's update_aclgraph_sizes (vllm_ascend/utils.py before #9962) thinned the sizes
+to a stream budget; no release in `releases.RULES` has it (removed before v0.21.0rc1), so the stream
+cap applies only when a release row names a budget or the user sets --stream-budget (our own cap,
+for soft-partitioned NPUs or older driver stacks), and the plan says which.
 """
 
 from __future__ import annotations
@@ -13,18 +17,16 @@ from typing import Final
 
 from npu_runtime.contract import KIB, MIB, PlanOptions
 from npu_runtime.planner import modes
-from npu_runtime.planner.activation import ACTIVATION_WORKSPACE, activation_bytes
+from npu_runtime.planner.activation import activation_bytes
 from npu_runtime.planner.layout import Layout
 from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.probe import DeviceInfo
 from npu_runtime.planner.weights import MTP_METHODS
 
-__all__ = ["DEFAULT_STREAM_BUDGET", "DEVICE_STREAMS", "StreamPlan", "graph_cost", "graph_reserved_by", "stream_plan"]
+__all__ = ["DEVICE_STREAMS", "StreamPlan", "graph_cost", "graph_reserved_by", "stream_plan"]
 
-# vllm-ascend's historical ACL graph budget: "we can only capture 1800 graphs at most ... bounded by
-# the number of streams, which is 2048, we save 248 streams as a buffer" (vllm_ascend/utils.py
-# update_aclgraph_sizes, removed in #9962 after newer HDK/CANN stacks raised the limit).
-DEFAULT_STREAM_BUDGET: Final = 1800
+# The device's streams; vllm-ascend's old update_aclgraph_sizes allowed 1800 of them ("we save 248
+# streams as a buffer"), removed in #9962 after newer HDK/CANN stacks raised the limit.
 DEVICE_STREAMS: Final = 2048
 # Non-AIV HCCL expansion: each communication group costs about 40 streams up front (same source).
 _STREAMS_PER_COMM_GROUP: Final = 40
@@ -38,7 +40,10 @@ class StreamPlan:
     """ACL graph streams per device (NPU only): estimate <= budget."""
 
     applies: bool
-    budget: int
+    budget: int | None
+    """None: neither the release nor the user caps the streams."""
+    enforced_by: str
+    """"release <version>", "user (--stream-budget)" or "none"."""
     device_streams: int
     per_size: int
     fixed: int
@@ -50,7 +55,14 @@ class StreamPlan:
 
 
 def graph_cost(
-    model: ModelInfo, mode: str, largest: int, tp: int, dtype_bytes: int, layout: Layout, moe_mode: str | None = None
+    model: ModelInfo,
+    mode: str,
+    largest: int,
+    tp: int,
+    dtype_bytes: int,
+    layout: Layout,
+    moe_mode: str | None = None,
+    flashcomm1: bool = False,
 ) -> tuple[int, int]:
     """(first capture, each further size), estimated as vLLM's profile_cudagraph_memory measures them.
 
@@ -59,8 +71,8 @@ def graph_cost(
     further size adds driver/graph bookkeeping: at least 1 MiB per graph (vLLM's floor), a
     sub-graph per layer in piecewise mode. FULL_AND_PIECEWISE keeps both families.
     """
-    step = activation_bytes(model, largest, tp, dtype_bytes, layout, moe_mode)
-    first_one = step - ACTIVATION_WORKSPACE + _GRAPH_POOL_OVERHEAD
+    step = activation_bytes(model, largest, tp, dtype_bytes, layout, moe_mode, flashcomm1)
+    first_one = step + _GRAPH_POOL_OVERHEAD
     pieces = model.num_layers + 1
     piecewise = max(_PER_GRAPH_MIN, pieces * _PER_PIECE)
     if mode == modes.FULL_AND_PIECEWISE:
@@ -71,10 +83,19 @@ def graph_cost(
 
 
 def stream_plan(
-    options: PlanOptions, device: DeviceInfo, model: ModelInfo, env: dict[str, str], mode: str, layout: Layout
+    options: PlanOptions,
+    device: DeviceInfo,
+    model: ModelInfo,
+    env: dict[str, str],
+    mode: str,
+    layout: Layout,
+    release_budget: int | None = None,
+    release: str = "",
 ) -> StreamPlan:
     """ACL graph streams, after vllm-ascend's update_aclgraph_sizes (vllm_ascend/utils.py before #9962).
 
+    Applies only with a budget: the release row's (`release_budget`) or the user's --stream-budget;
+    without one the plan is not capped by streams (no supported release enforces a budget).
     The estimate is left at 0: `_fit` fills it in once the sizes are chosen.
 
     Per captured size: PIECEWISE about layers + 1 sub-graphs (plus a draft model's layers + 1), a
@@ -83,12 +104,32 @@ def stream_plan(
     dense models' all-reduce), otherwise 1 + 2 x groups plus 40 streams per group up front.
     FULL_AND_PIECEWISE adds one full graph per size.
     """
-    budget = options.stream_budget or DEFAULT_STREAM_BUDGET
+    budget = options.stream_budget or release_budget
+    enforced_by = (
+        "user (--stream-budget)" if options.stream_budget else f"release {release}" if release_budget else "none"
+    )
     groups = sum(n > 1 for n in (options.tensor_parallel, options.data_parallel))
     aiv = env.get("HCCL_OP_EXPANSION_MODE", "").upper() == "AIV"
     expansion = "AIV" if aiv else "default"
     if device.kind != "npu" or mode == modes.NONE:
-        return StreamPlan(False, budget, DEVICE_STREAMS, 0, 0, 0, None, expansion, groups, "not an NPU graph mode")
+        return StreamPlan(
+            False, budget, "none", DEVICE_STREAMS, 0, 0, 0, None, expansion, groups, "not an NPU graph mode"
+        )
+    if budget is None:
+        return StreamPlan(
+            False,
+            None,
+            "none",
+            DEVICE_STREAMS,
+            0,
+            0,
+            0,
+            None,
+            expansion,
+            groups,
+            f"vllm-ascend {release or 'this release'} enforces no stream budget (update_aclgraph_sizes was removed "
+            "before v0.21.0rc1); --stream-budget sets one",
+        )
     draft = model.draft_layers if options.speculative_method in MTP_METHODS else 0
     if modes.has_piecewise_graphs(mode):
         per_graph = model.num_layers + 1 + (draft + 1 if draft else 0)
@@ -117,7 +158,9 @@ def stream_plan(
         per_size += 1
         formula += " + 1 full graph per size"
     max_sizes = max((budget - fixed) // per_size, 0)
-    return StreamPlan(True, budget, DEVICE_STREAMS, per_size, fixed, 0, max_sizes, expansion, groups, formula)
+    return StreamPlan(
+        True, budget, enforced_by, DEVICE_STREAMS, per_size, fixed, 0, max_sizes, expansion, groups, formula
+    )
 
 
 def graph_reserved_by(device: DeviceInfo, env: dict[str, str], graph_bytes: int) -> str:

@@ -2,8 +2,9 @@
 
 `make_plan(options, device, model)` is pure (no I/O, no clock): it resolves the graph mode
 (`modes.RULES`), lists the capture sizes that cover every decode batch up to max_num_seqs
-(`sizes.covering_sizes`), fits them to device memory and, on NPUs, to the ACL graph stream
-budget (`fit`), and returns the vLLM arguments that carry the decision. `plan_for(options, path)`
+(`sizes.covering_sizes`) and keeps those the engine release captures (`releases`), fits them to
+device memory and to a stream cap where one is set (`fit`), and returns the vLLM arguments that
+carry the decision. `plan_for(options, path)`
 adds the probe and the model inspection.
 
 Memory model, per device (all figures in bytes; see docs/planner.md). Each term is its own module
@@ -25,16 +26,18 @@ the model cannot fit (exit 3, the message gives the numbers).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from npu_runtime import engines
 from npu_runtime.contract import DEVICE_KINDS, GRAPH_CAPTURE_OOM, GRAPH_MODES, PlanError, PlanOptions
-from npu_runtime.planner import calibration, modes, sizes
+from npu_runtime.planner import calibration, modes, releases, sizes
 from npu_runtime.planner.fit import BudgetInputs, DoesNotFitError, Fit, MemoryPlan, fit_budget, make_budget
-from npu_runtime.planner.graphs import DEFAULT_STREAM_BUDGET, DEVICE_STREAMS, StreamPlan
+from npu_runtime.planner.graphs import DEVICE_STREAMS, StreamPlan
 from npu_runtime.planner.layout import Layout, NodeShare, make_layout, node_engine_args
 from npu_runtime.planner.model import (
     ASCEND_QUANTIZATION,
@@ -48,7 +51,6 @@ from npu_runtime.planner.probe import DeviceInfo, device_family, device_from_opt
 from npu_runtime.planner.weights import MTP_METHODS
 
 __all__ = [
-    "DEFAULT_STREAM_BUDGET",
     "DEVICE_STREAMS",
     "MTP_METHODS",
     "DoesNotFitError",
@@ -98,6 +100,17 @@ class Plan:
     """The --quantization vLLM gets (requested, else detected from the checkpoint)."""
     calibration: dict[str, Any]
     """The calibration key of this plan, whether a record applied, which measured figures it used."""
+    capture_sizes_from: dict[str, Any] | None = None
+    """Issue 37: where the sizes come from (grid, traffic, previous) and the expected padding
+    per decode step with the grid and with them (traffic_sizes.SizeChoice.to_dict); None: no decode
+    batches recorded (or no graphs, or an explicit list): the grid."""
+    engine_release: str = releases.DEFAULT_RELEASE
+    """The vllm-ascend release whose rules the plan follows (`releases.RULES`)."""
+    flashcomm1: bool = False
+    capture_size_steps: tuple[releases.CaptureStep, ...] = ()
+    """The engine's capture-size algorithm run on the plan's list: its last step is capture_sizes."""
+    engine_default_sizes: tuple[int, ...] = ()
+    """What the engine would capture with no list from the plan (its own default), for comparison."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -126,8 +139,17 @@ class Plan:
             "layout": self.layout.to_dict(),
             "quantization": self.quantization,
             "calibration": self.calibration,
+            "engine_release": self.engine_release,
+            "flashcomm1": self.flashcomm1,
+            "capture_size_steps": [
+                {"step": s.step, "sizes": list(s.sizes), "removed": list(s.removed), "source": s.source}
+                for s in self.capture_size_steps
+            ],
+            "engine_default_sizes": list(self.engine_default_sizes),
             "device": dataclasses.asdict(self.device),
             "model": self.model.summary(),
+            # issue 37: only once decode batches were recorded (plans without traffic stay as they were)
+            **({"capture_sizes_from": self.capture_sizes_from} if self.capture_sizes_from else {}),
         }
 
 
@@ -147,6 +169,11 @@ def plan_for(
     device = device_from_options(options)
     record = calibration.load_record(options.calibration) if options.calibration else None
     identity = (calibration.config_digest(model_path), calibration.engine_release())
+    if options.engine_release is None:
+        # Serving: the image's own vllm-ascend selects the rules when the table has a row for it.
+        installed = engines.installed_version("vllm-ascend")
+        if installed is not None and installed[1] in releases.RULES:
+            options = dataclasses.replace(options, engine_release=installed[1])
     return make_plan(
         options,
         device,
@@ -187,8 +214,12 @@ def make_plan(
     layout = make_layout(options, device, model, warnings)
     quantization = _quantization(options, model, warnings)
     mode, downgrades = _graph_mode(options, device, model, resolve_mode, warnings)
-    ceiling, candidates = _candidate_sizes(options, mode, 1 + options.speculative_tokens, warnings)
+    rules = releases.select(options.engine_release)
+    flashcomm1 = _flashcomm1(options, device, env)
+    q = 1 + options.speculative_tokens
+    ceiling, candidates = _candidate_sizes(options, mode, q, warnings, flashcomm1)
     batched_tokens = _batched_tokens(options, ceiling)
+    candidates = _engine_kept(rules, options, mode, candidates, batched_tokens, flashcomm1, warnings)
     key = calibration.plan_key(
         config_digest=identity[0] or "",
         quantization=quantization,
@@ -212,6 +243,9 @@ def make_plan(
         resolve_mode=resolve_mode,
         layout=layout,
         calibrated=calibrated,
+        rules=rules,
+        flashcomm1=flashcomm1,
+        fused_mc2=_fused_mc2(options, env),
     )
     fit_warnings: list[str] = []
     fit = fit_budget(make_budget(inputs, fit_warnings), mode, fit_warnings)
@@ -304,6 +338,18 @@ def _plan(
         # vLLM reads a config's quantization_config itself; ModelSlim checkpoints are named, as
         # vllm-ascend's tutorials do (--quantization ascend).
         vllm_args += ("--quantization", quantization)
+    engine = functools.partial(
+        releases.engine_capture_sizes,
+        inputs.rules,
+        mode=mode,
+        max_num_seqs=options.max_num_seqs,
+        decode_query_len=q,
+        max_num_batched_tokens=inputs.batched_tokens,
+        tensor_parallel=options.tensor_parallel,
+        flashcomm1=inputs.flashcomm1,
+    )
+    steps = engine(explicit=fit.sizes) if fit.sizes else ()
+    default = engine()[-1].sizes
     return Plan(
         requested_mode=options.graph_mode,
         effective_mode=mode,
@@ -329,7 +375,67 @@ def _plan(
         layout=inputs.layout,
         quantization=quantization,
         calibration=calibration_report,
+        capture_sizes_from=fit.traffic.to_dict() if fit.traffic is not None and fit.traffic.steps else None,
+        engine_release=inputs.rules.release,
+        flashcomm1=inputs.flashcomm1,
+        capture_size_steps=steps,
+        engine_default_sizes=default,
     )
+
+
+def _flashcomm1(options: PlanOptions, device: DeviceInfo, env: Mapping[str, str]) -> bool:
+    """vllm-ascend's flashcomm1 (vllm_ascend/utils.py enable_sp): --flashcomm1 (serve reads
+    additional_config enable_flashcomm1), else VLLM_ASCEND_ENABLE_FLASHCOMM1; NPUs only."""
+    if device.kind != "npu":
+        return False
+    if options.flashcomm1 is not None:
+        return options.flashcomm1
+    return env.get("VLLM_ASCEND_ENABLE_FLASHCOMM1", "0").strip() not in ("", "0")
+
+
+def _fused_mc2(options: PlanOptions, env: Mapping[str, str]) -> int:
+    """vllm-ascend's enable_fused_mc2 (vllm_ascend/ascend_config.py): --fused-mc2, else
+    VLLM_ASCEND_ENABLE_FUSED_MC2, else 0."""
+    if options.fused_mc2 is not None:
+        return options.fused_mc2
+    text = env.get("VLLM_ASCEND_ENABLE_FUSED_MC2", "0").strip()
+    return int(text) if text.isdigit() else 0
+
+
+def _engine_kept(
+    rules: releases.ReleaseRules,
+    options: PlanOptions,
+    mode: str,
+    candidates: tuple[int, ...],
+    batched_tokens: int,
+    flashcomm1: bool,
+    warnings: list[str],
+) -> tuple[int, ...]:
+    """The candidates the engine keeps: the release's algorithm run on the plan's explicit list
+    (`releases.engine_capture_sizes`), so that the plan lists only sizes the engine captures; each
+    size it drops is named with the step and the source that drop it."""
+    if mode == modes.NONE or not candidates:
+        return candidates
+    steps = releases.engine_capture_sizes(
+        rules,
+        explicit=candidates,
+        mode=mode,
+        max_num_seqs=options.max_num_seqs,
+        decode_query_len=1 + options.speculative_tokens,
+        max_num_batched_tokens=batched_tokens,
+        tensor_parallel=options.tensor_parallel,
+        flashcomm1=flashcomm1,
+    )
+    for step in steps:
+        if step.removed:
+            warnings.append(
+                f"capture sizes {list(step.removed)} left out: vllm-ascend {rules.release} drops them at its "
+                f"{step.step} step ({step.source})"
+            )
+    kept = steps[-1].sizes
+    if not kept:
+        raise PlanError("capture_sizes", f"vllm-ascend {rules.release} keeps none of {list(candidates)}")
+    return kept
 
 
 def _eager_decode_batches(
@@ -531,29 +637,52 @@ def largest_decode_batch(options: PlanOptions) -> int:
 
     It depends on the spec alone, never on the device or the model: every plan keeps its ceiling
     when it thins the candidates (`sizes.thin` keeps the largest size, `_choose_sizes`), and a
-    decode step of n requests is a batch of n x (1 + speculative tokens) tokens. 0 for graph mode
-    NONE. A planner downgrade on the device (to NONE, or a capture that failed) is the pods' to
-    report (status.graph). Raises PlanError for options make_plan would refuse the same way.
+    decode step of n requests is a batch of n x (1 + speculative tokens) tokens. What the engine
+    release keeps of the candidates (`_engine_kept`: flashcomm1 given in the options) is applied
+    as make_plan applies it. 0 for graph mode NONE. A planner downgrade on the device (to NONE, or
+    a capture that failed) is the pods' to report (status.graph). Raises PlanError for options
+    make_plan would refuse the same way.
     """
     if options.graph_mode == modes.NONE or options.enforce_eager:
         return 0
     q = 1 + options.speculative_tokens
-    ceiling, _ = _candidate_sizes(options, options.graph_mode, q, [])
-    return min(ceiling // q, options.max_num_seqs)
+    flashcomm1 = bool(options.flashcomm1)
+    ceiling, candidates = _candidate_sizes(options, options.graph_mode, q, [], flashcomm1)
+    rules = releases.select(options.engine_release)
+    kept = _engine_kept(
+        rules, options, options.graph_mode, candidates, _batched_tokens(options, ceiling), flashcomm1, []
+    )
+    return min(max(kept) // q, options.max_num_seqs)
 
 
 def batched_token_budget(options: PlanOptions) -> int:
     """max_num_batched_tokens of a plan for `options`: the prompt tokens one engine (DP rank) takes
     into one step. Like `largest_decode_batch`, from the options alone (the requested mode's
-    ceiling; `_batched_tokens` does not depend on the device). Raises PlanError as make_plan would."""
-    ceiling, _ = _candidate_sizes(options, options.graph_mode, 1 + options.speculative_tokens, [])
+    ceiling, flashcomm1 as given in the options; `_batched_tokens` does not depend on the device).
+    Raises PlanError as make_plan would."""
+    q = 1 + options.speculative_tokens
+    ceiling, _ = _candidate_sizes(options, options.graph_mode, q, [], bool(options.flashcomm1))
     return _batched_tokens(options, ceiling)
 
 
-def _candidate_sizes(options: PlanOptions, mode: str, q: int, warnings: list[str]) -> tuple[int, tuple[int, ...]]:
-    """(ceiling, the sizes before fitting). The ceiling is the largest decode batch in tokens."""
+def _candidate_sizes(
+    options: PlanOptions, mode: str, q: int, warnings: list[str], flashcomm1: bool = False
+) -> tuple[int, tuple[int, ...]]:
+    """(ceiling, the sizes before fitting). The ceiling is the largest decode batch in tokens.
+
+    Our own additions to vLLM's grid, passed to the engine as an explicit list so that it captures
+    them too: the off-grid ceiling max_num_seqs x (1 + k) (vllm-ascend's default leaves it out,
+    #16049); under flashcomm1 with TP > 1 and a mixed graph mode, the ceiling rounded up to a
+    multiple of TP, since the engine keeps only multiples of TP (FULL_DECODE_ONLY keeps no size
+    above max_num_seqs x (1 + k): there the largest multiple below it, and the batches above it
+    run eagerly).
+    """
     full_decode = modes.decode_mode(mode) == modes.FULL
     decode_ceiling = options.max_num_seqs * q
+    tp = options.tensor_parallel
+    if flashcomm1 and tp > 1 and mode != modes.FULL_DECODE_ONLY and options.max_capture_size is None:
+        multiple = max(q, tp) if full_decode else tp
+        decode_ceiling = -(-decode_ceiling // multiple) * multiple
     ceiling = options.max_capture_size if options.max_capture_size is not None else decode_ceiling
     if full_decode and q > 1 and ceiling % q:
         raise PlanError(
@@ -572,11 +701,18 @@ def _candidate_sizes(options: PlanOptions, mode: str, q: int, warnings: list[str
                 f"{options.max_capture_size} differs from the largest capture size {explicit[-1]}; vLLM refuses that",
             )
         return explicit[-1], explicit
-    if ceiling < decode_ceiling:
+    if ceiling < options.max_num_seqs * q:
         warnings.append(
-            f"max capture size {ceiling} is below max_num_seqs x (1 + speculative tokens) = {decode_ceiling}"
+            f"max capture size {ceiling} is below max_num_seqs x (1 + speculative tokens) = {options.max_num_seqs * q}"
         )
-    return ceiling, sizes.covering_sizes(options.max_num_seqs, q, ceiling)
+    covering = sizes.covering_sizes(options.max_num_seqs, q, ceiling)
+    if flashcomm1 and tp > 1 and mode == modes.FULL_DECODE_ONLY:
+        # The engine keeps no size above max_num_seqs x (1 + k) here: the largest multiple it keeps
+        # below the ceiling covers the most batches a graph can.
+        multiple = max(q, tp) if full_decode else tp
+        below = ceiling // multiple * multiple
+        covering = tuple(sorted({*covering, below})) if below else covering
+    return ceiling, covering
 
 
 def _batched_tokens(options: PlanOptions, ceiling: int) -> int:

@@ -17,7 +17,14 @@ Sources (vLLM 0.23.0 and vllm-ascend v0.23.0):
   rank holding ceil((experts + redundant) / EP) (vllm_ascend/ops/fused_moe/fused_moe.py:
   local_num_experts = (num_experts + global_redundant_expert_num) // ep_size; the redundant ones
   come from additional_config eplb_config.num_redundant_experts, vllm_ascend/ascend_config.py);
-- the MTP draft layers (vllm/config/speculative.py), at the precision the quantization gives them.
+- the MTP draft layers (vllm/config/speculative.py), at the precision the quantization gives them;
+- ModelSlim's per-output-channel quantization parameters, which the shape estimate does not count,
+  and vllm-ascend's copies of them (vllm_ascend/quantization/methods/w8a8_static.py
+  get_perchannel_param: quant_bias int32, deq_scale fp32 for bf16 models, weight_scale and
+  weight_offset in the dtype; w8a8_dynamic.py process_weights_after_loading: weight_scale,
+  weight_offset and a weight_scale_fp32 copy, for linear layers and for the experts' w13 / w2):
+  12 bytes per output channel for W8A8, 8 for the dynamic schemes. MLA's replicated q_a / kv_a
+  projections and W8A8's input-side aclnn copies (3 x in_features x dtype per layer) are left out.
 """
 
 from __future__ import annotations
@@ -52,10 +59,14 @@ class WeightTerms:
     """MLA's W_UK_T and W_UV copies beside kv_b_proj."""
     experts: int
     """Routed experts on the busiest MoE rank."""
+    quant_params: int = 0
+    """Quantization parameters per output channel and vllm-ascend's copies of them (ModelSlim)."""
 
     @property
     def total(self) -> int:
-        return self.split + self.replicated + self.kv_head_replicas + self.mla_absorbed + self.experts
+        return (
+            self.split + self.replicated + self.kv_head_replicas + self.mla_absorbed + self.experts + self.quant_params
+        )
 
 
 def weights_per_device(model: ModelInfo, dtype: str, layout: Layout, mtp: bool, warnings: list[str]) -> int:
@@ -100,7 +111,45 @@ def weight_terms(model: ModelInfo, dtype: str, layout: Layout, mtp: bool, warnin
         kv_head_replicas=_kv_head_replicas(model, tp, pp, wanted),
         mla_absorbed=_mla_absorbed(model, tp, pp, layers, wanted),
         experts=expert_share,
+        quant_params=_quant_params(model, layout),
     )
+
+
+# Bytes per output channel (see the module's sources): W8A8 quant_bias 4 + deq_scale 4 + weight_scale 2 +
+# weight_offset 2; dynamic schemes weight_scale 2 + weight_offset 2 + weight_scale_fp32 4.
+_STATIC_CHANNEL_BYTES: Final = 12
+_DYNAMIC_CHANNEL_BYTES: Final = 8
+
+
+def _quant_params(model: ModelInfo, layout: Layout) -> int:
+    """ModelSlim's per-channel parameters on the busiest device: the output channels of the
+    quantized linear layers this rank holds (q/k/v sliced over TP, o_proj and down_proj whole,
+    gate/up sliced) and of its experts' w13 and w2, times the bytes per channel of the scheme."""
+    if model.quantization != "ascend" or not (model.quant_bits or model.expert_quant_bits):
+        return 0
+    dynamic = "DYNAMIC" in (model.quant_scheme or "").upper()
+    per_channel = _DYNAMIC_CHANNEL_BYTES if dynamic else _STATIC_CHANNEL_BYTES
+    tp, pp = layout.tensor_parallel, layout.pipeline_parallel
+    layers = math.ceil(model.num_layers / pp)
+    hidden, heads = model.hidden_size, model.num_attention_heads // tp
+    channels = 0
+    if model.quant_bits:
+        if model.is_mla and model.qk_nope_head_dim:
+            attention = heads * (model.qk_nope_head_dim + (model.qk_rope_head_dim or 0)) + hidden
+        else:
+            attention = (heads + 2 * max(1, model.num_kv_heads // tp)) * model.head_dim + hidden
+        dense_layers = model.dense_layers if model.is_moe else model.num_layers
+        mlp = 2 * model.intermediate_size // tp + hidden
+        channels += layers * attention + math.ceil(dense_layers / pp) * mlp
+    if model.expert_quant_bits and model.is_moe and model.num_experts and model.moe_intermediate_size:
+        moe_layers = math.ceil((model.num_layers - model.dense_layers) / pp)
+        inter = model.moe_intermediate_size
+        if layout.expert_parallel and layout.experts_per_rank:
+            per_layer = layout.experts_per_rank * (2 * inter + hidden)
+        else:
+            per_layer = model.num_experts * (2 * inter // layout.moe_tensor_parallel + hidden)
+        channels += moe_layers * per_layer
+    return channels * per_channel
 
 
 def _kv_head_replicas(model: ModelInfo, tp: int, pp: int, dtype_bytes: int) -> int:

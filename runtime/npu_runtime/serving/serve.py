@@ -43,6 +43,7 @@ from npu_runtime.contract import (
     ASCEND_RECOMMENDED_ENV,
     DEFAULT_TERMINATION_LOG,
     PlanError,
+    PlanOptions,
     ServeOptions,
     option_name,
     parse_serve_args,
@@ -118,6 +119,7 @@ def make_serve_plan(options: ServeOptions, environ: Mapping[str, str] | None = N
         redundant = eplb.get("num_redundant_experts") if isinstance(eplb, dict) else None
         if isinstance(redundant, int) and not isinstance(redundant, bool) and redundant > 0:
             plan_options = dataclasses.replace(plan_options, redundant_experts=redundant)
+    plan_options = _ascend_switches(plan_options, options.additional_config)
     try:
         return plan_for(
             plan_options, options.model, resolve_mode=not options.engine_resolves_mode, environ=engine_environ
@@ -129,6 +131,20 @@ def make_serve_plan(options: ServeOptions, environ: Mapping[str, str] | None = N
         raise ServeError(Failure(failures.INVALID_CONFIGURATION, message), EXIT_INVALID) from exc
     except DoesNotFitError as exc:
         raise ServeError(Failure(failures.MODEL_DOES_NOT_FIT, str(exc)), EXIT_DOES_NOT_FIT) from exc
+
+
+def _ascend_switches(plan_options: PlanOptions, additional_config: str | None) -> PlanOptions:
+    """flashcomm1 and fused MC2 from --additional-config, as vllm-ascend reads them first
+    (vllm_ascend/ascend_config.py AscendConfig._get_config_value: the config, then the environment)."""
+    config = json.loads(additional_config) if additional_config else {}
+    if not isinstance(config, dict):
+        return plan_options
+    if plan_options.flashcomm1 is None and "enable_flashcomm1" in config:
+        plan_options = dataclasses.replace(plan_options, flashcomm1=bool(config["enable_flashcomm1"]))
+    fused = config.get("enable_fused_mc2")
+    if plan_options.fused_mc2 is None and isinstance(fused, int) and not isinstance(fused, bool):
+        plan_options = dataclasses.replace(plan_options, fused_mc2=fused)
+    return plan_options
 
 
 def node_args(options: ServeOptions, plan: Plan) -> tuple[str, ...]:

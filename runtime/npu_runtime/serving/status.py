@@ -10,6 +10,13 @@ same graphs and see the same decode steps, so per-key values take the largest ov
 with the most timed replays. Instrumentation errors add up (each process's hooks fail alone).
 The effective mode is the one a worker resolved, else the final VllmConfig's, else the plan's, else
 unknown (null) while the plan is being made.
+
+Capture sizes the engine changed: once capture has finished, the sizes the observer saw captured
+are compared with the plan's; any difference is an engine-stage downgrade-like entry with reason
+`CaptureSizesOverridden` (planned and captured sizes in it), listed in /status's downgrades and
+counted in npu_graph_downgrades_total, so the operator's graph events report it as well. The
+planner follows the engine release's own capture-size algorithm (planner/releases.py), so this
+names a release whose rules the table does not describe, never silently.
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from npu_runtime import metrics, reports
-from npu_runtime.serving import measured
+from npu_runtime.serving import batches, measured
 from npu_runtime.serving.failures import Failure
 
 STATES: Final = ("starting", "loading", "capturing", "ready", "failed", "stopping")
+CAPTURE_SIZES_OVERRIDDEN: Final = "CaptureSizesOverridden"
 STATUS_SCHEMA: Final = 1
 
 
@@ -54,6 +62,9 @@ class EngineView:
     replay: dict[tuple[str, int], dict[str, Any]] = dataclasses.field(default_factory=dict)
     eager_fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)
     decode_steps: int = 0
+    # issue 37: decode batch size (tokens) -> exact count / decayed weight (serving/batches.py)
+    decode_batch_counts: dict[int, int] = dataclasses.field(default_factory=dict)
+    decode_batch_weights: dict[int, float] = dataclasses.field(default_factory=dict)
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
     memory: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     processes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -110,6 +121,7 @@ def aggregate(engine_reports: Sequence[Mapping[str, Any]]) -> EngineView:
         for reason, count in (report.get("eager_fallbacks") or {}).items():
             view.eager_fallbacks[reason] = max(view.eager_fallbacks.get(reason, 0), int(count))
         view.decode_steps = max(view.decode_steps, int(report.get("decode_steps") or 0))
+        batches.merge_process(view.decode_batch_counts, view.decode_batch_weights, report)
         for hook, count in (report.get("errors") or {}).items():
             view.errors[hook] = view.errors.get(hook, 0) + int(count)
         memory_report = report.get("memory") or {}
@@ -139,6 +151,42 @@ class PlanView:
     # Which part of the replica this pod runs: {"rank": node, "nodes": n, "data_parallel_ranks": [...]}
     # (the node rank it was started with and its DP ranks in the plan's layout); empty before the plan.
     node: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _sizes_text(sizes: Sequence[int]) -> str:
+    return "[" + ", ".join(str(size) for size in sizes) + "]"
+
+
+def capture_overrides(plan: PlanView, view: EngineView) -> list[dict[str, str]]:
+    """A `CaptureSizesOverridden` entry when the engine captured other sizes than the plan listed
+    (judged once every process finished capturing: phase "captured"); none otherwise."""
+    planned = sorted({int(size) for size in plan.plan.get("capture_sizes") or ()})
+    captured = sorted({size for _mode, size in view.captures})
+    if not planned or view.phase != "captured" or not captured or captured == planned:
+        return []
+    mode = view.effective_mode or plan.effective_mode or ""
+    dropped = [size for size in planned if size not in captured]
+    added = [size for size in captured if size not in planned]
+    changes = "; ".join(
+        part
+        for part in (
+            f"dropped {_sizes_text(dropped)}" if dropped else "",
+            f"added {_sizes_text(added)}" if added else "",
+        )
+        if part
+    )
+    return [
+        {
+            "from_mode": mode,
+            "to_mode": mode,
+            "reason": CAPTURE_SIZES_OVERRIDDEN,
+            "message": f"planned capture sizes {_sizes_text(planned)}, the engine captured {_sizes_text(captured)} "
+            f"({changes})",
+            "planned": _sizes_text(planned),
+            "captured": _sizes_text(captured),
+            "stage": "engine",
+        }
+    ]
 
 
 class RuntimeStatus:
@@ -192,7 +240,9 @@ class RuntimeStatus:
             plan, state, failure = self._plan, self._state, self._failure
             pid, exit_code = self._engine_pid, self._exit_code
         effective = view.effective_mode or plan.effective_mode
-        downgrades = [{**dict(d), "stage": "plan"} for d in plan.downgrades] + view.downgrades
+        downgrades = (
+            [{**dict(d), "stage": "plan"} for d in plan.downgrades] + view.downgrades + capture_overrides(plan, view)
+        )
         captures = [
             {"mode": mode, "size": size, "memory_bytes": entry["memory_bytes"], "seconds": entry["seconds"]}
             for (mode, size), entry in sorted(view.captures.items())
@@ -227,12 +277,22 @@ class RuntimeStatus:
             "failure": failure.to_dict() if failure is not None else None,
             "engine": {"pid": pid, "exit_code": exit_code, "vllm_version": view.vllm_version},
             "memory": memory,
-            "calibration": measured.calibration_section(
-                plan.plan, view.captures, view.memory, failure.to_dict() if failure is not None else None
-            ),
+            "calibration": self._calibration(plan, view, failure),
             "instrumentation_errors": dict(sorted(view.errors.items())),
             "observer": {"processes": view.processes},
         }
+
+    @staticmethod
+    def _calibration(plan: PlanView, view: EngineView, failure: Failure | None) -> dict[str, Any] | None:
+        section = measured.calibration_section(
+            plan.plan, view.captures, view.memory, failure.to_dict() if failure is not None else None
+        )
+        if section is not None:  # issue 37: the decode batches, for the next plan's capture sizes
+            seconds = [float(entry["seconds"]) for entry in view.captures.values() if entry.get("seconds")]
+            section["decode_batches"] = batches.section(
+                plan.plan, view.decode_batch_counts, view.decode_batch_weights, seconds
+            )
+        return section
 
     @staticmethod
     def _memory(plan: PlanView, view: EngineView) -> dict[tuple[str, str], int]:
@@ -247,7 +307,8 @@ class RuntimeStatus:
         with self._lock:
             plan = self._plan
         downgrades: dict[tuple[str, str, str, str], int] = {}
-        for stage, items in (("plan", plan.downgrades), ("engine", view.downgrades)):
+        engine_downgrades = view.downgrades + capture_overrides(plan, view)
+        for stage, items in (("plan", plan.downgrades), ("engine", engine_downgrades)):
             for d in items:
                 key = (str(d.get("from_mode")), str(d.get("to_mode")), str(d.get("reason")), stage)
                 downgrades[key] = downgrades.get(key, 0) + 1
@@ -276,4 +337,5 @@ class RuntimeStatus:
             eager_fallbacks=dict(view.eager_fallbacks),
             device_memory=self._memory(plan, view),
             instrumentation_errors=dict(view.errors),
+            decode_batches=dict(view.decode_batch_counts),
         )

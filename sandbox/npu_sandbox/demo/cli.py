@@ -40,9 +40,9 @@ from npu_sandbox.demo.helm import (
     OPERATOR_NAMESPACE,
     RELEASE,
     Helm,
-    host_path_values,
     install_operator,
     operator_runners,
+    operator_values,
     uninstall_operator,
     upgrade_operator,
 )
@@ -226,7 +226,7 @@ def log_api_to(log_file: Path) -> Path:
 async def tell(sandbox: Sandbox) -> dict[str, Any]:
     """Steps 1 to 6 of the module's docstring, in order; the summary of what each showed."""
     cluster, helm, manifest = sandbox.cluster, sandbox.helm, sandbox.manifest
-    operator_pod = await install_operator(cluster, helm, sandbox.operator_kubelet, host_path_values(manifest))
+    operator_pod = await install_operator(cluster, helm, sandbox.operator_kubelet, operator_values(manifest))
     heading(f"kubectl apply -f {sandbox.args.manifest}")
     await cluster.apply_npu_inference(manifest)
     say(f"npuinference.inference.npu.dev/{sandbox.name} created")
@@ -308,7 +308,7 @@ async def upgrade_and_uninstall(sandbox: Sandbox) -> dict[str, Any]:
     namespace, name = sandbox.namespace, sandbox.name
     return {
         "upgrade": await upgrade_operator(
-            cluster, helm, operator_kubelet, kubelet, namespace, name, host_path_values(sandbox.manifest)
+            cluster, helm, operator_kubelet, kubelet, namespace, name, operator_values(sandbox.manifest)
         ),
         "uninstall": await uninstall_operator(cluster, helm, operator_kubelet, kubelet, namespace, name),
         "operator_pids": [p.process.pid for p in operator_kubelet.stopped if p.process is not None],

@@ -148,11 +148,16 @@ async def operator_deployment(cluster: LocalCluster) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def host_path_values(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The pod-template policy's default (Restricted) refuses hostPath sources outside the listed
-    directories: the sandbox lists its model's, as a platform engineer lists the nodes' model disk."""
+def operator_values(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a platform engineer sets for the resource `manifest`: the namespace it lives in, among the
+    ones the operator serves (the chart's default serves its release namespace only, with write
+    rights there and nowhere else), and its hostPath directory, which the pod-template policy's
+    default (Restricted) refuses unless listed, as a platform engineer lists the nodes' model disk."""
+    values = {"watch.namespaces": "{" + manifest["metadata"]["namespace"] + "}"}
     host_path = manifest["spec"]["model"]["source"].get("hostPath")
-    return {"operator.podTemplatePolicy.allowedHostPaths": "{" + host_path["path"] + "}"} if host_path else {}
+    if host_path:
+        values["operator.podTemplatePolicy.allowedHostPaths"] = "{" + host_path["path"] + "}"
+    return values
 
 
 async def install_operator(
@@ -161,7 +166,7 @@ async def install_operator(
     """README's quick start on a cluster: helm install; the operator's pod then runs here."""
     await run_helm(helm, helm_command("install", SANDBOX_VALUES | values), lines=6)
     await run_helm(helm, ["list", "-A"])
-    kinds = "deploy,sa,clusterrole,clusterrolebinding"
+    kinds = "deploy,sa,clusterrole,clusterrolebinding"  # the Role and RoleBinding are in the served namespace
     heading(f"kubectl get {kinds} -n {OPERATOR_NAMESPACE}")
     say(await kubectl_get(cluster, OPERATOR_NAMESPACE, kinds))
     deployment = await operator_deployment(cluster)
@@ -188,7 +193,7 @@ async def upgrade_operator(
     """helm upgrade with a changed value: the operator's pod rolls (Recreate), the model keeps serving."""
     before = {pod.uid for pod in operator_kubelet.pods}
     model_pods = {pod.uid for pod in kubelet.pods}
-    old_peers = await peers(cluster)
+    old_peers = await peers(cluster, namespace)
     await run_helm(helm, helm_command("upgrade", SANDBOX_VALUES | values | UPGRADE_VALUES), lines=6)
 
     async def rolled() -> list[LocalPod] | None:
@@ -202,10 +207,10 @@ async def upgrade_operator(
     say(f"operator pod {pod.name} replaced the old one; NPU_OPERATOR_LOG_LEVEL={env.get('NPU_OPERATOR_LOG_LEVEL')}")
 
     async def announced() -> set[str]:  # the new operator's keep-alive: a patch its RBAC must allow
-        return await peers(cluster) - old_peers
+        return await peers(cluster, namespace) - old_peers
 
     new_peers = await cluster.wait_for(announced, within=60, what="the new operator in its peering object")
-    say(f"clusterkopfpeering/{PEERING_NAME}: the new operator announced itself as {sorted(new_peers)}")
+    say(f"kopfpeering/{PEERING_NAME} -n {namespace}: the new operator announced itself as {sorted(new_peers)}")
     await run_helm(helm, ["history", RELEASE, "-n", OPERATOR_NAMESPACE])
     obj = await cluster.wait_for(
         lambda: ready_resource(cluster, namespace, name), within=60, what=f"{name} Ready under the new operator"
@@ -225,9 +230,10 @@ async def upgrade_operator(
     }
 
 
-async def peers(cluster: LocalCluster) -> set[str]:
-    """The operators alive in the chart's ClusterKopfPeering (kopf writes each one's id in its status)."""
-    obj = await cluster.get("kopf.dev/v1", "clusterkopfpeerings", None, PEERING_NAME)
+async def peers(cluster: LocalCluster, namespace: str) -> set[str]:
+    """The operators alive in the chart's KopfPeering of the served `namespace` (kopf writes each one's
+    id in its status; the chart's default, namespaced, makes one in each namespace it serves)."""
+    obj = await cluster.get("kopf.dev/v1", "kopfpeerings", namespace, PEERING_NAME)
     return set((obj or {}).get("status") or {})
 
 

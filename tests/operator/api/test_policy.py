@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from npu_operator import cli, topologies
+from npu_operator.api import crd
 from npu_operator.api.config import SETTINGS, ConfigError, OperatorConfig, load_config
 from npu_operator.api.policy import policy_problems
 from npu_operator.api.spec import parse_spec
@@ -234,6 +235,26 @@ REFUSED: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = [
         {"pod_template_policy": "Permissive"},
     ),
     (
+        # KEDA's pod would GET this address every polling interval (an internal host, cloud metadata).
+        "tenant-prometheus-address",
+        {"autoscaling": {"prometheus": {"address": "http://169.254.169.254/latest"}}},
+        "spec.autoscaling.prometheus.address",
+        {"allowed_prometheus_addresses": ("http://169.254.169.254/latest",)},
+    ),
+    (
+        # No hostnames: on a shared Gateway the route matching `/` takes every tenant's traffic.
+        "route-without-hostnames",
+        {"routing": {"gateway": {"name": "inference-gateway"}}},
+        "spec.routing.gateway.hostnames",
+        {"pod_template_policy": "Permissive"},
+    ),
+    (
+        "gateway-of-another-namespace",
+        {"routing": {"gateway": {"name": "shared", "namespace": "gateway-system", "hostnames": ["qwen.example.com"]}}},
+        "spec.routing.gateway.namespace",
+        {"allowed_gateway_namespaces": ("gateway-system",)},
+    ),
+    (
         "secret-in-env",
         {"engine": {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}},
         "spec.engine.env[0].valueFrom.secretKeyRef",
@@ -315,6 +336,68 @@ def test_what_only_the_permissive_policy_allows_says_so() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("address", "allowed"),
+    [
+        ("http://prometheus-operated.monitoring.svc:9090", True),  # the operator's own (CONFIG's default)
+        ("http://prometheus-operated.monitoring.svc:9090/", True),  # KEDA appends /api/v1/query: the same
+        ("https://prometheus.example.com", True),  # listed
+        ("https://prometheus.example.com/", True),
+        ("https://prometheus.example.com@169.254.169.254", False),  # a user part: another host
+        ("https://prometheus.example.com.evil.test", False),
+        ("https://prometheus.example.com/../federate", False),  # another path is another address
+        ("http://prometheus.example.com", False),  # another scheme
+        ("http://127.0.0.1:10250", False),
+    ],
+)
+def test_a_resources_prometheus_is_the_operators_or_a_listed_one(address: str, allowed: bool) -> None:
+    """KEDA's Prometheus scaler takes `serverAddress` as any string and GETs `serverAddress +
+    "/api/v1/query?..."` from KEDA's pod (kedacore/keda pkg/scalers/prometheus_scaler.go:
+    prometheusMetadata.ServerAddress, ExecutePromQuery): only a trailing `/` may differ."""
+    manifest = with_changes({"autoscaling": {"prometheus": {"address": address}}})
+    config = dataclasses.replace(CONFIG, allowed_prometheus_addresses=("https://prometheus.example.com",))
+    problems = policy_problems(parse_spec(manifest["spec"]), config)
+    assert [p.field for p in problems] == ([] if allowed else ["spec.autoscaling.prometheus.address"])
+    for problem in problems:
+        assert "KEDA would send its queries there" in problem.message
+        assert "operator.podTemplatePolicy.allowedPrometheusAddresses" in problem.message
+
+
+def test_a_gateway_in_the_resources_own_namespace_needs_no_setting() -> None:
+    gateway = {"name": "inference-gateway", "namespace": "llm", "hostnames": ["qwen.llm.example.com"]}
+    manifest = with_changes({"routing": {"gateway": gateway}})
+    assert manifest["metadata"]["namespace"] == "llm"
+    assert read_spec(manifest, CONFIG)[1] == []
+    del manifest["spec"]["routing"]["gateway"]["namespace"]  # unset: the resource's own
+    assert read_spec(manifest, CONFIG)[1] == []
+    manifest["metadata"]["namespace"] = "tenant-b"
+    manifest["spec"]["routing"]["gateway"]["namespace"] = "llm"  # now another tenant's Gateway
+    assert [p.field for p in read_spec(manifest, CONFIG)[1]] == ["spec.routing.gateway.namespace"]
+
+
+@pytest.mark.parametrize(
+    ("hostname", "valid"),
+    [
+        ("qwen.example.com", True),
+        ("*.inference.example.com", True),
+        ("localhost", True),
+        ("Qwen.example.com", False),  # Gateway API's Hostname: lower-case labels
+        ("qwen.example.com:443", False),  # no port
+        ("*", False),  # a wildcard only as the first label of a name
+        ("a.*.example.com", False),
+        ("qwen_1.example.com", False),
+        ("", False),
+    ],
+)
+def test_route_hostnames_are_gateway_api_hostnames(hostname: str, valid: bool) -> None:
+    """The CRD takes what Gateway API's Hostname type takes (kubernetes-sigs/gateway-api v1.4.0
+    apis/v1/shared_types.go Hostname: 1..253 characters, its pattern; HTTPRouteSpec.Hostnames at most 16)."""
+    manifest = with_changes({"routing": {"gateway": {"name": "gw", "hostnames": [hostname]}}})
+    assert (crd.validate(manifest) == []) is valid
+    many = with_changes({"routing": {"gateway": {"name": "gw", "hostnames": [f"h{i}.example.com" for i in range(17)]}}})
+    assert any("hostnames" in error for error in crd.validate(many))
+
+
 def test_policy_settings_are_checked_at_startup() -> None:
     config = load_config(
         {
@@ -334,6 +417,8 @@ def test_policy_settings_are_checked_at_startup() -> None:
         ("NPU_OPERATOR_ALLOWED_HOST_PATHS", "/"),
         ("NPU_OPERATOR_ALLOWED_HOST_PATHS", "relative"),
         ("NPU_OPERATOR_ALLOWED_REGISTRIES", "https://quay.io"),
+        ("NPU_OPERATOR_ALLOWED_PROMETHEUS_ADDRESSES", "prometheus:9090"),
+        ("NPU_OPERATOR_ALLOWED_GATEWAY_NAMESPACES", "Gateways"),
     ):
         with pytest.raises(ConfigError, match=variable):
             load_config({variable: value})

@@ -35,6 +35,8 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "allowed_priority_classes": (["inference-high"], ("inference-high",)),
     "allowed_host_paths": (["/data/models"], ("/data/models",)),
     "allow_service_account_token": (True, True),
+    "allowed_prometheus_addresses": (["https://prometheus.example.com"], ("https://prometheus.example.com",)),
+    "allowed_gateway_namespaces": (["gateways"], ("gateways",)),
 }
 EXPECTED = OperatorConfig(**{field: read for field, (_written, read) in SAMPLES.items()})
 

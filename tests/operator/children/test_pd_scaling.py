@@ -143,7 +143,7 @@ def test_the_pod_monitor_labels_each_series_with_its_role_on_p_d_only() -> None:
 
 
 def test_an_inference_pool_in_front_of_p_d_selects_the_routers() -> None:
-    manifest = autoscaled(routing_spec={"gateway": {"name": "inference-gateway"}})
+    manifest = autoscaled(routing_spec={"gateway": {"name": "inference-gateway", "hostnames": ["llm.example.com"]}})
     name = manifest["metadata"]["name"]
     objects = render(manifest)
     pool = of_kind(objects, "InferencePool", name)

@@ -33,7 +33,9 @@ from tests.chart import monitoring
 from tests.examples import example
 from tests.operator import traffic_schemas
 
-CONFIG = OperatorConfig()
+# The operator's admin allows the shared Gateway's namespace (the Restricted policy refuses others).
+CONFIG = OperatorConfig(allowed_gateway_namespaces=("gateways",))
+GATEWAY = {"name": "inference-gateway", "namespace": "gateways", "hostnames": ["qwen.inference.example.com"]}
 UID = "11111111-2222-3333-4444-555555555555"
 QWEN = "qwen2.5-7b-910b.yaml"  # one DP rank per pod, spec.metrics.podMonitor on
 DEEPSEEK = "deepseek-r1-w8a8-2node.yaml"  # 4 DP ranks behind each leader's API server
@@ -236,7 +238,7 @@ def test_without_istio_no_destination_rule_and_no_note() -> None:
 
 
 def routed(manifest: dict[str, Any]) -> dict[str, Any]:
-    manifest["spec"]["routing"]["gateway"] = {"name": "inference-gateway", "namespace": "gateways"}
+    manifest["spec"]["routing"]["gateway"] = GATEWAY
     route = of_kind(render(manifest), "HTTPRoute", manifest["metadata"]["name"])
     traffic_schemas.validate_http_route(route)
     timeouts: dict[str, Any] = route["spec"]["rules"][0]["timeouts"]

@@ -29,7 +29,11 @@ from tests.examples import example
 from tests.operator import traffic_schemas
 from tests.runtime.planner.test_plan_properties import PROPERTY_SETTINGS, cases, try_plan
 
-CONFIG = OperatorConfig()
+# The operator's admin allows the shared Gateway's namespace (the Restricted policy refuses others).
+CONFIG = OperatorConfig(
+    allowed_gateway_namespaces=("gateways",), allowed_prometheus_addresses=("https://prometheus.example.com",)
+)
+GATEWAY = {"name": "inference-gateway", "namespace": "gateways", "hostnames": ["qwen.inference.example.com"]}
 KUBERNETES_VERSION = "1.37.0"
 UID = "11111111-2222-3333-4444-555555555555"
 QWEN = "qwen2.5-7b-910b.yaml"
@@ -142,12 +146,13 @@ def test_the_pickers_objects_are_valid_kubernetes_with_least_rbac() -> None:
 
 def test_an_http_route_attaches_the_pool_to_the_named_gateway() -> None:
     manifest = example(QWEN)
-    manifest["spec"]["routing"]["gateway"] = {"name": "inference-gateway", "namespace": "gateways"}
+    manifest["spec"]["routing"]["gateway"] = GATEWAY
     route = of_kind(render(manifest), "HTTPRoute")
     traffic_schemas.validate_http_route(route)
     assert route["spec"]["parentRefs"] == [
         {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway", "namespace": "gateways"}
     ]
+    assert route["spec"]["hostnames"] == ["qwen.inference.example.com"]  # only its own hosts, on a shared Gateway
     backend = route["spec"]["rules"][0]["backendRefs"][0]
     assert backend == {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "qwen25-7b"}
 
@@ -339,6 +344,21 @@ def test_explicit_capture_sizes_lower_the_target() -> None:
     target = scaling.targets(spec.autoscaling, scaling.capacity(spec, api_spec.plan_options(spec)))
     assert (target.capacity.largest_batch, target.running) == (16, 12)
     assert "largest captured decode batch (16 requests per DP rank)" in target.reason
+
+
+def test_flashcomm1_in_the_additional_config_lowers_the_target_as_the_engine_drops_sizes() -> None:
+    # FULL_DECODE_ONLY under flashcomm1 keeps only multiples of TP (update_sizes_for_sequence_parallelism)
+    # and nothing above max_num_seqs (initialize_cudagraph_keys): with max_num_seqs 30 and TP 4 the
+    # plan adds 28, the largest multiple of 4 the engine keeps; batches of 29 and 30 run eagerly.
+    manifest = autoscaled(QWEN)
+    manifest["spec"]["engine"]["maxNumSeqs"] = 30
+    manifest["spec"]["parallelism"] = {"tensor": 4}
+    manifest["spec"]["npu"]["count"] = 4
+    manifest["spec"]["engine"]["additionalConfig"] = {"enable_flashcomm1": True}
+    spec = parse_spec(manifest["spec"])
+    options = api_spec.plan_options(spec)
+    assert options.flashcomm1 is True
+    assert scaling.capacity(spec, options).largest_batch == 28
 
 
 def test_the_status_shows_the_target_and_why() -> None:

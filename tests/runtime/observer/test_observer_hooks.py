@@ -413,6 +413,8 @@ def test_decode_steps_and_eager_fallbacks_with_reasons() -> None:
     report = observer.recorder.report()
     assert report["decode_steps"] == 4
     assert report["eager_fallbacks"] == {"BatchAboveMaxCaptureSize": 1, "NoMatchingGraph": 1, "ForcedEager": 1}
+    # Every decode step's batch size in tokens before padding (issue 37); the prefill is not one.
+    assert report["decode_batches"]["counts"] == {"2": 1, "3": 1, "4": 1, "16": 1}
 
 
 def test_warmup_and_capture_runs_are_not_decode_steps() -> None:
@@ -509,6 +511,7 @@ def test_graph_manager_v2_capture_replay_and_fallbacks() -> None:
     assert [(r["size"], r["count"], r["timed"]) for r in report["replay"]] == [(2, 1, 1)]
     assert report["decode_steps"] == 2
     assert report["eager_fallbacks"] == {"BatchAboveMaxCaptureSize": 1}
+    assert report["decode_batches"]["counts"] == {"2": 1, "8": 1}
 
 
 # ----- the real vLLM classes (CPU build), in a child interpreter -----

@@ -80,6 +80,22 @@ def test_measured_figures_plus_the_margin_replace_the_estimates(tmp_path: Path) 
     assert calibrated.memory.kv_cache_tokens < plan.memory.kv_cache_tokens  # what remains, as before
 
 
+def test_a_measured_kv_cache_gives_back_the_safety_term_and_no_more(tmp_path: Path) -> None:
+    # margin.NPU_SAFETY is ours, not the engine's: where the engine allocated more KV cache than the
+    # plan estimated, the plan takes up to that term back; where it allocated less, the plan says less.
+    plan = first_plan()
+    estimate, safety = plan.memory.kv_cache_bytes, 128 << 20
+
+    def calibrated(kv_cache_bytes: int) -> int:
+        path = write_record(tmp_path, record_for(plan, {"kv_cache_bytes": kv_cache_bytes}))
+        kv: int = plan_for(PlanOptions(**OPTIONS, calibration=path), str(R1), environ=AIV).memory.kv_cache_bytes
+        return kv
+
+    assert calibrated(estimate + (64 << 20)) == estimate + (64 << 20)
+    assert calibrated(estimate + GIB) == estimate + safety
+    assert calibrated(estimate - GIB) == estimate - GIB
+
+
 def test_a_record_of_another_key_is_ignored_and_said_so(tmp_path: Path) -> None:
     plan = first_plan()
     record = record_for(plan, {"weights_bytes": 50 * GIB})

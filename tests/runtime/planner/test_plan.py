@@ -139,23 +139,48 @@ class TestModes:
 
 
 class TestStreams:
+    def test_no_release_enforces_a_stream_budget(self, models: dict[str, ModelInfo]) -> None:
+        # update_aclgraph_sizes is absent from vllm-ascend v0.21.0rc1 on (releases.RULES): no cap.
+        for release in ("0.23.0", "0.25.1rc1"):
+            p = plan(
+                models["llama-3.1-70b"],
+                env={},
+                graph_mode="PIECEWISE",
+                tensor_parallel=8,
+                max_model_len=8192,
+                engine_release=release,
+            )
+            assert (p.streams.applies, p.streams.budget, p.streams.enforced_by) == (False, None, "none")
+            assert p.capture_sizes == sizes.covering_sizes(256, 1, 256)
+            assert not any("stream budget" in w for w in p.warnings)
+
     def test_piecewise_is_thinned_to_the_stream_budget(self, models: dict[str, ModelInfo]) -> None:
         # Non-AIV HCCL, TP 8, 80 layers: (80 + 1) x (1 + 2) = 243 streams per size, 40 up front.
-        p = plan(models["llama-3.1-70b"], env={}, graph_mode="PIECEWISE", tensor_parallel=8, max_model_len=8192)
+        p = plan(
+            models["llama-3.1-70b"],
+            env={},
+            graph_mode="PIECEWISE",
+            tensor_parallel=8,
+            max_model_len=8192,
+            stream_budget=1800,
+        )
+        assert p.streams.enforced_by == "user (--stream-budget)"
         assert (p.streams.per_size, p.streams.fixed) == (243, 40)
         assert len(p.capture_sizes) == (1800 - 40) // 243 == 7
         assert p.capture_sizes[0] == 1
         assert p.capture_sizes[-1] == 256
-        assert p.streams.estimate == 40 + 7 * 243 <= p.streams.budget
+        assert p.streams.estimate == 40 + 7 * 243 <= (p.streams.budget or 0)
         assert any("stream budget" in w for w in p.warnings)
 
     def test_aiv_allows_more_sizes(self, models: dict[str, ModelInfo]) -> None:
-        p = plan(models["llama-3.1-70b"], graph_mode="PIECEWISE", tensor_parallel=8, max_model_len=8192)
+        p = plan(
+            models["llama-3.1-70b"], graph_mode="PIECEWISE", tensor_parallel=8, max_model_len=8192, stream_budget=1800
+        )
         assert p.streams.hccl_op_expansion_mode == "AIV"
         assert len(p.capture_sizes) == (1800 - 2 * 81) // (2 * 81) == 10
 
     def test_full_decode_only_costs_about_one_stream_per_size(self, models: dict[str, ModelInfo]) -> None:
-        p = plan(models["llama-3.1-70b"], tensor_parallel=8, max_model_len=8192)
+        p = plan(models["llama-3.1-70b"], tensor_parallel=8, max_model_len=8192, stream_budget=1800)
         assert p.streams.per_size == 2  # one graph x (1 + one TP group)
         assert p.capture_sizes == sizes.covering_sizes(256, 1, 256)  # nothing thinned
 
@@ -362,6 +387,20 @@ class TestServePlan:
             TestServePlan.serve_plan(model, **options)
         return caught.value
 
+    def test_flashcomm1_and_fused_mc2_come_from_the_additional_config(self) -> None:
+        # vllm_ascend/ascend_config.py _get_config_value: the additional config first, then the environment.
+        options = PlanOptions(tensor_parallel=4, max_num_seqs=64, **self.NPU_OVERRIDES)
+        config = '{"enable_flashcomm1": true, "enable_fused_mc2": 1}'
+        served = make_serve_plan(
+            ServeOptions(model=str(FIXTURES / "qwen3-32b"), plan=options, additional_config=config), environ={}
+        )
+        assert served.flashcomm1 and served.capture_sizes[:2] == (4, 8)
+        off = make_serve_plan(
+            ServeOptions(model=str(FIXTURES / "qwen3-32b"), plan=options, additional_config='{"enable_flashcomm1": 0}'),
+            environ={"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"},
+        )
+        assert not off.flashcomm1 and off.capture_sizes[:2] == (1, 2)
+
     def test_a_device_kind_this_machine_lacks_is_invalid_configuration(self) -> None:
         other = next(kind for kind in ("npu", "cuda", "cpu") if kind != probe_device().kind)
         error = self.serve_error(FIXTURES / "qwen2.5-7b", device_kind=other)  # no --device-memory
@@ -390,7 +429,12 @@ class TestServePlan:
 
     def test_the_plan_sees_the_engine_environment(self) -> None:
         # launch.engine_env sets HCCL_OP_EXPANSION_MODE=AIV where the pod leaves it unset; a set value wins.
-        options: dict[str, Any] = {"graph_mode": "PIECEWISE", "tensor_parallel": 8, "max_model_len": 8192}
+        options: dict[str, Any] = {
+            "graph_mode": "PIECEWISE",
+            "tensor_parallel": 8,
+            "max_model_len": 8192,
+            "stream_budget": 1800,
+        }
         model = FIXTURES / "llama-3.1-70b"
         unset = self.serve_plan(model, {}, **options, **self.NPU_OVERRIDES)
         assert unset.streams.hccl_op_expansion_mode == "AIV"

@@ -8,6 +8,7 @@ KV heads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -174,8 +175,10 @@ def test_r1_communicators_from_hccl_buffsize(device: DeviceInfo, buffsize: int) 
         ("ep", 16, 200),
         ("mc2", 16, buffsize),
     ]
-    # margin = runtime context 512 MiB + the buffers + vllm-ascend's 150 MiB.
-    assert from_env.margin_bytes == 512 * MIB + expected + 150 * MIB
+    # margin = the buffers + our 128 MiB safety term: no ACL context (it predates the worker's memory
+    # snapshot) and no 150 MiB (only in vllm-ascend's --kv-cache-memory suggestion), per
+    # vllm_ascend/worker/worker.py NPUWorker.determine_available_memory / compile_or_warm_up_model.
+    assert from_env.margin_bytes == expected + 128 * MIB
 
 
 def test_ep_on_one_dp_rank_shares_the_tp_communicator() -> None:
@@ -199,19 +202,25 @@ def test_hccl_buffsize_that_is_not_a_number_is_refused() -> None:
 
 
 def r1_activation(mode: str) -> int:
-    """The profile run of 4096 tokens on one rank of DP 4 x TP 4 (EP 16), by the MoE dispatch."""
+    """The profile run of 4096 tokens on one rank of DP 4 x TP 4 (EP 16), by the MoE dispatch: the
+    larger of the attention and the MLP phase beside the residual stream, or the logits phase
+    (vllm-ascend's _dummy_sampler_run computes the logits of max_num_seqs rows, no sampler)."""
     c = config("deepseek-r1-w8a8")
     h, tokens, tp, dp, top_k = c["hidden_size"], 4096, 4, 4, c["num_experts_per_tok"]
     heads = c["num_attention_heads"] // tp
     qkv = heads * (2 * (c["qk_nope_head_dim"] + c["qk_rope_head_dim"]) + c["v_head_dim"])  # 192 + 192 + 128
+    attention_out = heads * c["v_head_dim"]
     per_row = 2 * h + 3 * c["moe_intermediate_size"]
     if mode == "ALLTOALL":  # tokens split over TP first, then top_k rows each
         moe = math.ceil(tokens / tp) * top_k * per_row
     else:  # ALLGATHER: every DP rank's tokens gathered, this rank's share of the rows
         moe = 2 * tokens * dp * h + math.ceil(tokens * dp * top_k / (dp * tp)) * per_row
     dense = tokens * 3 * c["intermediate_size"] // tp  # the first three layers' MLP
-    sampler = 16 * (1 + 3) * c["vocab_size"] * 16
-    return int(BF16 * (tokens * (4 * h + qkv) + max(moe, dense)) + 256 * MIB + sampler)
+    attention_phase = tokens * (2 * h + qkv + attention_out)
+    mlp_phase = 2 * tokens * h + max(moe, dense)
+    forward = BF16 * (tokens * h + max(attention_phase, mlp_phase))
+    logits = BF16 * (tokens * h + 16 * (math.ceil(c["vocab_size"] / tp) + c["vocab_size"]))
+    return int(max(forward, logits))
 
 
 def test_r1_activation_a3_all_to_all_a2_all_gather() -> None:
@@ -229,3 +238,112 @@ def copy_model(tmp_path: Path, name: str) -> Path:
     directory = tmp_path / name
     shutil.copytree(FIXTURES / name, directory)
     return directory
+
+
+# -- the engine's accounting on dense models, flashcomm1 and fused MC2 ------------------------------
+
+
+def qwen3_32b_plan(**changes: Any) -> Plan:
+    options = PlanOptions(tensor_parallel=4, max_num_seqs=64, **changes)
+    return make_plan(options, A2, load_model("qwen3-32b"), environ=AIV)
+
+
+@pytest.mark.parametrize("flashcomm1", [False, True])
+def test_dense_activation_is_the_larger_phase_or_the_logits(flashcomm1: bool) -> None:
+    # vllm-ascend NPUWorker.determine_available_memory reads the torch peak of the profile run: one
+    # layer's MLP phase (the larger here), beside the residual stream, which flashcomm1 splits over
+    # TP; the logits phase (NPUModelRunner._dummy_sampler_run) computes logits only, no sampler.
+    c = config("qwen3-32b")
+    h, inter, tp, tokens, seqs = c["hidden_size"], c["intermediate_size"], 4, 2048, 64
+    heads, kv, hd = c["num_attention_heads"] // tp, c["num_key_value_heads"] // tp, c["head_dim"]
+    residual = tokens // tp if flashcomm1 else tokens
+    attention_phase = tokens * (2 * h + heads * hd + 2 * kv * hd + heads * hd)
+    mlp_phase = 2 * tokens * h + tokens * 3 * inter // tp
+    forward = BF16 * (residual * h + max(attention_phase, mlp_phase))
+    logits = BF16 * (tokens * h + seqs * (math.ceil(c["vocab_size"] / tp) + c["vocab_size"]))
+    memory = qwen3_32b_plan(flashcomm1=flashcomm1).memory
+    assert memory.activation_bytes == max(forward, logits) == forward
+
+
+def test_dense_margin_is_the_tp_communicator_and_the_safety_term() -> None:
+    # No ACL context (created before the worker's memory snapshot), no 150 MiB (only in the
+    # --kv-cache-memory suggestion): 2 x 200 MB for the tp group and our 128 MiB.
+    memory = qwen3_32b_plan().memory
+    assert [(c.group, c.ranks) for c in memory.communicators] == [("tp", 4)]
+    assert memory.margin_bytes == 2 * 200 * MIB + 128 * MIB
+
+
+def test_fused_mc2_never_creates_the_ep_communicator() -> None:
+    # enable_fused_mc2 = 1 with EP 16 <= 32: FUSED_MC2 for the profile run and for decode
+    # (_select_a3_moe_comm_method); the ep group (shared with world) then runs no collective, and
+    # HCCL creates communicators lazily, so only mc2 holds buffers.
+    common: dict[str, Any] = {
+        "tensor_parallel": 4,
+        "data_parallel": 4,
+        "enable_expert_parallel": True,
+        "quantization": "ascend",
+        "max_num_seqs": 64,
+        "max_model_len": 32768,
+        "max_num_batched_tokens": 8192,
+    }
+    model = load_model("qwen3-235b-a22b-w8a8")
+    fused = make_plan(PlanOptions(**common, fused_mc2=1), A3, model, environ=AIV).memory
+    plain = make_plan(PlanOptions(**common), A3, model, environ=AIV).memory
+    assert fused.moe_dispatch == {"profile": "FUSED_MC2", "decode": "FUSED_MC2"}
+    assert [c.group for c in fused.communicators] == ["tp", "dp", "mc2"]
+    assert plain.moe_dispatch == {"profile": "ALLTOALL", "decode": "MC2"}
+    assert [c.group for c in plain.communicators] == ["tp", "dp", "ep", "mc2"]
+    assert plain.margin_bytes - fused.margin_bytes == 2 * 200 * MIB
+
+
+def test_the_worked_example_in_docs_planner_md() -> None:
+    # docs/planner.md "Worked example": Llama-3.1-8B, one 32 GiB 910B4, max_num_seqs 100, 4096 tokens.
+    c = config("llama-3.1-8b")
+    h, inter, vocab, t = c["hidden_size"], c["intermediate_size"], c["vocab_size"], 2048
+    total = 32 * GIB
+    budget = math.floor(total * 0.9)
+    weights = 16_060_522_496  # the index's total_size
+    mlp_phase = t * h + 2 * t * h + t * 3 * inter  # residual + MLP input and output + gate/up/act
+    activation = BF16 * mlp_phase
+    assert activation > BF16 * (t * h + 100 * 2 * vocab)  # the logits phase is smaller
+    margin = 128 * MIB
+    first = BF16 * 100 * (3 * h + 3 * inter) + 64 * MIB
+    graphs = first + 15 * MIB  # 16 sizes: 1, 2, 4, 8, ..., 96, 100
+    kv = budget - weights - activation - margin - graphs
+    per_token = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * (h // c["num_attention_heads"]) * BF16
+    device = DeviceInfo("npu", "Ascend910B4", 8, total, None, "override")
+    plan = make_plan(PlanOptions(max_num_seqs=100, max_model_len=4096), device, load_model("llama-3.1-8b"), environ=AIV)
+    m = plan.memory
+    assert (m.budget_bytes, m.weights_bytes, m.activation_bytes, m.margin_bytes) == (
+        30_923_764_531,
+        weights,
+        activation,
+        margin,
+    )
+    assert (m.activation_bytes, m.graph_first_capture_bytes, m.graph_bytes) == (226_492_416, 78_168_064, 93_896_704)
+    assert first == m.graph_first_capture_bytes and graphs == m.graph_bytes
+    assert m.kv_cache_bytes == kv == 14_408_635_187
+    assert (m.kv_bytes_per_token, m.kv_cache_tokens) == (per_token, kv // per_token) == (131_072, 109_929)
+    assert m.engine_gpu_memory_utilization == 0.8972
+
+
+def test_w8a8_per_channel_parameters_and_their_fp32_copies() -> None:
+    # ModelSlim W8A8_DYNAMIC (w8a8_dynamic.py): weight_scale + weight_offset in bf16 and a
+    # weight_scale_fp32 copy, 8 bytes per output channel, for every quantized linear layer and for
+    # the experts' w13 (2 x moe_intermediate) and w2 (hidden) on this rank.
+    c = config("qwen3-235b-a22b-w8a8")
+    tp, layers, h, hd = 4, c["num_hidden_layers"], c["hidden_size"], c["head_dim"]
+    attention = (c["num_attention_heads"] // tp + 2 * max(1, c["num_key_value_heads"] // tp)) * hd + h
+    experts = c["num_experts"] // 16 * (2 * c["moe_intermediate_size"] + h)  # EP 16: 8 experts per rank
+    options = PlanOptions(
+        tensor_parallel=tp,
+        data_parallel=4,
+        enable_expert_parallel=True,
+        quantization="ascend",
+        max_num_seqs=64,
+        max_model_len=32768,
+    )
+    terms = make_plan(options, A3, load_model("qwen3-235b-a22b-w8a8"), environ=AIV).memory.weight_terms
+    assert terms.quant_params == layers * (attention + experts) * 8 == 47_935_488
+    bf16 = make_plan(dataclasses.replace(options, quantization=None), A3, load_model("qwen3-235b-a22b"), environ=AIV)
+    assert bf16.memory.weight_terms.quant_params == 0

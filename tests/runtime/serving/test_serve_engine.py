@@ -123,6 +123,88 @@ def test_the_engines_measurements_become_the_next_pods_plan(planned: ServeRun, t
     print("second plan:", json.dumps(shown))
 
 
+def decode_batch_counts(run: ServeRun) -> dict[int, float]:
+    return {int(labels["size"]): value for _, labels, value in run.metrics().get("npu_graph_decode_batches", [])}
+
+
+@pytest.mark.engine
+def test_the_decode_batches_the_engine_runs_shape_the_next_pods_capture_sizes(
+    planned: ServeRun, tmp_path: Path
+) -> None:
+    # Issue 37 on the CPU build: a load of known batch sizes (one request alone, then three at
+    # once, each exactly TOKENS tokens: ignore_eos) -> the observer's counts per decode batch
+    # size -> /status's calibration.decode_batches -> the operator's fold -> the record -> the
+    # next pod's plan, which captures the sizes those batches need.
+    import json
+    import threading
+
+    from npu_operator.status import calibration as status_calibration
+    from npu_operator.status import decode_batches
+    from npu_operator.status.reports import parse_report
+    from npu_runtime.contract import PlanOptions
+    from npu_runtime.planner.plan import plan_for
+
+    tokens = 160
+    before = decode_batch_counts(planned)
+    planned.complete("A single request:", tokens, ignore_eos=True)
+    threads = [
+        threading.Thread(target=planned.complete, args=(f"Request {n}:", tokens), kwargs={"ignore_eos": True})
+        for n in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    expected_steps = 4 * (tokens - 1)  # each request's first token comes from its prefill step
+
+    def settled() -> dict[int, float] | None:
+        delta = {size: count - before.get(size, 0) for size, count in decode_batch_counts(planned).items()}
+        delta = {size: count for size, count in delta.items() if count}
+        return delta if sum(size * count for size, count in delta.items()) >= expected_steps - 8 else None
+
+    delta = wait_for(settled, timeout=15.0)
+    assert delta, f"the observer's decode batch counts never caught up: {decode_batch_counts(planned)}"
+    print("decode batches counted under the load (size: steps):", dict(sorted(delta.items())))
+    assert set(delta) <= {1, 2, 3}  # max_num_seqs 4, and never more than three requests at once
+    assert delta[1] >= tokens - 2  # the request alone
+    assert delta[3] >= tokens - 8  # the three at once (a staggered admission decodes a few steps at 1 or 2)
+    # Request-steps: every generated token after the first, each counted in its step's batch (a
+    # token decoded in a step that also prefills a newcomer is a mixed step, not a decode step).
+    assert expected_steps - 8 <= sum(size * count for size, count in delta.items()) <= expected_steps
+
+    status = planned.status()
+    shown = status["calibration"]["decode_batches"]
+    print("status calibration.decode_batches:", json.dumps(shown))
+    assert (shown["query_len"], shown["ceiling"], shown["above_ceiling"]) == (1, 4, 0)
+    assert shown["steps"] >= sum(delta.values())
+    section = parse_report(status).calibration
+    assert section is not None and section.decode_batches is not None
+    record = status_calibration.fold_record(None, [section], (1, 1, 1, 1))
+    record = decode_batches.fold(None, record, [(section.key, section.decode_batches)], decode_batches.SpecLimits(1, 4))
+    assert record is not None and record["decode_batches"]["steps"] == shown["steps"]
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    options = PlanOptions(max_num_seqs=4, max_model_len=512, calibration=str(path))
+    model = planned.argv[planned.argv.index("--model") + 1]
+    grid = plan_for(
+        PlanOptions(max_num_seqs=4, max_model_len=512),
+        model,
+        resolve_mode=False,
+        environ={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    second = plan_for(options, model, resolve_mode=False, environ={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    print("record decode_batches:", json.dumps(record["decode_batches"]))
+    print("grid plan:", grid.capture_sizes, "next plan:", second.capture_sizes, json.dumps(second.capture_sizes_from))
+    assert grid.capture_sizes == (1, 2, 4)
+    assert second.calibration["record"] == "applied", second.warnings
+    assert second.capture_sizes_from is not None and second.capture_sizes_from["source"] == "traffic"
+    # Batches of 1 and 3 (and a few of 2): 3 is captured, the ceiling 4 kept, never more graphs than the grid.
+    assert {1, 3, 4} <= set(second.capture_sizes) and len(second.capture_sizes) <= len(grid.capture_sizes)
+    assert (
+        second.capture_sizes_from["expected_padding"]["chosen"] < second.capture_sizes_from["expected_padding"]["grid"]
+    )
+
+
 ENGINE_LOAD = {  # ours -> the vLLM gauge it is taken from (npu_runtime.observer.dp_load.SOURCES)
     "npu_engine_num_requests_waiting": "vllm:num_requests_waiting",
     "npu_engine_num_requests_running": "vllm:num_requests_running",
