@@ -62,6 +62,15 @@ def setting(path: str, value: Any) -> Callable[[Manifest], None]:
 
 DELETE = object()
 
+
+def settings(*changes: Callable[[Manifest], None]) -> Callable[[Manifest], None]:
+    def change(manifest: Manifest) -> None:
+        for one in changes:
+            one(manifest)
+
+    return change
+
+
 # (id, change, a fragment of the message the user sees)
 INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
     ("name-not-dns-1035", setting("metadata.name", "7b-model"), "DNS-1035"),
@@ -237,6 +246,21 @@ INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
         setting("spec.autoscaling", {"maxReplicas": 2, "prometheus": {"address": "prometheus:9090"}}),
         "does not match",
     ),
+    (
+        "pd-scale-to-zero",
+        settings(
+            setting("spec.disaggregation", {"prefill": {}}),
+            setting("spec.routing", {}),
+            setting("spec.autoscaling", {"minReplicas": 0, "maxReplicas": 2}),
+        ),
+        "is not offered with spec.disaggregation",
+    ),
+    (
+        "pd-prefill-min-above-max",
+        setting("spec.disaggregation", {"prefill": {"minReplicas": 3, "maxReplicas": 2}}),
+        "prefill.minReplicas (3) may not exceed prefill.maxReplicas (2)",
+    ),
+    ("pd-prefill-min-zero", setting("spec.disaggregation", {"prefill": {"minReplicas": 0}}), "less than the minimum"),
     ("routing-unknown-failure-mode", setting("spec.routing", {"failureMode": "Maybe"}), "is not one of"),
     ("gateway-without-name", setting("spec.routing", {"gateway": {"namespace": "gw"}}), "'name' is a required"),
     # Everything a user writes is data: revisions are names (no `$(VAR)`, no `..`), free-form fields bounded.

@@ -24,6 +24,7 @@ from tests.integration.test_faults import HOSTILE, FakeRuntimes, report
 from tests.integration.test_lws_ranks import NS, Controlled, LeaderWorkerSetController, controlled_cluster, status_when
 
 NAME = "tiny-llama-pd"
+KINDS = {"leaderworkersets": "leaderworkerset.x-k8s.io/v1", disaggregated.SCALER_PLURAL: disaggregated.API_VERSION}
 CAPTURE_FAILED = {
     "from_mode": "FULL_DECODE_ONLY",
     "to_mode": "NONE",
@@ -43,9 +44,7 @@ async def role_sets(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
     """One round of the DisaggregatedSet stand-in; its role LeaderWorkerSets by role."""
     ds = await cluster.get(disaggregated.API_VERSION, disaggregated.PLURAL, NS, NAME)
     assert ds is not None
-    await disaggregated.reconcile(
-        cluster, await controllers.read_snapshot(cluster, NS, {"leaderworkersets": "leaderworkerset.x-k8s.io/v1"}), ds
-    )
+    await disaggregated.reconcile(cluster, await controllers.read_snapshot(cluster, NS, KINDS), ds)
     found = await cluster.list_objects("leaderworkerset.x-k8s.io/v1", "leaderworkersets", NS)
     return {
         o["metadata"]["labels"][disaggregated.ROLE_LABEL]: o
@@ -122,3 +121,86 @@ async def test_each_role_is_read_through_its_chain_and_shown_with_an_event_namin
     assert messages[0].startswith(
         f"role decode, group 0 node 0 (pod {decode_pod}): FULL_DECODE_ONLY -> NONE (CaptureFailed"
     )
+
+
+async def scale_of(cluster: LocalCluster, api_version: str, plural: str, name: str) -> dict[str, Any]:
+    found = await cluster.get(api_version, plural, NS, f"{name}/scale")
+    assert found is not None and found["kind"] == "Scale"
+    return found
+
+
+async def test_each_role_scales_through_its_own_scale_target(
+    pd_cluster: tuple[LocalCluster, LeaderWorkerSetController, FakeRuntimes],
+) -> None:
+    """decode through the NPUInference's /scale, prefill through the DisaggregatedSetRoleScaler that
+    LeaderWorkerSet's controller makes for its External role: each /scale read and written as KEDA's HPA
+    does, and the role's LeaderWorkerSet following it."""
+    cluster, _, _ = pd_cluster
+    manifest = example("sandbox-cpu-pd.yaml")
+    manifest["spec"]["autoscaling"] = {"maxReplicas": 3}
+    manifest["spec"]["metrics"] = {"podMonitor": {"enabled": True}}
+    await cluster.apply_npu_inference(manifest)
+    ds = await cluster.wait_for(
+        lambda: cluster.get(disaggregated.API_VERSION, disaggregated.PLURAL, NS, NAME), what="the DisaggregatedSet"
+    )
+    assert {r["name"]: r.get("scaling") for r in ds["spec"]["roles"]} == {
+        "prefill": {"mode": "External"},
+        "decode": None,
+    }
+    roles = await role_sets(cluster)
+    scaler_name = f"{NAME}-prefill"
+    scaler = await cluster.get(disaggregated.API_VERSION, disaggregated.SCALER_PLURAL, NS, scaler_name)
+    assert scaler is not None and scaler["spec"] == {"replicas": 1}, "seeded with 1 for a new role"
+    assert scaler["metadata"]["ownerReferences"][0]["kind"] == "DisaggregatedSet"
+    assert roles["prefill"]["spec"]["replicas"] == 1 and roles["decode"]["spec"]["replicas"] == 1
+
+    # The prefill role: KEDA's HPA writes the scaler's /scale; the role's LeaderWorkerSet follows.
+    scale = await scale_of(cluster, disaggregated.API_VERSION, disaggregated.SCALER_PLURAL, scaler_name)
+    assert scale["spec"]["replicas"] == 1
+    await cluster.patch(
+        disaggregated.API_VERSION,
+        disaggregated.SCALER_PLURAL,
+        NS,
+        scaler_name,
+        {"spec": {"replicas": 2}},
+        subresource="scale",
+    )
+    roles = await role_sets(cluster)
+    assert roles["prefill"]["spec"]["replicas"] == 2 and roles["decode"]["spec"]["replicas"] == 1
+    # ... and reads back what the role runs (LeaderWorkerSet groups) and the leaders' selector.
+    prefill_lws = roles["prefill"]["metadata"]["name"]
+    await cluster.patch(
+        "leaderworkerset.x-k8s.io/v1",
+        "leaderworkersets",
+        NS,
+        prefill_lws,
+        {"status": {"replicas": 2}},
+        subresource="status",
+    )
+    await role_sets(cluster)
+    scale = await scale_of(cluster, disaggregated.API_VERSION, disaggregated.SCALER_PLURAL, scaler_name)
+    assert scale["spec"]["replicas"] == 2 and scale["status"]["replicas"] == 2
+    assert scale["status"]["selector"] == (
+        f"disaggregatedset.x-k8s.io/name={NAME},disaggregatedset.x-k8s.io/role=prefill,"
+        "leaderworkerset.sigs.k8s.io/worker-index=0"
+    )
+    # The operator does not fight it: its DisaggregatedSet leaves the External role's replicas alone.
+    await asyncio.sleep(1)
+    roles = await role_sets(cluster)
+    assert roles["prefill"]["spec"]["replicas"] == 2
+
+    # The decode role: the resource's own /scale, as for any resource.
+    scale = await scale_of(cluster, "inference.npu.dev/v1alpha1", "npuinferences", NAME)
+    assert scale["spec"]["replicas"] == 1
+    await cluster.patch(
+        "inference.npu.dev/v1alpha1", "npuinferences", NS, NAME, {"spec": {"replicas": 2}}, subresource="scale"
+    )
+
+    async def decode_scaled() -> dict[str, Any] | None:
+        found = await cluster.get(disaggregated.API_VERSION, disaggregated.PLURAL, NS, NAME)
+        replicas = {r["name"]: r["spec"].get("replicas") for r in (found or {}).get("spec", {}).get("roles", ())}
+        return found if replicas.get("decode") == 2 else None
+
+    await cluster.wait_for(decode_scaled, what="the decode role at 2")
+    roles = await role_sets(cluster)
+    assert roles["decode"]["spec"]["replicas"] == 2 and roles["prefill"]["spec"]["replicas"] == 2

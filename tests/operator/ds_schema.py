@@ -9,6 +9,12 @@ Read from kubernetes-sigs/lws at v0.10.0 (commit 2161f38ff333f9e24d3c44adef7cd5d
 - pkg/webhooks/disaggregatedset/disaggregatedset_webhook.go, `validateRoleRolloutStrategy`: a role's
   rolloutStrategy.type is RollingUpdate or empty, no partition, and maxSurge and maxUnavailable not
   both 0 when the role has replicas.
+- api/disaggregatedset/v1/disaggregatedsetrolescaler_types.go and config/crd/bases/
+  disaggregatedset.x-k8s.io_disaggregatedsetrolescalers.yaml: a role with `scaling.mode: External`
+  takes its replicas from a DisaggregatedSetRoleScaler (short name dsrs) with a scale subresource
+  (specReplicasPath .spec.replicas, statusReplicasPath .status.replicas, labelSelectorPath
+  .status.selector), which pkg/controllers/disaggregatedset/scaler_manager.go creates as
+  `ScalerName(ds, role)` = `<ds>-<role>` (`ROLE_SCALER_*`, `scaler_name`).
 Each role's spec is then checked as a LeaderWorkerSet (`lws_schema`, with its pod templates against
 Kubernetes' own PodTemplateSpec schema).
 """
@@ -25,6 +31,21 @@ from celpy.adapter import json_to_cel
 from tests.operator import lws_schema
 
 API_VERSION = "disaggregatedset.x-k8s.io/v1"
+ROLE_SCALER_API_VERSION = "disaggregatedset.x-k8s.io/v1"
+ROLE_SCALER_KIND = "DisaggregatedSetRoleScaler"
+ROLE_SCALER_PLURAL = "disaggregatedsetrolescalers"
+ROLE_SCALER_SCALE = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
+
+
+def scaler_name(ds: str, role: str) -> str:
+    """scaler_manager.go ScalerName."""
+    return ds + "-" + role
+
+
 # The CRD's x-kubernetes-validations rule on spec, as written there.
 REPLICAS_RULE = (
     "self.roles.filter(r, !has(r.scaling) || r.scaling.mode != 'External').all(r, !has(r.spec.replicas) || "

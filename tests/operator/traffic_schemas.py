@@ -261,6 +261,7 @@ PICKER_PLUGIN_TYPES = frozenset(
         "queue-scorer",  # .../scheduling/scorer/queuedepth
         "kv-cache-utilization-scorer",  # .../scheduling/scorer/kvcacheutilization
         "prefix-cache-scorer",  # .../scheduling/scorer/prefix
+        "active-request-scorer",  # .../scheduling/scorer/activerequest (a consumer of the in-flight counts)
         "metrics-data-source",  # .../datalayer/source/metrics
         "core-metrics-extractor",  # .../datalayer/extractor/metrics
     }
@@ -503,8 +504,9 @@ def validate_picker_config(config: dict[str, Any]) -> None:
     if detector is not None:
         # validation.go validateSaturationDetector: it must name a configured plugin.
         assert names.get(detector) in ("concurrency-detector", "utilization-detector"), detector
-    # The concurrency detector consumes the in-flight counts (detector.go Consumes): a producer must exist.
-    if "concurrency-detector" in names.values():
+    # The concurrency detector consumes the in-flight counts (detector.go Consumes), and so does the active
+    # request scorer (activerequest/active_request.go, a plugin.ConsumerPlugin): a producer must exist.
+    if {"concurrency-detector", "active-request-scorer"} & set(names.values()):
         assert "inflight-load-producer" in names.values()
 
 

@@ -90,8 +90,23 @@ def derived_names(children: Iterable[Mapping[str, Any]]) -> list[Name]:
             found += lws_names(name, max(spec.get("replicas", 1), scaled), _size(spec), _policy(spec))
         elif kind == "DisaggregatedSet":
             for role in child["spec"]["roles"]:
-                found += ds_role_names(name, role["name"], role["spec"])
+                found += ds_role_names(name, role["name"], role["spec"], role_scaled(children, name, role))
     return found
+
+
+def role_scaled(children: list[Mapping[str, Any]], ds: str, role: Mapping[str, Any]) -> int:
+    """What KEDA may scale one role of DisaggregatedSet `ds` to: an External role through its
+    DisaggregatedSetRoleScaler `<ds>-<role>` (lws v0.10.0 scaler_manager.go ScalerName), the decode role
+    through the resource's own scale subresource (its replicas are the decode role's); 0 for none."""
+    external = (role.get("scaling") or {}).get("mode") == "External"
+    targets = [c["spec"] for c in children if c["kind"] == "ScaledObject"]
+    for target in targets:
+        ref = target["scaleTargetRef"]
+        if external and ref.get("kind") == "DisaggregatedSetRoleScaler" and ref["name"] == f"{ds}-{role['name']}":
+            return int(target["maxReplicaCount"])
+        if not external and role["name"] == "decode" and ref.get("kind") == "NPUInference":
+            return int(target["maxReplicaCount"])
+    return 0
 
 
 def keda_names(scaled_object: Mapping[str, Any]) -> list[Name]:
@@ -151,13 +166,14 @@ def ds_service_name(ds: str, role: str, slice_index: int = 0, revision: str = DS
     return ds_lws_name(ds, role, slice_index, revision) + "-prv"
 
 
-def ds_role_names(ds: str, role: str, spec: Mapping[str, Any]) -> list[Name]:
-    """One role of DisaggregatedSet `ds`: its LeaderWorkerSet, the -prv Service, the app label."""
+def ds_role_names(ds: str, role: str, spec: Mapping[str, Any], scaled: int = 0) -> list[Name]:
+    """One role of DisaggregatedSet `ds` (scaled up to `scaled` groups): its LeaderWorkerSet, the -prv
+    Service, the app label."""
     lws = ds_lws_name(ds, role)
     return [
         Name(ds_service_name(ds, role), "DNS-1035 label", f"Service of the {role} role (buildService)"),
         Name(f"{ds}-0-{role}", "label value", f"app label of the {role} LeaderWorkerSet (GenerateLabels)"),
-        *lws_names(lws, spec.get("replicas", 1), _size(spec), _policy(spec)),
+        *lws_names(lws, max(spec.get("replicas", 1), scaled), _size(spec), _policy(spec)),
     ]
 
 

@@ -112,9 +112,21 @@ def derived_names(spec: NPUInferenceSpec) -> list[Derived]:
                 otherwise="remove spec.autoscaling",
             )
         )
+        if spec.disaggregation is not None:  # the prefill role's ScaledObject, <name>-prefill
+            found.append(
+                Derived(
+                    "KEDA's HorizontalPodAutoscaler of the prefill role",
+                    KEDA_HPA_PREFIX + "<name>-prefill",
+                    len(KEDA_HPA_PREFIX) + len("-prefill"),
+                    DNS_1123,
+                    "KEDA's admission webhook refuses the ScaledObject",
+                    "KEDA v2.20.2 scaledobject_webhook.go verifyName, getHpaName",
+                    otherwise="remove spec.autoscaling",
+                )
+            )
     if spec.disaggregation is not None:
         for role in ROLES:
-            found += _disaggregated_role(role, role_spec(spec, role))
+            found += _disaggregated_role(role, role_spec(spec, role), _role_groups(spec, role))
     elif spec.npu.nodes > 1:
         # KEDA scales the groups up to maxReplicas: the indices reach maxReplicas - 1.
         groups = max(spec.replicas, spec.autoscaling.max_replicas if spec.autoscaling else 0)
@@ -216,7 +228,21 @@ def _leader_worker_set(pattern: str, added: int, owner: str, groups: int, nodes:
     return found
 
 
-def _disaggregated_role(role: str, spec: NPUInferenceSpec) -> list[Derived]:
+def _role_groups(spec: NPUInferenceSpec, role: str) -> int:
+    """The most groups a role's LeaderWorkerSet reaches: its replicas, or what KEDA may scale it to
+    (decode: autoscaling.maxReplicas; prefill: its own maxReplicas, else autoscaling's)."""
+    assert spec.disaggregation is not None
+    prefill = spec.disaggregation.prefill
+    replicas = prefill.replicas if role == "prefill" else spec.replicas
+    if spec.autoscaling is None:
+        return replicas
+    most = (
+        (prefill.max_replicas or spec.autoscaling.max_replicas) if role == "prefill" else spec.autoscaling.max_replicas
+    )
+    return max(replicas, most)
+
+
+def _disaggregated_role(role: str, spec: NPUInferenceSpec, groups: int) -> list[Derived]:
     """What the DisaggregatedSet makes for one role: its LeaderWorkerSets, their `-prv` Services,
     the `app` label, and all that a LeaderWorkerSet makes."""
     lws = f"<name>-{DS_SLICE}-<revision>-{role}"
@@ -252,6 +278,6 @@ def _disaggregated_role(role: str, spec: NPUInferenceSpec) -> list[Derived]:
         ),
         *(
             dataclasses.replace(derived, parts=f"{revision}, {derived.parts}")
-            for derived in _leader_worker_set(lws, added, owner, spec.replicas, spec.npu.nodes)
+            for derived in _leader_worker_set(lws, added, owner, groups, spec.npu.nodes)
         ),
     ]

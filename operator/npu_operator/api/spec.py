@@ -179,6 +179,8 @@ class PrefillSpec:
     additional_config: JSON | None
     extra_args: tuple[str, ...]
     env: tuple[JSON, ...]
+    min_replicas: int = 1  # with spec.autoscaling
+    max_replicas: int | None = None  # with spec.autoscaling; None: spec.autoscaling.maxReplicas
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,6 +381,8 @@ def _disaggregation(d: JSON | None) -> DisaggregationSpec | None:
             additional_config=prefill.get("additionalConfig"),
             extra_args=tuple(prefill.get("extraArgs", ())),
             env=tuple(prefill.get("env", ())),
+            min_replicas=prefill["minReplicas"],
+            max_replicas=prefill.get("maxReplicas"),
         ),
         connector=ConnectorSpec(connector["name"], connector.get("port"), dict(connector.get("extraConfig", {}))),
         router=RouterSpec(router["replicas"], router["timeoutSeconds"], router["retries"]),

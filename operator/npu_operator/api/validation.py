@@ -232,12 +232,6 @@ def _disaggregation_problems(spec: NPUInferenceSpec) -> list[SpecError]:
     )
     for setting, why in roles.connector_problems(spec):
         problems.append(SpecError(f"spec.disaggregation.connector.{setting}", why))
-    # The ScaledObject and the InferencePool select the engines' pods of one workload; with two roles
-    # behind a router neither is built yet.
-    for field, value in (("spec.autoscaling", spec.autoscaling), ("spec.routing", spec.routing)):
-        if value is not None:
-            why = "is not supported with spec.disaggregation yet (the router is the resource's endpoint)"
-            problems.append(SpecError(field, why))
     return problems
 
 

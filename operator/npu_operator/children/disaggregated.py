@@ -65,7 +65,11 @@ def build_children(
         *(_service(name, namespace, role, role_service_name(name, role), serving_revision) for role in ROLES),
     ]
     if spec.pod_monitor.enabled and pod_monitor:
-        children.append(workloads.build_pod_monitor(name, namespace, spec))
+        monitor = workloads.build_pod_monitor(name, namespace, spec)
+        # Each series also says which role's pod it is from (`inference_npu_dev_role`): the ScaledObjects
+        # of the two roles read their own engines (`scaling.running_query`), a dashboard splits them.
+        monitor["spec"]["podTargetLabels"].append(ROLE_LABEL)
+        children.append(monitor)
     return children
 
 
@@ -107,11 +111,19 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     # The controller puts the role template's metadata on the role's LeaderWorkerSet (lws_manager.go,
     # Create: mergeLabels(config.ObjectMeta.Labels, ...)), and LeaderWorkerSet copies its labels onto
     # its StatefulSets: with ours they are watched, and the status loop follows the chain.
-    return {
+    built: JSON = {
         "name": role,
         "metadata": {"labels": names.sorted_mapping({**names.labels(name), ROLE_LABEL: role})},
         "spec": lws_spec,
     }
+    if role == "prefill" and spec.autoscaling is not None:
+        # The prefill role scales on its own: LeaderWorkerSet's controller creates the role's
+        # DisaggregatedSetRoleScaler `<name>-prefill` (seeded with the role's current replicas, or 1)
+        # and takes the role's replicas from it, ignoring these (executor.go getTargetReplicas);
+        # KEDA writes it (`scaling.build_prefill_scaled_object`). The decode role stays Static: its
+        # replicas are spec.replicas, the NPUInference's own scale subresource.
+        built["scaling"] = {"mode": names.DS_EXTERNAL_SCALING}
+    return built
 
 
 def _literal_json(value: Any) -> Any:

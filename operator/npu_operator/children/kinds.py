@@ -78,6 +78,8 @@ POD_MONITOR: Final = ChildKind(Resource("monitoring.coreos.com", "v1", "podmonit
 LEADER_WORKER_SET: Final = ChildKind(LEADER_WORKER_SETS, optional=True)
 # spec.autoscaling: KEDA's ScaledObject on the resource's scale subresource (see `scaling`).
 SCALED_OBJECT: Final = ChildKind(Resource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject"), optional=True)
+# With spec.disaggregation, the prefill role's own ScaledObject, on its DisaggregatedSetRoleScaler.
+PREFILL_SCALED_OBJECT: Final = ChildKind(SCALED_OBJECT.resource, optional=True, suffix="-prefill")
 # spec.routing: the Gateway API Inference Extension's pool, its endpoint picker (llm-d's router,
 # one per resource, named <resource>-epp) and, with routing.gateway, an HTTPRoute (see `routing`).
 INFERENCE_POOL: Final = ChildKind(
@@ -133,6 +135,7 @@ KINDS: Final = (
     POD_DISRUPTION_BUDGET,
     POD_MONITOR,
     SCALED_OBJECT,
+    PREFILL_SCALED_OBJECT,
     PICKER_SERVICE_ACCOUNT,
     PICKER_ROLE,
     PICKER_ROLE_BINDING,

@@ -33,6 +33,16 @@ What a real cluster needs besides (each function below cites its upstream source
 - a request timeout on the route that covers a long completion and, with scale to zero, a cold
   start (`route_timeouts`);
 - queue and KV-cache figures over every DP rank behind one API server (`picker_config`).
+
+With spec.disaggregation the pool's endpoints are the P/D router's pods (`npu-runtime route`), not the
+engines: the router pairs a prefill engine with a decode engine and moves vllm-ascend's Mooncake
+parameters between them, which llm-d's own P/D scheduling cannot do for vllm-ascend (its v0.9.0
+sidecar's `--kv-connector=mooncake` speaks vLLM's MooncakeConnector protocol, a bootstrap server's
+`/query` and a `transfer_id` with prefill and decode sent at once, pkg/sidecar/proxy/
+connector_mooncake.go handleMooncake; vllm-ascend's MooncakeConnectorV1 hands its KV's location
+back in the prefill answer, which decode must be given). The picker then balances requests over
+the router replicas by its own count of requests in flight (`router_picker_config`): a router pod
+serves no vLLM metrics on the pool's port, and its engines' load is its own to weigh.
 """
 
 from __future__ import annotations
@@ -45,9 +55,10 @@ from typing import Any, Final
 import yaml
 from npu_runtime.contract import DEFAULT_PORT as HTTP_PORT
 from npu_runtime.metrics import ENGINE_KV_CACHE_USAGE, ENGINE_REQUESTS_RUNNING, ENGINE_REQUESTS_WAITING
+from npu_runtime.routing.router import DEFAULT_MAX_IN_FLIGHT
 
 from npu_operator.api import crd
-from npu_operator.api.spec import GatewayRef
+from npu_operator.api.spec import GatewayRef, NPUInferenceSpec
 from npu_operator.children.kinds import (
     DESTINATION_RULES,
     HTTP_ROUTE,
@@ -108,10 +119,18 @@ class Pool:
     max_concurrency: int  # requests per serving pod: largest captured batch x its DP ranks
     failure_mode: str
     data_parallel: int = 1  # DP ranks behind each serving pod's API server
+    behind_router: bool = False  # the pods are a P/D resource's routers (`router_picker_config`)
 
     @property
     def picker(self) -> str:
         return PICKER_DEPLOYMENT.child_name(self.name)
+
+
+def endpoint_concurrency(spec: NPUInferenceSpec, per_replica: int) -> int:
+    """Requests one endpoint of the pool takes at once: an engine pod's largest captured batch x its DP
+    ranks (`per_replica`, `scaling.Capacity`); a P/D router's --max-in-flight (the operator keeps the
+    router's default), above which it answers 503 itself."""
+    return DEFAULT_MAX_IN_FLIGHT if spec.disaggregation is not None else per_replica
 
 
 def build_inference_pool(pool: Pool) -> JSON:
@@ -173,6 +192,34 @@ def picker_config(max_concurrency: int, data_parallel: int = 1) -> JSON:
                     {"pluginRef": "prefix-cache-scorer", "weight": 3},
                 ],
             }
+        ],
+    }
+
+
+ACTIVE_REQUEST_SCORER: Final = "active-request-scorer"
+
+
+def router_picker_config(max_concurrency: int) -> JSON:
+    """The picker's EndpointPickerConfig for a pool of P/D routers: no router above `max_concurrency`
+    requests in flight (its --max-in-flight, above which it answers 503), and the one with the fewest
+    requests in flight first (llm-d-router v0.9.0 pkg/epp/framework/plugins/scheduling/scorer/
+    activerequest: the inflight-load-producer's counts). No metrics data source: a router serves
+    no vLLM metrics on the pool's port; which engine gets the request is the router's choice."""
+    return {
+        "apiVersion": PICKER_CONFIG_API,
+        "kind": "EndpointPickerConfig",
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {"type": "inflight-load-producer"},
+            {
+                "type": DETECTOR,
+                "parameters": {"concurrencyMode": "requests", "maxConcurrency": max_concurrency, "headroom": 0},
+            },
+            {"type": ACTIVE_REQUEST_SCORER},
+        ],
+        "flowControl": {"saturationDetector": {"pluginRef": DETECTOR}},
+        "schedulingProfiles": [
+            {"name": "default", "plugins": [{"pluginRef": DETECTOR}, {"pluginRef": ACTIVE_REQUEST_SCORER, "weight": 1}]}
         ],
     }
 
@@ -240,9 +287,7 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(pool, name),
-        "data": {
-            PICKER_CONFIG_FILE: yaml.safe_dump(picker_config(pool.max_concurrency, pool.data_parallel), sort_keys=False)
-        },
+        "data": {PICKER_CONFIG_FILE: yaml.safe_dump(_config_of(pool), sort_keys=False)},
     }
     return [
         account,
@@ -251,6 +296,12 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
         _picker_deployment(pool, image),
         _picker_service(pool),
     ]
+
+
+def _config_of(pool: Pool) -> JSON:
+    if pool.behind_router:
+        return router_picker_config(pool.max_concurrency)
+    return picker_config(pool.max_concurrency, pool.data_parallel)
 
 
 def _picker_selector(pool: Pool) -> dict[str, str]:

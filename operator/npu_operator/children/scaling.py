@@ -22,6 +22,19 @@ prometheus_scaler.go): every metadata value is a string; the query must return o
 is an error, none is 0 with ignoreNullValues); with metricType AverageValue the HPA asks for
 ceil(value / threshold) replicas, so each query sums one resource's series and the threshold is
 the per-replica target.
+
+With spec.disaggregation each role scales on its own signal, through its own scale target:
+- decode, as above, through the NPUInference's scale subresource (its replicas are the decode
+  role's), on the decode engines' running and waiting requests only (`inference_npu_dev_role`,
+  which the PodMonitor of a P/D resource adds);
+- prefill, through the DisaggregatedSetRoleScaler `<name>-prefill` that LeaderWorkerSet v0.10's
+  DisaggregatedSet controller creates for a role with `scaling.mode: External`
+  (`names.DS_ROLE_SCALERS`), on the prompt tokens waiting for or being prefilled on the prefill
+  engines, as the router counts them (npu_router_engine_work{role="prefill"}: a prompt's tokens
+  from when it is sent to a prefill engine until its answer), against what a prefill replica takes
+  into one step: the plan's max_num_batched_tokens per DP rank x its DP ranks
+  (`npu_runtime.planner.plan.batched_token_budget`). Above it a prompt waits at least a step more
+  before its first token.
 """
 
 from __future__ import annotations
@@ -33,10 +46,14 @@ from datetime import datetime
 from typing import Any, Final
 
 from npu_runtime.contract import PlanError, PlanOptions
-from npu_runtime.planner.plan import largest_decode_batch
+from npu_runtime.metrics import ROUTER_ENGINE_WORK
+from npu_runtime.planner.plan import batched_token_budget, largest_decode_batch
 
 from npu_operator.api import crd
-from npu_operator.api.spec import AutoscalingSpec, NPUInferenceSpec, PrometheusSpec, SpecError
+from npu_operator.api.roles import role_spec
+from npu_operator.api.spec import AutoscalingSpec, NPUInferenceSpec, PrometheusSpec, SpecError, plan_options
+from npu_operator.children.kinds import PREFILL_SCALED_OBJECT
+from npu_operator.kube.names import DS_ROLE_SCALERS, role_scaler_name
 
 JSON = dict[str, Any]
 
@@ -45,6 +62,11 @@ SCALED_OBJECT_KIND: Final = "ScaledObject"
 # The label the PodMonitors give every series of a resource's pods (prometheus-operator's sanitized
 # form of the pod label inference.npu.dev/name, through podTargetLabels; see workloads.build_pod_monitor).
 RESOURCE_LABEL: Final = "inference_npu_dev_name"
+# With spec.disaggregation, the pod label inference.npu.dev/role the same way (prefill, decode, router).
+ROLE_TARGET_LABEL: Final = "inference_npu_dev_role"
+# The router's per-engine outstanding work; for prefill, the prompt tokens sent and not yet answered.
+ROUTER_WORK_METRIC: Final = ROUTER_ENGINE_WORK.name
+PREFILL_WINDOW: Final = "1m"  # a few scrapes (the PodMonitor's interval, 30 s by default)
 # vLLM's own gauges, per engine (DP rank), on the API server's /metrics (port http).
 RUNNING_METRIC: Final = "vllm:num_requests_running"
 WAITING_METRIC: Final = "vllm:num_requests_waiting"
@@ -96,6 +118,53 @@ def capacity(spec: NPUInferenceSpec, options: PlanOptions) -> Capacity:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class PrefillCapacity:
+    """What one prefill replica takes into one step, from the prefill role's plan."""
+
+    batched_tokens: int  # max_num_batched_tokens per DP rank
+    data_parallel: int
+
+    @property
+    def per_replica(self) -> int:
+        return self.batched_tokens * self.data_parallel
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillTarget:
+    queued_tokens: int  # per prefill replica
+    min_replicas: int
+    max_replicas: int
+    capacity: PrefillCapacity
+    reason: str
+
+
+def prefill_capacity(spec: NPUInferenceSpec) -> PrefillCapacity:
+    """The prefill role's step budget. Raises PlanError where the planner would refuse its options."""
+    prefill = role_spec(spec, "prefill")
+    return PrefillCapacity(batched_token_budget(plan_options(prefill)), prefill.parallelism.data)
+
+
+def prefill_target(spec: NPUInferenceSpec, cap: PrefillCapacity) -> PrefillTarget:
+    """The prefill role's queued-token target per replica (autoscaling.targetUtilization of its step
+    budget) and its bounds (disaggregation.prefill.minReplicas, maxReplicas or autoscaling.maxReplicas)."""
+    assert spec.autoscaling is not None and spec.disaggregation is not None
+    prefill, utilization = spec.disaggregation.prefill, spec.autoscaling.target_utilization
+    tokens = max(1, cap.per_replica * utilization // 100)
+    ranks = f"{cap.data_parallel} DP rank{'s' if cap.data_parallel != 1 else ''}"
+    reason = (
+        f"{utilization}% of the prefill plan's max_num_batched_tokens ({cap.batched_tokens} per DP rank) x {ranks} "
+        f"= {cap.per_replica} prompt tokens per step"
+    )
+    return PrefillTarget(
+        queued_tokens=tokens,
+        min_replicas=prefill.min_replicas,
+        max_replicas=prefill.max_replicas or spec.autoscaling.max_replicas,
+        capacity=cap,
+        reason=reason,
+    )
+
+
 def targets(autoscaling: AutoscalingSpec, cap: Capacity) -> Targets:
     """The running and queue targets per replica; never above the plan's capacity (see `spec_problems`)."""
     where = (
@@ -140,6 +209,30 @@ def spec_problems(spec: NPUInferenceSpec, options: PlanOptions) -> list[SpecErro
         problems.append(
             SpecError("spec.autoscaling.minReplicas", "0 (scale to zero) needs spec.routing to hold requests")
         )
+    if spec.disaggregation is not None:
+        problems += _prefill_problems(spec)
+    return problems
+
+
+def _prefill_problems(spec: NPUInferenceSpec) -> list[SpecError]:
+    """A P/D resource's autoscaling: no scale to zero (the CRD says the same), the prefill bounds, its plan."""
+    assert spec.autoscaling is not None and spec.disaggregation is not None
+    problems: list[SpecError] = []
+    if spec.autoscaling.min_replicas == 0:
+        why = (
+            "0 (scale to zero) is not offered with spec.disaggregation: the router holds no request while decode starts"
+        )
+        problems.append(SpecError("spec.autoscaling.minReplicas", why))
+    try:
+        target = prefill_target(spec, prefill_capacity(spec))
+    except PlanError as exc:
+        return [*problems, SpecError(f"spec.disaggregation.prefill (plan option {exc.field})", str(exc))]
+    if target.min_replicas > target.max_replicas:
+        why = (
+            f"{target.min_replicas} is above the prefill role's most replicas ({target.max_replicas}, "
+            "disaggregation.prefill.maxReplicas or else autoscaling.maxReplicas)"
+        )
+        problems.append(SpecError("spec.disaggregation.prefill.minReplicas", why))
     return problems
 
 
@@ -211,18 +304,28 @@ def behavior(autoscaling: AutoscalingSpec, startup: int) -> JSON:
 # -- queries -------------------------------------------------------------------------------------------
 
 
-def _matchers(name: str, namespace: str) -> str:
-    return f'namespace="{namespace}",{RESOURCE_LABEL}="{name}"'
+def _matchers(name: str, namespace: str, role: str | None = None) -> str:
+    matchers = f'namespace="{namespace}",{RESOURCE_LABEL}="{name}"'
+    return matchers if role is None else f'{matchers},{ROLE_TARGET_LABEL}="{role}"'
 
 
-def running_query(name: str, namespace: str) -> str:
-    """All running requests of one resource (every pod, every DP rank): one element, KEDA's input."""
-    return f"sum({RUNNING_METRIC}{{{_matchers(name, namespace)}}})"
+def running_query(name: str, namespace: str, role: str | None = None) -> str:
+    """All running requests of one resource (every pod, every DP rank; of one P/D `role`): one element,
+    KEDA's input."""
+    return f"sum({RUNNING_METRIC}{{{_matchers(name, namespace, role)}}})"
 
 
-def waiting_query(name: str, namespace: str) -> str:
-    """All requests waiting in the engines' queues of one resource."""
-    return f"sum({WAITING_METRIC}{{{_matchers(name, namespace)}}})"
+def waiting_query(name: str, namespace: str, role: str | None = None) -> str:
+    """All requests waiting in the engines' queues of one resource (of one P/D `role`)."""
+    return f"sum({WAITING_METRIC}{{{_matchers(name, namespace, role)}}})"
+
+
+def prefill_tokens_query(name: str, namespace: str) -> str:
+    """The prompt tokens at the prefill engines of one P/D resource, queued or being prefilled, over
+    every router replica (each counts its own requests) and every prefill engine, each series averaged
+    over PREFILL_WINDOW: one long prompt is a spike of its own length for a step, not a load."""
+    selector = f'{ROUTER_WORK_METRIC}{{{_matchers(name, namespace)},role="prefill"}}'
+    return f"sum(avg_over_time({selector}[{PREFILL_WINDOW}]))"
 
 
 def picker_queue_query(name: str, namespace: str) -> str:
@@ -243,13 +346,15 @@ def build_scaled_object(
     labels: Mapping[str, str],
     prometheus: str,
     startup: int,
+    role: str | None = None,
 ) -> JSON:
-    """The KEDA ScaledObject of one resource; `prometheus` is the operator's default address."""
+    """The KEDA ScaledObject of one resource; `prometheus` is the operator's default address. With
+    `role` (a P/D resource's decode role) the queries read that role's engines only."""
     target = targets(autoscaling, cap)
-    server = dataclasses.replace(autoscaling.prometheus, address=autoscaling.prometheus.address or prometheus)
+    server = _server(autoscaling, prometheus)
     triggers = [
-        _trigger("running-requests", server, running_query(name, namespace), target.running),
-        _trigger("waiting-requests", server, waiting_query(name, namespace), target.queue),
+        _trigger("running-requests", server, running_query(name, namespace, role), target.running),
+        _trigger("waiting-requests", server, waiting_query(name, namespace, role), target.queue),
     ]
     if autoscaling.min_replicas == 0:
         # With no replica there are no vLLM series: the picker's held requests wake the resource.
@@ -276,6 +381,44 @@ def build_scaled_object(
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
         "spec": spec,
     }
+
+
+def build_prefill_scaled_object(
+    name: str,
+    namespace: str,
+    spec: NPUInferenceSpec,
+    cap: PrefillCapacity,
+    labels: Mapping[str, str],
+    prometheus: str,
+    startup: int,
+) -> JSON:
+    """The KEDA ScaledObject of a P/D resource's prefill role (`<name>-prefill`): its scale target is
+    the role's DisaggregatedSetRoleScaler, its trigger the prompt tokens queued at prefill."""
+    assert spec.autoscaling is not None
+    target = prefill_target(spec, cap)
+    server = _server(spec.autoscaling, prometheus)
+    return {
+        "apiVersion": KEDA_API_VERSION,
+        "kind": SCALED_OBJECT_KIND,
+        "metadata": {"name": PREFILL_SCALED_OBJECT.child_name(name), "namespace": namespace, "labels": dict(labels)},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": DS_ROLE_SCALERS.api_version,
+                "kind": DS_ROLE_SCALERS.kind,
+                "name": role_scaler_name(name, "prefill"),
+            },
+            "minReplicaCount": target.min_replicas,
+            "maxReplicaCount": target.max_replicas,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior(spec.autoscaling, startup)}},
+            "triggers": [
+                _trigger("queued-prefill-tokens", server, prefill_tokens_query(name, namespace), target.queued_tokens)
+            ],
+        },
+    }
+
+
+def _server(autoscaling: AutoscalingSpec, prometheus: str) -> PrometheusSpec:
+    return dataclasses.replace(autoscaling.prometheus, address=autoscaling.prometheus.address or prometheus)
 
 
 def _trigger(name: str, prometheus: PrometheusSpec, query: str, threshold: int) -> JSON:
@@ -321,6 +464,18 @@ def autoscaling_status(autoscaling: AutoscalingSpec, cap: Capacity, startup_seen
     if startup_seen:
         found["startupSeconds"] = startup_seen
     return found
+
+
+def prefill_status(target: PrefillTarget) -> JSON:
+    """status.autoscaling.prefill: the prefill role's target in force and why."""
+    return {
+        "queuedTokensPerReplica": target.queued_tokens,
+        "batchedTokens": target.capacity.batched_tokens,
+        "dataParallelRanks": target.capacity.data_parallel,
+        "minReplicas": target.min_replicas,
+        "maxReplicas": target.max_replicas,
+        "reason": target.reason,
+    }
 
 
 def _time(value: Any) -> datetime | None:

@@ -56,6 +56,20 @@ DS_ROLE_LABEL: Final = "disaggregatedset.x-k8s.io/role"
 # The revision of the roles' templates, on each role's LeaderWorkerSet and on its pods' template
 # (api/disaggregatedset/v1, RevisionLabelKey; pkg/utils/disaggregatedset/utils.go, GenerateLabels).
 DS_REVISION_LABEL: Final = "disaggregatedset.x-k8s.io/revision"
+# A role with `scaling.mode: External` takes its replicas from a DisaggregatedSetRoleScaler that the
+# DisaggregatedSet controller creates, named `<set>-<role>`, with a scale subresource (spec.replicas,
+# status.replicas, status.selector) that KEDA's HPA writes and reads (kubernetes-sigs/lws v0.10.0:
+# api/disaggregatedset/v1/disaggregatedset_types.go RoleScaling, disaggregatedsetrolescaler_types.go;
+# pkg/controllers/disaggregatedset/scaler_manager.go ScalerName, executor.go getTargetReplicas).
+DS_ROLE_SCALERS: Final = Resource(
+    "disaggregatedset.x-k8s.io", "v1", "disaggregatedsetrolescalers", "DisaggregatedSetRoleScaler"
+)
+DS_EXTERNAL_SCALING: Final = "External"
+
+
+def role_scaler_name(set_name: str, role: str) -> str:
+    """The DisaggregatedSetRoleScaler of a role whose scaling is External (scaler_manager.go ScalerName)."""
+    return f"{set_name}-{role}"
 
 
 def pod_label_meta(label: str) -> str:

@@ -124,8 +124,11 @@ def compute_status(
         if spec.autoscaling is not None:
             timeout = spec.engine.startup_timeout_seconds
             status["autoscaling"] = scaling.autoscaling_status(spec.autoscaling, cap, observed.startup_seconds, timeout)
+            if spec.disaggregation is not None:
+                prefill = scaling.prefill_target(spec, scaling.prefill_capacity(spec))
+                status["autoscaling"]["prefill"] = scaling.prefill_status(prefill)
         if spec.routing is not None:
-            status["routing"] = routing.routing_status(name, cap.per_replica)
+            status["routing"] = routing.routing_status(name, routing.endpoint_concurrency(spec, cap.per_replica))
     status["phase"], status["reason"] = summarize(conditions, created=observed.workload is not None)
     return status
 

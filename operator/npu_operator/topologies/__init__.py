@@ -46,7 +46,9 @@ def build_children(
     endpoint picker, InferencePool and HTTPRoute of spec.routing where `capabilities` has their APIs:
     the picker's PodMonitor with the resource's own (spec.metrics.podMonitor, which spec.autoscaling
     requires: the picker's held requests are what wakes a resource scaled to zero,
-    `scaling.picker_queue_query`), its DestinationRule where Istio's API is served.
+    `scaling.picker_queue_query`), its DestinationRule where Istio's API is served. A P/D resource
+    gets a ScaledObject per role (decode on the resource, prefill on its role scaler) and a pool of
+    its routers.
     `seen` is what the resource's status remembers of the cluster (the startup seen so far, the
     roles' serving revision; `base.Seen.of`).
     """
@@ -55,22 +57,33 @@ def build_children(
     if spec.autoscaling is None and spec.routing is None:
         return children
     cap = scaling.capacity(spec, plan_options(spec))
+    disaggregated = spec.disaggregation is not None
     if spec.autoscaling is not None and capabilities.scaled_object:
         startup = seen.startup_seconds or spec.engine.startup_timeout_seconds
+        prometheus = config.prometheus_address
+        # With P/D, this one scales the decode role (the resource's replicas) on the decode engines' load.
+        role = "decode" if disaggregated else None
         children.append(
             scaling.build_scaled_object(
-                name, namespace, spec.autoscaling, cap, labels(name), config.prometheus_address, startup
+                name, namespace, spec.autoscaling, cap, labels(name), prometheus, startup, role=role
             )
         )
+        if disaggregated:
+            prefill = scaling.prefill_capacity(spec)
+            children.append(
+                scaling.build_prefill_scaled_object(name, namespace, spec, prefill, labels(name), prometheus, startup)
+            )
     if spec.routing is not None:
+        # With P/D the pool's endpoints are the routers (`topology.serving_pods`; see `routing`).
         pool = routing.Pool(
             name=name,
             namespace=namespace,
             labels=labels(name),
             pods=topology.serving_pods(name, spec),
-            max_concurrency=cap.per_replica,
+            max_concurrency=routing.endpoint_concurrency(spec, cap.per_replica),
             failure_mode=spec.routing.failure_mode,
-            data_parallel=cap.data_parallel,
+            data_parallel=1 if disaggregated else cap.data_parallel,
+            behind_router=disaggregated,
         )
         if capabilities.inference_pool:
             children += routing.build_picker(pool, config.picker_image)

@@ -699,6 +699,16 @@ def largest_decode_batch(options: PlanOptions) -> int:
     return min(max(kept) // q, options.max_num_seqs)
 
 
+def batched_token_budget(options: PlanOptions) -> int:
+    """max_num_batched_tokens of a plan for `options`: the prompt tokens one engine (DP rank) takes
+    into one step. Like `largest_decode_batch`, from the options alone (the requested mode's
+    ceiling, flashcomm1 as given in the options; `_batched_tokens` does not depend on the device).
+    Raises PlanError as make_plan would."""
+    q = 1 + options.speculative_tokens
+    ceiling, _ = _candidate_sizes(options, options.graph_mode, q, [], bool(options.flashcomm1))
+    return _batched_tokens(options, ceiling)
+
+
 def _candidate_sizes(
     options: PlanOptions, mode: str, q: int, warnings: list[str], flashcomm1: bool = False
 ) -> tuple[int, tuple[int, ...]]:

@@ -48,6 +48,7 @@ from npu_sandbox.apiserver.resources import (
     LEADER_WORKER_SETS,
     POD_MONITORS,
     RESOURCES,
+    ROLE_SCALERS,
     SCALED_OBJECTS,
     initial_namespace,
 )
@@ -110,8 +111,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.resources.update([LEADER_WORKER_SETS])
 
     def serve_disaggregated_sets(self) -> None:
-        """Serve LeaderWorkerSet v0.10's DisaggregatedSet API, as its CRD does."""
-        self.resources.update([DISAGGREGATED_SETS])
+        """Serve LeaderWorkerSet v0.10's DisaggregatedSet API and its role scalers', as their CRDs do."""
+        self.resources.update([DISAGGREGATED_SETS, ROLE_SCALERS])
 
     @property
     def _last_version(self) -> int:

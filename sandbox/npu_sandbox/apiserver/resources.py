@@ -94,6 +94,27 @@ DISAGGREGATED_SETS: tuple[str, Any] = (
     "disaggregatedset.x-k8s.io/v1/disaggregatedsets",
     _api("DisaggregatedSet", subresources={"status"}),
 )
+# Its per-role scale target (config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsetrolescalers.yaml:
+# short name dsrs, status and scale subresources), installed with it.
+ROLE_SCALERS: tuple[str, Any] = (
+    "disaggregatedset.x-k8s.io/v1/disaggregatedsetrolescalers",
+    _api("DisaggregatedSetRoleScaler", shortnames={"dsrs"}, subresources={"status", "scale"}),
+)
+# The scale subresource's paths of the kinds above whose CRD the sandbox serves without its object
+# (the built-in kinds' are .spec.replicas, .status.replicas and .spec.selector): group, version, plural
+# -> (specReplicasPath, statusReplicasPath, labelSelectorPath), as their CRDs declare them.
+SCALE_PATHS: dict[tuple[str, str, str], tuple[str, str, str]] = {
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"): (
+        ".spec.replicas",
+        ".status.replicas",
+        ".status.hpaPodSelector",
+    ),
+    ("disaggregatedset.x-k8s.io", "v1", "disaggregatedsetrolescalers"): (
+        ".spec.replicas",
+        ".status.replicas",
+        ".status.selector",
+    ),
+}
 
 
 def initial_namespace(name: str, resource_version: str) -> dict[str, Any]:

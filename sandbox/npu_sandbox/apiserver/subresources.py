@@ -17,6 +17,7 @@ import kmock
 from kmock._internal import dicts, enums, rendering
 
 from npu_sandbox.apiserver.custom_apis import CustomApis
+from npu_sandbox.apiserver.resources import SCALE_PATHS
 from npu_sandbox.apiserver.store import Store
 from npu_sandbox.apiserver.tables import json_path
 
@@ -29,11 +30,17 @@ class Scale:
         self.custom = custom
 
     def paths(self, request: rendering.Request) -> tuple[str, str, str]:
-        """The replicas and selector paths of the scale subresource: the CRD's, or a Deployment's."""
+        """The replicas and selector paths of the scale subresource: the CRD's (a stored one, or one of
+        `resources.SCALE_PATHS`), or a Deployment's."""
         version = self.custom.version_of(request)
         if version is not None:
             scale = version["subresources"]["scale"]
             return scale["specReplicasPath"], scale["statusReplicasPath"], scale.get("labelSelectorPath", "")
+        resource = request.resource
+        if resource is not None and resource.group and resource.version and resource.plural:
+            known = SCALE_PATHS.get((resource.group, resource.version, resource.plural))
+            if known is not None:
+                return known
         return ".spec.replicas", ".status.replicas", ".spec.selector"
 
     def of(self, request: rendering.Request, obj: Mapping[str, Any]) -> dict[str, Any]:

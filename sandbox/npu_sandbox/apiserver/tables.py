@@ -2,11 +2,11 @@
 
 The API server renders a CRD's `additionalPrinterColumns` into a Table when kubectl asks for one
 (Accept: ...;as=Table;g=meta.k8s.io;v=v1); the emulator does the same with `table`, so the real
-`kubectl get npuinf` shows our columns (and LeaderWorkerSet's, `CRD_COLUMNS`). `builtin_table` does
-it for the kinds whose columns a user of the sandbox reads (Events, Namespaces, Deployments,
-StatefulSets, Pods), with the API server's column names. `Tables` is the emulator's step that
-decides whether a request wants a Table and which columns it gets. How kubectl prints a Table is
-the demo's (`npu_sandbox.demo.printer`).
+`kubectl get npuinf` shows our columns (and LeaderWorkerSet's and its DisaggregatedSet kinds',
+`CRD_COLUMNS`). `builtin_table` does it for the kinds whose columns a user of the sandbox reads
+(Events, Namespaces, Deployments, StatefulSets, Pods), with the API server's column names.
+`Tables` is the emulator's step that decides whether a request wants a Table and which columns it
+gets. How kubectl prints a Table is the demo's (`npu_sandbox.demo.printer`).
 """
 
 from __future__ import annotations
@@ -199,6 +199,15 @@ CRD_COLUMNS: dict[str, list[dict[str, Any]]] = {
         },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],
+    # LeaderWorkerSet v0.10.0's DisaggregatedSetRoleScaler (api/disaggregatedset/v1/
+    # disaggregatedsetrolescaler_types.go, its +kubebuilder:printcolumn markers); the DisaggregatedSet
+    # declares none, so the API server prints its name and age.
+    "DisaggregatedSetRoleScaler": [
+        {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Current", "type": "integer", "jsonPath": ".status.replicas"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ],
+    "DisaggregatedSet": [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}],
 }
 
 

@@ -24,7 +24,11 @@ from npu_sandbox.controllers import disaggregated, lws, workloads
 from npu_sandbox.controllers.workloads import Snapshot
 
 # The custom kinds one round reads besides `workloads.WATCHED`: plural -> API version.
-KINDS: Final = {lws.PLURAL: lws.API_VERSION, disaggregated.PLURAL: disaggregated.API_VERSION}
+KINDS: Final = {
+    lws.PLURAL: lws.API_VERSION,
+    disaggregated.PLURAL: disaggregated.API_VERSION,
+    disaggregated.SCALER_PLURAL: disaggregated.API_VERSION,
+}
 # What every pod passes through before it is created (LeaderWorkerSet's mutating pod webhook).
 POD_ADMISSION: Final = (lws.admit_pod,)
 logger = logging.getLogger(__name__)

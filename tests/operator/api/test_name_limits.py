@@ -137,6 +137,16 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def pd_autoscaled(decode: int) -> Callable[[dict[str, Any]], None]:
+    """spec.autoscaling of a P/D resource up to `decode` replicas: KEDA may make that many decode groups."""
+
+    def change(spec: dict[str, Any]) -> None:
+        spec["autoscaling"] = {"maxReplicas": decode}
+        spec["metrics"] = {"podMonitor": {"enabled": True}}
+
+    return change
+
+
 # (case, manifest, limit, the derived name that sets it). The arithmetic (63 minus what each adds):
 # Deployment 63; KEDA keda-hpa-<name> 63-9 = 54; LeaderWorkerSet of nodes > 1: the worker pods'
 # controller-revision-hash <name>-<group>-<hash>, 63-(1+G+1+10) = 51-G for G group-index digits;
@@ -159,6 +169,12 @@ LIMITS = [
     ),
     ("disaggregated-one-node-roles", changed("sandbox-cpu-pd.yaml"), 33, "prefill LeaderWorkerSet's leader pods'"),
     ("disaggregated", changed("deepseek-r1-w8a8-pd.yaml"), 32, "decode LeaderWorkerSet's worker pods'"),
+    (
+        "disaggregated-autoscaled-to-11-decode-groups",
+        changed("deepseek-r1-w8a8-pd.yaml", pd_autoscaled(11)),
+        31,
+        "decode LeaderWorkerSet's worker pods'",
+    ),
     (
         "disaggregated-11-decode-groups",
         changed("deepseek-r1-w8a8-pd.yaml", _set("replicas", 11)),

@@ -438,17 +438,17 @@ def test_no_disaggregation_field_is_expanded_by_the_kubelet() -> None:
     assert config["engine_id"] == "$(POD_NAME)" and config["kv_connector_extra_config"]["mooncake_protocol"] == "ascend"
 
 
-def test_the_pod_template_policy_covers_the_prefill_env_and_p_d_refuses_autoscaling_and_routing() -> None:
+def test_the_pod_template_policy_covers_the_prefill_env() -> None:
     manifest = example(EXAMPLE)
     secret = {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
     manifest["spec"]["disaggregation"]["prefill"]["env"] = [secret]
     manifest["metadata"]["uid"] = "u1"
     _, problems = controller_desired.read_spec(manifest, CONFIG)
     assert [p.field for p in problems] == ["spec.disaggregation.prefill.env[0].valueFrom.secretKeyRef"]
+    # Routing in front of a P/D resource is no longer refused (tests/operator/children/test_pd_scaling.py).
     manifest = example(EXAMPLE)
     manifest["spec"]["routing"] = {"failureMode": "FailOpen"}
-    problems = validate_spec(parse_spec(manifest["spec"]))
-    assert [(p.field, "spec.disaggregation" in p.message) for p in problems] == [("spec.routing", True)]
+    assert validate_spec(parse_spec(manifest["spec"])) == []
 
 
 def revision_lws(role: str, revision: str, ready: int, created: str) -> JSON:
