@@ -32,7 +32,7 @@ def test_the_operator_metrics_have_the_documented_labels() -> None:
 def test_the_documented_pod_args_are_the_serve_contracts_flags() -> None:
     text = DESIGN_DOC.read_text(encoding="utf-8")
     block = text[text.index("## Contract 1") : text.index("## Contract 2")]
-    documented = set(re.findall(r"(--[a-z][a-z-]+)", block))
+    documented = set(re.findall(r"(--[a-z][a-z0-9-]+)", block))
     flags = {option for action in contract.serve_parser()._actions for option in action.option_strings}
     flags -= {"-h", "--help"}
     assert documented == flags
