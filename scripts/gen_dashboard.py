@@ -312,12 +312,15 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
             (
                 bargauge(
                     "Decode batches by size",
-                    "Share of decode steps per batch size in tokens (before padding) over the range: the "
-                    "distribution the planner chooses capture sizes for (docs/planner.md, sizes from traffic).",
+                    "Share of decode steps per batch size in tokens (before padding) since the pods "
+                    "started: the distribution the planner chooses capture sizes for (docs/planner.md, "
+                    "sizes from traffic; the record it plans with decays, /status shows it). Counted "
+                    "from the counters themselves, not their increase over the range: a size first "
+                    "seen with all its steps has no increase in Prometheus' eyes.",
                     [
                         target(
-                            f"sum by (size) (increase(npu_graph_decode_batches_total{{{SEL}}}[$__range])) / "
-                            f"scalar(sum(increase(npu_graph_decode_batches_total{{{SEL}}}[$__range])))",
+                            f"sum by (size) (npu_graph_decode_batches_total{{{SEL}}}) / "
+                            f"scalar(sum(npu_graph_decode_batches_total{{{SEL}}}))",
                             "{{size}}",
                             instant=True,
                         )
