@@ -12,55 +12,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
-from typing import Any
 
 from npu_runtime.contract import GIB, PlanOptions
 from npu_runtime.planner.model import inspect_model
 from npu_runtime.planner.plan import make_plan
-from npu_runtime.planner.probe import DeviceInfo
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "runtime" / "fixtures" / "models"
-A2 = DeviceInfo("npu", "Ascend910B3", 8, 64 * GIB, None, "override")
-A3 = DeviceInfo("npu", "Ascend910_9392", 16, 64 * GIB, None, "override")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.runtime.planner import test_engine_capture_sizes as GOLDEN  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "runtime" / "fixtures" / "models"
 AIV = {"HCCL_OP_EXPANSION_MODE": "AIV"}
-
-DEPLOYMENTS: dict[str, tuple[str, DeviceInfo, dict[str, Any]]] = {
-    "qwen2.5-7b 1x910B3": ("qwen2.5-7b", A2, {"max_model_len": 32768}),
-    "qwen3-32b 910B3 TP4": ("qwen3-32b", A2, {"tensor_parallel": 4, "max_num_seqs": 64}),
-    "qwen3-32b 910B3 TP4 flashcomm1": ("qwen3-32b", A2, {"tensor_parallel": 4, "max_num_seqs": 64, "flashcomm1": True}),
-    "qwen3-235b-a22b-w8a8 A3 TP4 DP4 EP16 fused-MC2 flashcomm1": (
-        "qwen3-235b-a22b-w8a8",
-        A3,
-        {
-            "tensor_parallel": 4,
-            "data_parallel": 4,
-            "enable_expert_parallel": True,
-            "quantization": "ascend",
-            "max_num_seqs": 64,
-            "max_model_len": 32768,
-            "max_num_batched_tokens": 8192,
-            "flashcomm1": True,
-            "fused_mc2": 1,
-        },
-    ),
-    "deepseek-r1-w8a8 A3 TP4 DP4 EP16 MTP3": (
-        "deepseek-r1-w8a8",
-        A3,
-        {
-            "data_parallel": 4,
-            "tensor_parallel": 4,
-            "enable_expert_parallel": True,
-            "quantization": "ascend",
-            "speculative_method": "mtp",
-            "speculative_tokens": 3,
-            "max_num_seqs": 16,
-            "max_model_len": 16384,
-            "max_num_batched_tokens": 4096,
-            "gpu_memory_utilization": 0.92,
-        },
-    ),
-}
+# The deployments of the golden capture-size test (one table: what the test checks is what this prints).
+DEPLOYMENTS = {name: case[:3] for name, case in GOLDEN.DEPLOYMENTS.items()}
 
 MIB = 2**20
 

@@ -31,7 +31,7 @@ from npu_runtime.planner import releases
 from npu_runtime.planner.plan import Plan, make_plan
 from npu_runtime.planner.probe import DeviceInfo
 
-from tests.runtime.conftest import GIB, load_model
+from tests.runtime.conftest import GIB, R1_RECIPE, load_model
 
 A2 = DeviceInfo("npu", "Ascend910B3", 8, 64 * GIB, None, "override")
 A3 = DeviceInfo("npu", "Ascend910_9392", 16, 64 * GIB, None, "override")
@@ -118,18 +118,7 @@ DEPLOYMENTS: dict[str, tuple[str, DeviceInfo, dict[str, Any], list[int], list[in
     "deepseek-r1-w8a8/a3-tp4-dp4-ep16-mtp3": (
         "deepseek-r1-w8a8",
         A3,
-        {
-            "data_parallel": 4,
-            "tensor_parallel": 4,
-            "enable_expert_parallel": True,
-            "quantization": "ascend",
-            "speculative_method": "mtp",
-            "speculative_tokens": 3,
-            "max_num_seqs": 16,
-            "max_model_len": 16384,
-            "max_num_batched_tokens": 4096,
-            "gpu_memory_utilization": 0.92,
-        },
+        R1_RECIPE,
         [4, 8, 16, 32, 64],
         [4, *EIGHTS_TO_64],
     ),
