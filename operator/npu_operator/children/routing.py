@@ -165,6 +165,21 @@ def picker_config(max_concurrency: int, data_parallel: int = 1) -> JSON:
     extractor: JSON = {"type": EXTRACTOR}
     if data_parallel > 1:
         extractor["parameters"] = dp_extractor_parameters()
+    plugins: list[JSON] = [
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "prefix-cache-scorer"},
+        {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
+        extractor,
+    ]
+    scorers = {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, "prefix-cache-scorer": 3}
+    return _picker_config(max_concurrency, plugins, scorers)
+
+
+def _picker_config(max_concurrency: int, plugins: list[JSON], scorers: dict[str, int]) -> JSON:
+    """An EndpointPickerConfig with flow control: the in-flight counts, a saturation detector that
+    holds every endpoint to `max_concurrency` requests, then `plugins`; one "default" profile of
+    the detector and `scorers` (plugin -> weight)."""
     return {
         "apiVersion": PICKER_CONFIG_API,
         "kind": "EndpointPickerConfig",
@@ -175,11 +190,7 @@ def picker_config(max_concurrency: int, data_parallel: int = 1) -> JSON:
                 "type": DETECTOR,
                 "parameters": {"concurrencyMode": "requests", "maxConcurrency": max_concurrency, "headroom": 0},
             },
-            {"type": "queue-scorer"},
-            {"type": "kv-cache-utilization-scorer"},
-            {"type": "prefix-cache-scorer"},
-            {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
-            extractor,
+            *plugins,
         ],
         "flowControl": {"saturationDetector": {"pluginRef": DETECTOR}},
         "schedulingProfiles": [
@@ -187,9 +198,7 @@ def picker_config(max_concurrency: int, data_parallel: int = 1) -> JSON:
                 "name": "default",
                 "plugins": [
                     {"pluginRef": DETECTOR},
-                    {"pluginRef": "queue-scorer", "weight": 2},
-                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                    *({"pluginRef": name, "weight": weight} for name, weight in scorers.items()),
                 ],
             }
         ],
@@ -205,23 +214,7 @@ def router_picker_config(max_concurrency: int) -> JSON:
     requests in flight first (llm-d-router v0.9.0 pkg/epp/framework/plugins/scheduling/scorer/
     activerequest: the inflight-load-producer's counts). No metrics data source: a router serves
     no vLLM metrics on the pool's port; which engine gets the request is the router's choice."""
-    return {
-        "apiVersion": PICKER_CONFIG_API,
-        "kind": "EndpointPickerConfig",
-        "featureGates": ["flowControl"],
-        "plugins": [
-            {"type": "inflight-load-producer"},
-            {
-                "type": DETECTOR,
-                "parameters": {"concurrencyMode": "requests", "maxConcurrency": max_concurrency, "headroom": 0},
-            },
-            {"type": ACTIVE_REQUEST_SCORER},
-        ],
-        "flowControl": {"saturationDetector": {"pluginRef": DETECTOR}},
-        "schedulingProfiles": [
-            {"name": "default", "plugins": [{"pluginRef": DETECTOR}, {"pluginRef": ACTIVE_REQUEST_SCORER, "weight": 1}]}
-        ],
-    }
+    return _picker_config(max_concurrency, [{"type": ACTIVE_REQUEST_SCORER}], {ACTIVE_REQUEST_SCORER: 1})
 
 
 def dp_extractor_parameters() -> JSON:
