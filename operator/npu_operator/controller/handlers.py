@@ -80,6 +80,8 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # A re-list after 410 Gone or a failed list waits this long; reopening a stream that ended
     # early backs off in the login session's WatchThrottle (see `supervision`).
     settings.watching.reconnect_backoff = 1.0
+    # Only our children and pods are listed and streamed, in chunks: the API server filters them.
+    watches.select_on_server(settings)
     # The worker is the only status writer: no finalizers needed, children go by owner references.
     # The CRD's schema (its defaults) is read here, not by the first resource's spec check.
     crd.load_crd()

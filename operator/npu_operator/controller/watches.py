@@ -25,6 +25,14 @@ pkg/controllers/leaderworkerset_controller.go constructLeaderStatefulSetApplyCon
 pod_controller.go constructWorkerStatefulSetApplyConfiguration: mergeMetadata(lws.Labels, ...)).
 kopf starts the workers only once every index has been filled by its first listing. A kind whose
 API is not installed is not watched (kopf skips it) and its index stays empty.
+
+The label filters are sent to the API server (`select_on_server`), which then lists and streams
+only our objects: kopf applies a handler's `labels=` on its own side, after it has read and parsed
+every object of the kind in the cluster (kopf 1.45, kopf/_core/intents/registries.py
+`_matches_labels` on each event), so without it another tenant's ConfigMaps would fill the operator's memory.
+kopf sends `settings.watching.label_selectors` with both its list and its watch
+(kopf/_cogs/clients/fetching.py fetch_objs and watching.py watch_objs: `labelSelector=`) and lists
+in chunks of `settings.watching.chunk_size` (`limit=` and `continue=`).
 """
 
 from __future__ import annotations
@@ -49,6 +57,31 @@ POD_LABELS: Final = {builders.NAME_LABEL: kopf.PRESENT}
 POD_INDEX: Final = "npu_pods"
 # The links of pods' owner chains, one index per kind.
 LINK_INDEXES: Final = {REPLICA_SETS: "npu_replicasets", STATEFUL_SETS: "npu_statefulsets"}
+
+
+# Chunks of the first listing of each kind, as client-go's pager lists (k8s.io/client-go/tools/pager,
+# defaultPageSize = 500): a cluster with many of our objects is never read in one answer.
+LIST_CHUNK: Final = 500
+
+
+def label_selector(labels: Mapping[str, Any]) -> str:
+    """A kopf `labels=` filter as the API server's `labelSelector`: `key` for kopf.PRESENT, `key=value` else."""
+    return ",".join(key if value is kopf.PRESENT else f"{key}={value}" for key, value in sorted(labels.items()))
+
+
+def server_selectors() -> dict[tuple[str, str, str], str]:
+    """The `labelSelector` of every kind watched besides the NPUInference: (group, version, plural) -> selector."""
+    selected = dict.fromkeys(children.RESOURCES, OURS)
+    selected |= {PODS: POD_LABELS} | dict.fromkeys(LINK_INDEXES, POD_LABELS)
+    return {(r.group, r.version, r.plural): label_selector(labels) for r, labels in selected.items()}
+
+
+def select_on_server(settings: kopf.OperatorSettings) -> None:
+    """Make the API server filter every child, pod and owner-chain watch and list, and list in chunks."""
+    for (group, version, plural), selector in server_selectors().items():
+        # (group, version, name): kopf's selector shortcut, the core group as "" (kopf.Selector is private).
+        settings.watching.label_selectors[group, version, plural] = selector
+    settings.watching.chunk_size = LIST_CHUNK
 
 
 def index_name(kind: ChildKind) -> str:
