@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, Final
 
 import kopf
@@ -49,6 +49,7 @@ from npu_operator.children import kinds as children
 from npu_operator.children.kinds import ChildKind
 from npu_operator.kube import names as builders
 from npu_operator.kube.client import PODS, REPLICA_SETS, STATEFUL_SETS, Resource
+from npu_operator.kube.objects import shared_strings
 from npu_operator.status import calibration
 
 OwnerKey = tuple[str, str]  # (namespace, NPUInference name)
@@ -162,6 +163,25 @@ class Wakeups:
             self.seen.pop(key, None)
 
 
+def drop_unread(body: MutableMapping[str, Any], *, worker_running: bool) -> None:
+    """Drop from kopf's own copy of a resource (the body it keeps for the resource's daemon) what no
+    one reads of it: its managedFields (neither kopf nor the worker reads them), and once the
+    resource's worker runs, its status (the worker reads it once, when it starts, and from then on
+    keeps the status as it last wrote it: `known_status`). Both grow with the status we write;
+    kept, they were a second copy of it per resource. The metadata and spec that stay share their
+    strings (`shared_strings`). Called from the resource's raw event handler,
+    which kopf runs before it starts a daemon (kopf 1.45, kopf/_core/reactor/processing.py,
+    process_resource_event: the daemon's body is a view of this event's object)."""
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
+    if worker_running:
+        body.pop("status", None)
+    for part in ("metadata", "spec"):  # the same values, their strings shared with the other resources'
+        if isinstance(body.get(part), dict):
+            body[part] = shared_strings(body[part])
+
+
 def read_by_worker(metadata: Mapping[str, Any]) -> tuple[Any, ...]:
     """What a worker reads of its resource's metadata: the generation (the spec), the labels (the
     children's), the annotations (a rollout's). Our status writes and kopf's finalizer change none."""
@@ -223,7 +243,6 @@ def essentials(body: Mapping[str, Any], *, pod: bool = False) -> dict[str, Any]:
         kept["annotations"] = {children.DIGEST_ANNOTATION: digest}
     if not pod and (managed := children.managed_fields_to_keep(meta.get("managedFields"))) is not None:
         kept["managedFields"] = managed
-    # Parts of the event's own object (kopf does not change it afterwards), not copies.
     result: dict[str, Any] = {"metadata": kept, "status": body.get("status") or {}}
     record = None if pod else (body.get("data") or {}).get(calibration.RECORD_FILE)
     if isinstance(record, str) and len(record) <= calibration.MAX_RECORD_BYTES:
@@ -231,7 +250,9 @@ def essentials(body: Mapping[str, Any], *, pod: bool = False) -> dict[str, Any]:
     if pod:
         containers = body.get("spec", {}).get("containers", [])
         result["spec"] = {"containers": [{"name": c.get("name"), "ports": c.get("ports", [])} for c in containers]}
-    return result
+    # A compact copy: kept for as long as the object lives, the same keys and labels in each.
+    compact: dict[str, Any] = shared_strings(result)
+    return compact
 
 
 # The indexers are async although they never wait: kopf runs a sync handler in a thread of its
@@ -261,7 +282,8 @@ async def _index_link(
 ) -> dict[OwnerKey, Any]:
     """A link of a pod's owner chain (a ReplicaSet, a StatefulSet): only who it is and who owns it."""
     meta = body.get("metadata", {})
-    return {owner_key(namespace, labels): {"metadata": {key: meta[key] for key in _LINK_METADATA if key in meta}}}
+    kept = shared_strings({key: meta[key] for key in _LINK_METADATA if key in meta})
+    return {owner_key(namespace, labels): {"metadata": kept}}
 
 
 async def _wake_owner(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:

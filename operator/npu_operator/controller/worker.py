@@ -29,7 +29,7 @@ from npu_operator.controller.desired import DesiredCache
 from npu_operator.controller.event_limiter import EventLimiter
 from npu_operator.controller.watches import Wakeups, read_by_worker
 from npu_operator.kube.client import NPU_INFERENCES, ApiError, KubeClient
-from npu_operator.kube.objects import utc_now
+from npu_operator.kube.objects import shared_strings, utc_now
 from npu_operator.status.collector import ReportCollector
 from npu_operator.topologies.base import LiveView
 
@@ -182,7 +182,9 @@ async def _reconcile_once(
 async def _patch_status(client: KubeClient, body: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     meta = body["metadata"]
     answer = await client.patch_status(NPU_INFERENCES, meta["namespace"], meta["name"], patch)
-    return dict(answer.get("status") or {})
+    # Kept until the next write: a compact copy, its keys, condition types and reasons shared.
+    status: dict[str, Any] = shared_strings(answer.get("status") or {})
+    return status
 
 
 async def _sleep(wake: asyncio.Event, seconds: float) -> None:
