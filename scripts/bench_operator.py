@@ -50,9 +50,10 @@ def _proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _proc_peak_rss_mb(pid: int) -> float:
+def _proc_peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """The process's peak resident memory (VmHWM), or with field="VmRSS" its resident memory now."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -203,6 +204,7 @@ async def run_one(which: str, size: int, args: argparse.Namespace, *, traced: bo
             if which == "npu-operator" and settle is not None and not traced:
                 latencies = await _latencies(cluster, names[: args.samples], args)
             peak_rss = _proc_peak_rss_mb(process.pid)
+            settled_rss = _proc_peak_rss_mb(process.pid, "VmRSS")
             cpu = _proc_cpu_seconds(process.pid)
             memory: list[tuple[str, float]] = []
             if traced:
@@ -231,6 +233,7 @@ async def run_one(which: str, size: int, args: argparse.Namespace, *, traced: bo
             "idle": idle / size / args.idle_resyncs,
             "cpu": cpu,
             "rss": peak_rss,
+            "settled_rss": settled_rss,
             "emulator_cpu": (emulator_cpu1.ru_utime + emulator_cpu1.ru_stime)
             - (emulator_cpu0.ru_utime + emulator_cpu0.ru_stime),
             "latencies": latencies,
@@ -500,25 +503,28 @@ def breakdown(path: Path, size: int, top: int = 14) -> list[tuple[str, float]]:
 
 
 def report_memory(rows: list[dict[str, Any]]) -> None:
-    """Memory per resource above the same run's floor (peak RSS), and each traced run's breakdown."""
+    """Memory per resource above the same run's floor (peak RSS, and RSS once settled and idle: after
+    the idle window and the latency samples), and each traced run's breakdown."""
     timed = {(row["which"], row["n"]): row for row in rows if not row["memory"]}
     lines = []
     for (which, size), row in timed.items():
         floor = timed.get(("floor", size))
         if which == "npu-operator" and floor is not None:
             above = (row["rss"] - floor["rss"]) * 1000 / size
+            settled_above = (row["settled_rss"] - floor["settled_rss"]) * 1000 / size
             settle = (row["settle"] or float("nan")) / (floor["settle"] or float("nan"))
             lines.append(
-                f"| {size} | {floor['rss']:.0f} | {row['rss']:.0f} | {above:.1f} | {settle:.2f}x "
-                f"| {row['cpu'] / floor['cpu']:.2f}x |"
+                f"| {size} | {floor['rss']:.0f} / {floor['settled_rss']:.0f} "
+                f"| {row['rss']:.0f} / {row['settled_rss']:.0f} "
+                f"| {above:.1f} | {settled_above:.1f} | {settle:.2f}x | {row['cpu'] / floor['cpu']:.2f}x |"
             )
     if lines:
         print("\n## Memory above the floor\n")
         print(
-            "| N | floor peak RSS MB | ours peak RSS MB | KB/resource above the floor "
-            "| settle ours/floor | CPU ours/floor |"
+            "| N | floor RSS MB, peak / settled | ours RSS MB, peak / settled | KB/resource above the floor, peak "
+            "| settled | settle ours/floor | CPU ours/floor |"
         )
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         print(*lines, sep="\n")
     for row in rows:
         if row["memory"]:
