@@ -50,11 +50,15 @@ def manifest(index: int) -> dict[str, Any]:
     return document
 
 
+def figures(out: Path) -> list[str]:
+    return out.read_text().split() if out.exists() else []
+
+
 async def traced_bytes(process: asyncio.subprocess.Process, out: Path, count: int) -> int:
     """Signal the operator and wait for its `count`-th figure."""
     process.send_signal(signal.SIGUSR1)
     for _ in range(600):
-        lines = out.read_text().split() if out.exists() else []
+        lines = figures(out)
         if len(lines) >= count:
             return int(lines[count - 1])
         await asyncio.sleep(0.1)
