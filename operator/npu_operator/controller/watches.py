@@ -168,8 +168,8 @@ def drop_unread(body: MutableMapping[str, Any], *, worker_running: bool) -> None
     one reads of it: its managedFields (neither kopf nor the worker reads them), and once the
     resource's worker runs, its status (the worker reads it once, when it starts, and from then on
     keeps the status as it last wrote it: `known_status`). Both grow with the status we write;
-    kept, they were a second copy of it per resource. The metadata and spec that stay share their
-    strings (`shared_strings`). Called from the resource's raw event handler,
+    kept, they were a second copy of it per resource. (Sharing the strings of the metadata and spec
+    that stay saved 4 KB per resource at 1,000 and cost 8% more CPU: a new copy for every event.) Called from the resource's raw event handler,
     which kopf runs before it starts a daemon (kopf 1.45, kopf/_core/reactor/processing.py,
     process_resource_event: the daemon's body is a view of this event's object)."""
     metadata = body.get("metadata")
@@ -177,9 +177,6 @@ def drop_unread(body: MutableMapping[str, Any], *, worker_running: bool) -> None
         metadata.pop("managedFields", None)
     if worker_running:
         body.pop("status", None)
-    for part in ("metadata", "spec"):  # the same values, their strings shared with the other resources'
-        if isinstance(body.get(part), dict):
-            body[part] = shared_strings(body[part])
 
 
 def read_by_worker(metadata: Mapping[str, Any]) -> tuple[Any, ...]:
