@@ -50,9 +50,10 @@ def _proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _proc_peak_rss_mb(pid: int) -> float:
+def _proc_peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """The process's peak resident memory (VmHWM), or with field="VmRSS" its resident memory now."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -131,7 +132,9 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
+async def run_one(which: str, size: int, args: argparse.Namespace, *, traced: bool = False) -> dict[str, Any]:
+    """One timed run; `traced`: under tracemalloc (not timed: it is several times slower), with the
+    memory breakdown of the settled operator (`breakdown`) in the row."""
     from npu_operator.api import crd
     from npu_sandbox.cluster import LocalCluster
 
@@ -150,11 +153,14 @@ async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, 
             # The example's hostPath model source, allowed as the sandbox allows it for itself.
             "NPU_OPERATOR_ALLOWED_HOST_PATHS": SANDBOX_MODELS,
         }
-        command = (
-            [sys.executable, "-m", "npu_operator.cli", "run"]
-            if which == "npu-operator"
-            else [sys.executable, str(SCRIPT), "--serve-floor"]
-        )
+        snapshot = cluster.workdir / "snapshot.pickle"
+        if traced:
+            env[SNAPSHOT_ENV] = str(snapshot)
+            command = [sys.executable, str(SCRIPT), "--serve-traced", which]
+        elif which == "npu-operator":
+            command = [sys.executable, "-m", "npu_operator.cli", "run"]
+        else:
+            command = [sys.executable, str(SCRIPT), "--serve-floor"]
         # The emulator compiles the CRD's schema and CEL rules on the first write it validates (about
         # 0.6 s here, cached for the process): paid here, not inside whichever run comes first.
         await cluster.create(_manifest(0), crd.PLURAL, dry_run=True)
@@ -169,6 +175,10 @@ async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, 
             watching = await _until(lambda: _watching(emulator, crd.PLURAL), args.timeout, interval=0.1)
             if process.returncode is not None or watching is None:
                 raise RuntimeError(f"{which} did not start:\n" + log_path.read_text(errors="replace")[-3000:])
+            if traced:  # the baseline: the operator as it is before any resource
+                process.send_signal(signal.SIGUSR1)
+                if await _until(snapshot.with_suffix(".baseline").exists, 600, interval=0.5) is None:
+                    raise RuntimeError(f"{which} wrote no baseline")
             names = [f"bench-{i:04d}" for i in range(size)]
             requests0 = len(emulator.history)
             started = time.perf_counter()
@@ -191,10 +201,17 @@ async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, 
             await asyncio.sleep(args.idle_resyncs * args.resync)
             idle = _operator_requests(emulator, idle0)
             latencies: dict[str, list[float]] = {"deployment ready": [], "pod failing": []}
-            if which == "npu-operator" and settle is not None:
+            if which == "npu-operator" and settle is not None and not traced:
                 latencies = await _latencies(cluster, names[: args.samples], args)
             peak_rss = _proc_peak_rss_mb(process.pid)
+            settled_rss = _proc_peak_rss_mb(process.pid, "VmRSS")
             cpu = _proc_cpu_seconds(process.pid)
+            memory: list[tuple[str, float]] = []
+            if traced:
+                process.send_signal(signal.SIGUSR1)
+                if await _until(snapshot.exists, 600, interval=0.5) is None:
+                    raise RuntimeError(f"{which} wrote no snapshot:\n" + log_path.read_text(errors="replace")[-3000:])
+                memory = breakdown(snapshot, size)
         finally:
             process.send_signal(signal.SIGINT)
             try:
@@ -216,10 +233,12 @@ async def run_one(which: str, size: int, args: argparse.Namespace) -> dict[str, 
             "idle": idle / size / args.idle_resyncs,
             "cpu": cpu,
             "rss": peak_rss,
+            "settled_rss": settled_rss,
             "emulator_cpu": (emulator_cpu1.ru_utime + emulator_cpu1.ru_stime)
             - (emulator_cpu0.ru_utime + emulator_cpu0.ru_stime),
             "latencies": latencies,
             "errors": len(tail),
+            "memory": memory,
         }
 
 
@@ -296,6 +315,226 @@ def report(rows: list[dict[str, Any]], label: str) -> None:
         )
 
 
+# --- where the memory goes: the operator (or the floor) under tracemalloc, a snapshot on SIGUSR1 ---
+
+TRACE_FRAMES = 16
+SNAPSHOT_ENV = "BENCH_OPERATOR_SNAPSHOT"
+
+
+def serve_traced(which: str) -> None:
+    """Run `which` (npu-operator or floor) with tracemalloc on; SIGUSR1 writes a snapshot and a
+    census of the per-resource structures (`heap_census`) to $BENCH_OPERATOR_SNAPSHOT."""
+    import gc
+    import pickle
+    import tracemalloc
+
+    path = Path(os.environ[SNAPSHOT_ENV])
+    baseline: list[Any] = []
+
+    def dump(*_: Any) -> None:
+        """The first signal: the baseline, before any resource; the second: the snapshot and the census."""
+        gc.collect()
+        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        if not baseline:
+            baseline.append(snapshot)
+            path.with_suffix(".baseline").touch()
+            return
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps((snapshot.compare_to(baseline[0], "traceback"), heap_census())))
+        partial.replace(path)
+
+    signal.signal(signal.SIGUSR1, dump)
+    tracemalloc.start(TRACE_FRAMES)
+    if which == "floor":
+        serve_floor()
+        return
+    from npu_operator.cli import main as operator_main
+
+    sys.exit(operator_main(["run"]))
+
+
+def _owner(traceback: Any) -> str:
+    """Who allocated a block: the newest frame in npu_operator, else in kopf, else the newest package's."""
+    frames = list(reversed(traceback))  # newest first
+    for frame in frames:
+        for package in ("npu_operator", "kopf"):
+            marker = f"/{package}/"
+            if marker in frame.filename:
+                module = frame.filename.rsplit(marker, 1)[1].removesuffix(".py").replace("/", ".")
+                if module not in ("cli", "controller.supervision"):  # the entry, under everything
+                    return f"{package}.{module}"
+    name = frames[0].filename if frames else "?"
+    if "site-packages/" in name:
+        return name.split("site-packages/", 1)[1].split("/", 1)[0]
+    return Path(name).stem
+
+
+def heap_census() -> dict[str, tuple[int, int]]:
+    """Bytes and objects reachable from each per-resource structure, in this order, each object
+    counted once (for the first structure that reaches it): kopf's indexes (one per id), our
+    optional children and wake-ups, kopf's per-object memories, the workers (the daemons' coroutine
+    frames: each resource's desired cache, known status, event limiter), and the NPUInference
+    bodies kopf hands the daemons."""
+    import asyncio
+    import gc
+    import types
+
+    from kopf._core.engines import indexing
+    from kopf._core.reactor import inventory
+
+    stop_types: tuple[type, ...] = (
+        types.ModuleType,
+        type,
+        types.FunctionType,
+        types.BuiltinFunctionType,
+        types.MethodType,
+        asyncio.AbstractEventLoop,
+        logging_types(),
+    )
+    seen: set[int] = set()
+    stoppers = {id(obj) for obj in gc.get_objects() if type(obj).__name__ in ("OperatorSettings", "KubeClient", "Memo")}
+
+    def size(root: Any) -> tuple[int, int]:
+        total, count, stack = 0, 0, [root]
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen or id(obj) in stoppers or isinstance(obj, stop_types):
+                continue
+            seen.add(id(obj))
+            total += sys.getsizeof(obj)
+            count += 1
+            if isinstance(obj, types.CoroutineType):
+                frame = obj.cr_frame
+                if frame is not None:
+                    stack.extend(frame.f_locals.values())
+                if obj.cr_await is not None:
+                    stack.append(obj.cr_await)
+                continue
+            if isinstance(obj, types.FrameType | asyncio.Task | asyncio.Future):
+                continue
+            stack.extend(gc.get_referents(obj))
+        return total, count
+
+    census: dict[str, tuple[int, int]] = {}
+    objects = gc.get_objects()
+    memories = [obj for obj in objects if isinstance(obj, inventory.ResourceMemories)]
+    bodies = [
+        memory.daemons_memory.live_fresh_body
+        for memories_ in memories
+        for memory in memories_.iter_all_memories()
+        if memory.daemons_memory.live_fresh_body is not None
+    ]
+    # The NPUInference bodies kopf keeps for its daemons, part by part.
+    for part in ("metadata.managedFields", "metadata", "spec", "status", "body"):
+        first, _, second = part.partition(".")
+        parts = [
+            (body if first == "body" else (body.get(first) or {}).get(second) if second else body.get(first))
+            for body in bodies
+        ]
+        census[f"kopf's NPUInference bodies: {part}"] = _add(size(item) for item in parts if item is not None)
+    for indexers in (obj for obj in objects if isinstance(obj, indexing.OperatorIndexers)):
+        for handler_id, indexer in indexers.items():
+            census[f"kopf index {handler_id}"] = size(indexer.index)
+    for name in ("SeenChildren", "Wakeups"):
+        found = [obj for obj in objects if type(obj).__name__ == name]
+        census[f"ours: {name}"] = _add(size(obj) for obj in found)
+    census["kopf per-object memories (one per object watched)"] = _add(size(obj) for obj in memories)
+    # Each task's chain of awaited coroutines, innermost first: the worker's locals by name, then
+    # every other frame's locals by function (kopf's daemon machinery), then the tasks themselves.
+    tasks = list(asyncio.all_tasks(asyncio.get_event_loop()))
+    chains = []
+    for task in tasks:
+        chain: list[Any] = []
+        link: Any = task.get_coro()
+        while isinstance(link, types.CoroutineType | types.AsyncGeneratorType):
+            chain.append(link)
+            link = getattr(link, "cr_await", None) or getattr(link, "ag_await", None)
+        chains.append(list(reversed(chain)))
+    for chain in chains:
+        for coro in chain:
+            frame = getattr(coro, "cr_frame", None)
+            if frame is None:
+                continue
+            code = frame.f_code
+            if code.co_filename.endswith("controller/worker.py") and code.co_name == "run":
+                for local, value in frame.f_locals.items():
+                    census[f"worker: {local}"] = _add([census.get(f"worker: {local}", (0, 0)), size(value)])
+    for chain in chains:
+        for coro in chain:
+            frame = getattr(coro, "cr_frame", None)
+            if frame is None:
+                continue
+            where = f"{Path(frame.f_code.co_filename).parent.name}/{Path(frame.f_code.co_filename).name}"
+            label = f"frames: {where} {frame.f_code.co_name}"
+            census[label] = _add([census.get(label, (0, 0)), *(size(value) for value in frame.f_locals.values())])
+    census["tasks and their coroutines, the rest"] = _add(size(task) for task in tasks)
+    return census
+
+
+def logging_types() -> type:
+    import logging
+
+    return logging.Logger
+
+
+def _add(sizes: Any) -> tuple[int, int]:
+    total, count = 0, 0
+    for size, n in sizes:
+        total, count = total + size, count + n
+    return total, count
+
+
+def breakdown(path: Path, size: int, top: int = 14) -> list[tuple[str, float]]:
+    """KB per resource by owner (tracemalloc: what was allocated since the baseline and is still
+    held, by who allocated it) and by structure (the census: who holds it), from a snapshot file."""
+    import pickle
+
+    differences, census = pickle.loads(path.read_bytes())
+    owners: dict[str, int] = {}
+    for difference in differences:
+        owner = _owner(difference.traceback)
+        owners[owner] = owners.get(owner, 0) + difference.size_diff
+    rows = [(f"allocated in {owner}", total / size / 1000) for owner, total in owners.items()]
+    rows.sort(key=lambda row: -row[1])
+    rows = [("all the operator holds since the baseline", sum(owners.values()) / size / 1000), *rows[:top]]
+    held = [(f"held by {name}", total / size / 1000) for name, (total, _) in census.items() if total / size >= 50]
+    rows += sorted(held, key=lambda row: -row[1])
+    return rows
+
+
+def report_memory(rows: list[dict[str, Any]]) -> None:
+    """Memory per resource above the same run's floor (peak RSS, and RSS once settled and idle: after
+    the idle window and the latency samples), and each traced run's breakdown."""
+    timed = {(row["which"], row["n"]): row for row in rows if not row["memory"]}
+    lines = []
+    for (which, size), row in timed.items():
+        floor = timed.get(("floor", size))
+        if which == "npu-operator" and floor is not None:
+            above = (row["rss"] - floor["rss"]) * 1000 / size
+            settled_above = (row["settled_rss"] - floor["settled_rss"]) * 1000 / size
+            settle = (row["settle"] or float("nan")) / (floor["settle"] or float("nan"))
+            lines.append(
+                f"| {size} | {floor['rss']:.0f} / {floor['settled_rss']:.0f} "
+                f"| {row['rss']:.0f} / {row['settled_rss']:.0f} "
+                f"| {above:.1f} | {settled_above:.1f} | {settle:.2f}x | {row['cpu'] / floor['cpu']:.2f}x |"
+            )
+    if lines:
+        print("\n## Memory above the floor\n")
+        print(
+            "| N | floor RSS MB, peak / settled | ours RSS MB, peak / settled | KB/resource above the floor, peak "
+            "| settled | settle ours/floor | CPU ours/floor |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print(*lines, sep="\n")
+    for row in rows:
+        if row["memory"]:
+            print(f"\n## Where the memory goes: {row['which']} at N={row['n']} (tracemalloc, KB per resource)\n")
+            print("| owner | KB/resource |")
+            print("| --- | --- |")
+            for owner, kb in row["memory"]:
+                print(f"| {owner} | {kb:.1f} |")
+
+
 def serve_floor() -> None:
     """The floor: on create, apply the same Deployment and Service and say so in the status; nothing else, ever."""
     import logging
@@ -352,10 +591,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="settle deadline, s")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--grace", type=float, default=3.0, help="after settling, before the idle window, s")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also run each N under tracemalloc: where the memory goes"
+    )
     parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-traced", choices=("npu-operator", "floor"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_floor:
         serve_floor()
+        return
+    if args.serve_traced:
+        serve_traced(args.serve_traced)
         return
     rows = []
     for size in (int(part) for part in args.sizes.split(",")):
@@ -364,7 +610,12 @@ def main() -> None:
                 row = asyncio.run(run_one(which, size, args))
                 rows.append(row)
                 print(row, file=sys.stderr, flush=True)
-    report(rows, args.label or f"operator from {args.operator_path}")
+        if args.breakdown:
+            for which in ("npu-operator", "floor"):
+                if args.only in (None, which):
+                    rows.append(asyncio.run(run_one(which, size, args, traced=True)))
+    report([row for row in rows if not row["memory"]], args.label or f"operator from {args.operator_path}")
+    report_memory(rows)
 
 
 if __name__ == "__main__":

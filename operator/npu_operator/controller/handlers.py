@@ -51,7 +51,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **indexes: Any) -> None:
     config: OperatorConfig = memo.config
     logging.getLogger().setLevel(python_log_level(config))
     logging.getLogger("kopf.objects").addFilter(watches.quiet_wakeups)
@@ -80,11 +80,16 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # A re-list after 410 Gone or a failed list waits this long; reopening a stream that ended
     # early backs off in the login session's WatchThrottle (see `supervision`).
     settings.watching.reconnect_backoff = 1.0
+    # Only our children and pods are listed and streamed, in chunks: the API server filters them.
+    watches.select_on_server(settings)
     # The worker is the only status writer: no finalizers needed, children go by owner references.
     # The CRD's schema (its defaults) is read here, not by the first resource's spec check.
     crd.load_crd()
     memo.wakeups = watches.Wakeups()
     memo.seen_children = watches.SeenChildren()
+    # One view for every worker: kopf's indexes are the same objects for all (kopf fills them
+    # before the startup handlers run: kopf/_core/reactor/running.py, `indexers.ensure`).
+    memo.view = watches.WatchedView(indexes, memo.seen_children)
     memo.client = client.KubeClient(
         lambda: client.connection_info(settings, logger), on_served_change=memo.wakeups.wake_all
     )
@@ -119,14 +124,19 @@ async def follow_changes(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     meta = event["object"].get("metadata", {})
     key = (meta.get("namespace", ""), meta.get("name", ""))
     memo.wakeups.saw_resource(key, meta, deleted=event["type"] == "DELETED")
+    # A worker that runs has read the status when it started (`Wakeups.for_owner` comes first).
+    raw: dict[str, Any] = event["object"]  # type: ignore[assignment]  # kopf's TypedDict: a dict
+    watches.drop_unread(raw, worker_running=key in memo.wakeups.events)
 
 
 @kopf.daemon(*RESOURCE, cancellation_timeout=10)
 async def keep_reconciled(
-    body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Logger, **indexes: Any
+    body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, logger: Logger, **unused: Any
 ) -> None:
-    view = watches.WatchedView(indexes, memo.seen_children)
-    await worker.run(body, memo.client, view, memo.config, memo.wakeups, memo.collector, stopped, logger)
+    # kopf passes some 25 arguments (and every index); the worker's frame lives as long as its
+    # resource, so the dict of those it does not read goes now (`**` always makes a new one).
+    del unused
+    await worker.run(body, memo.client, memo.view, memo.config, memo.wakeups, memo.collector, stopped, logger)
 
 
 def without_finalizer(daemon: Any, registry: kopf.OperatorRegistry | None = None) -> None:

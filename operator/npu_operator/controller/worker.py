@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Final
 
 import kopf
@@ -29,7 +29,7 @@ from npu_operator.controller.desired import DesiredCache
 from npu_operator.controller.event_limiter import EventLimiter
 from npu_operator.controller.watches import Wakeups, read_by_worker
 from npu_operator.kube.client import NPU_INFERENCES, ApiError, KubeClient
-from npu_operator.kube.objects import utc_now
+from npu_operator.kube.objects import shared_strings, utc_now
 from npu_operator.status.collector import ReportCollector
 from npu_operator.topologies.base import LiveView
 
@@ -106,7 +106,7 @@ async def run(
     forced_at = 0.0  # while the inputs stay `quiet`, the next reconcile comes at this time
     # kopf's stop (shutdown, a peering pause, a deletion that waits for others' finalizers) wakes
     # the worker: one waiter for its whole life. The resource's DELETED event wakes it too.
-    stopping = asyncio.ensure_future(stopped.wait())
+    stopping = asyncio.ensure_future(_stop_of(stopped))
     stopping.add_done_callback(lambda _: wake.set())
     try:
         while not stopped and uid not in wakeups.deleted:
@@ -182,7 +182,21 @@ async def _reconcile_once(
 async def _patch_status(client: KubeClient, body: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     meta = body["metadata"]
     answer = await client.patch_status(NPU_INFERENCES, meta["namespace"], meta["name"], patch)
-    return dict(answer.get("status") or {})
+    # Kept until the next write: a compact copy, its keys, condition types and reasons shared.
+    status: dict[str, Any] = shared_strings(answer.get("status") or {})
+    return status
+
+
+def _stop_of(stopped: kopf.DaemonStopped) -> Awaitable[Any]:
+    """What ends when kopf stops the worker, held for the worker's whole life: kopf's own stop event.
+
+    `stopped.wait()` makes a second task and an `asyncio.wait_for` under it (kopf 1.45,
+    kopf/_cogs/aiokits/aioenums.py, AsyncFlagPromise.__await__): about 5 KB per resource while it
+    waits, as long as the resource lives. kopf sets its flag's `async_event` with the flag
+    (FlagSetter.set), so waiting on that event is the same wait; where a kopf has no such event,
+    `stopped.wait()` as before."""
+    event = getattr(getattr(stopped, "_setter", None), "async_event", None)
+    return event.wait() if isinstance(event, asyncio.Event) else stopped.wait()
 
 
 async def _sleep(wake: asyncio.Event, seconds: float) -> None:

@@ -1,7 +1,8 @@
 """List and watch as the API server serves them: selectors, resourceVersions, timeouts, Tables.
 
 A list gets the label and field selectors applied, its kind (`<Kind>List`) and the resourceVersion a
-watch continues from (`ListWatch.filter_list`). A watch starts from `resourceVersion` (every object as
+watch continues from (`ListWatch.filter_list`); with `limit` it comes in chunks, in key order, each
+with a `continue` token for the next (`paged`). A watch starts from `resourceVersion` (every object as
 ADDED without one; only newer changes with one; an in-stream 410 Gone below the emulator's
 `compacted_before`, `catch_up`), ends after `timeoutSeconds` (`stream`), may start with the objects
 and a bookmark (`sendInitialEvents`, `with_initial_events`), and is filtered by the selectors and
@@ -11,7 +12,10 @@ rendered as Tables when kubectl asks (`as_asked`).
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import copy
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -52,7 +56,7 @@ class ListWatch:
         if resource is not None and resource in self.store.resources and self.store.resources[resource].kind:
             payload["kind"] = f"{self.store.resources[resource].kind}List"
             payload["apiVersion"] = f"{resource.group}/{resource.version}" if resource.group else resource.version
-        payload["metadata"] = {"resourceVersion": str(self.store.last_version)}  # where a watch continues
+        payload["items"], payload["metadata"] = paged(payload["items"], request.params, self.store.last_version)
         if self.tables.wanted(request):
             payload = self.tables.of(payload["items"], request, str(payload["metadata"].get("resourceVersion", "1")))
         result: rendering.Payload = payload
@@ -157,6 +161,47 @@ class ListWatch:
     def matches(self, request: rendering.Request, namespace: str | None, name: str | None) -> bool:
         check = self.store.server._KubernetesEmulator__check  # type: ignore[attr-defined]
         return bool(check(request, request.resource, namespace, name, strict=False))
+
+
+def paged(items: list[Any], params: Mapping[str, str], last_version: int) -> tuple[list[Any], dict[str, Any]]:
+    """A list's chunk and its metadata, as the API server pages a list (`limit`, `continue`).
+
+    Items come in key order (namespace, then name: etcd's key order under the resource's prefix).
+    With `limit` > 0 a chunk holds at most that many; when more remain, its metadata has a
+    `continue` token and `remainingItemCount`. The token is opaque to clients and carries the
+    list's resourceVersion and the key to start after (kubernetes/kubernetes,
+    staging/src/k8s.io/apiserver/pkg/storage/continue.go, EncodeContinue and DecodeContinue); a
+    token that does not decode is a 400. The next chunk reports the first chunk's resourceVersion,
+    so a watch that follows starts there, but its objects are read as they are now: the emulator
+    keeps no snapshot, so an object changed between two chunks shows its newer state, and that
+    change also comes again on the watch (a real API server serves the snapshot instead).
+    """
+    version, start = last_version, ""
+    if token := params.get("continue"):
+        try:
+            decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+            version, start = int(decoded["rv"]), str(decoded["start"])
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise kmock.KubernetesError(
+                status=400, reason="BadRequest", message=f"continue key is not valid: {token!r}"
+            ) from None
+    ordered = sorted(items, key=_list_key)
+    if start:
+        ordered = [item for item in ordered if _list_key(item) > tuple(start.split("/", 1))]
+    metadata: dict[str, Any] = {"resourceVersion": str(version)}  # where a watch continues
+    limit = params.get("limit") or ""
+    if limit.isdigit() and 0 < int(limit) < len(ordered):
+        ordered, rest = ordered[: int(limit)], len(ordered) - int(limit)
+        after = "/".join(_list_key(ordered[-1]))
+        token = json.dumps({"v": "meta.k8s.io/v1", "rv": version, "start": after})
+        metadata["continue"] = base64.urlsafe_b64encode(token.encode()).decode()
+        metadata["remainingItemCount"] = rest
+    return ordered, metadata
+
+
+def _list_key(item: Mapping[str, Any]) -> tuple[str, str]:
+    meta = item.get("metadata", {})
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
 def catch_up(objects: list[tuple[bool, dict[str, Any]]], since: str, compacted_before: int) -> list[dict[str, Any]]:

@@ -284,3 +284,18 @@ def test_a_resource_recreated_under_the_same_name_keeps_its_wake_up() -> None:
     wakeups.forget(OWNER, "u1", old)
     wakeups.wake(OWNER)
     assert new.is_set() and old is not new and wakeups.deleted == set()
+
+
+async def test_kopf_stopping_the_worker_ends_its_wait_on_kopf_s_own_event() -> None:
+    """The worker waits for kopf's stop on the flag's own event (one task, not kopf's two and a
+    `wait_for`: about 5 KB per resource); setting kopf's flag ends that wait."""
+    from kopf._cogs.aiokits import aioenums
+
+    setter: aioenums.FlagSetter[Any] = aioenums.FlagSetter()
+    waiting = worker._stop_of(setter.async_waiter)
+    assert getattr(waiting, "__qualname__", "") == "Event.wait"  # kopf's event, not the fallback
+    task = asyncio.ensure_future(waiting)
+    await asyncio.sleep(0)
+    assert not task.done()
+    setter.set()
+    await asyncio.wait_for(task, 1)

@@ -260,6 +260,39 @@ async def test_field_selectors_filter_lists_and_watches(api: Any) -> None:
     assert status == 400
 
 
+async def test_lists_come_in_chunks_in_key_order_with_a_continue_token_and_a_label_selector(api: Any) -> None:
+    """As kube-apiserver pages a list (`limit`, `continue`; staging/src/k8s.io/apiserver/pkg/storage/continue.go):
+    at most `limit` items, in key order, a token while more remain, the first chunk's resourceVersion
+    throughout; the label selector applies before the chunking, so every chunk is full."""
+    _, session = api
+    for name in ("e", "a", "d", "c", "b", "f"):
+        manifest = tiny(name)
+        manifest["metadata"]["labels"] = {"team": "ours" if name != "c" else "theirs"}
+        await call(session, "POST", NPUINF, manifest)
+    names: list[str] = []
+    chunks: list[int] = []
+    versions: set[str] = set()
+    token = ""
+    while True:
+        query = "?limit=2&labelSelector=team%3Dours" + (f"&continue={token}" if token else "")
+        status, listed, _ = await call(session, "GET", NPUINF + query)
+        assert status == 200
+        names += [item["metadata"]["name"] for item in listed["items"]]
+        chunks.append(len(listed["items"]))
+        versions.add(listed["metadata"]["resourceVersion"])
+        token = listed["metadata"].get("continue", "")
+        if not token:
+            assert "remainingItemCount" not in listed["metadata"]
+            break
+        assert listed["metadata"]["remainingItemCount"] == 5 - len(names)
+    assert names == ["a", "b", "d", "e", "f"] and chunks == [2, 2, 1] and len(versions) == 1
+    _, whole, _ = await call(session, "GET", NPUINF)
+    assert [item["metadata"]["name"] for item in whole["items"]] == ["a", "b", "c", "d", "e", "f"]
+    assert "continue" not in whole["metadata"]
+    status, _, _ = await call(session, "GET", NPUINF + "?limit=2&continue=not-a-token")
+    assert status == 400
+
+
 async def test_watches_are_json_and_a_streaming_list_ends_its_initial_events_with_a_bookmark(api: Any) -> None:
     _, session = api
     await call(session, "POST", NPUINF, tiny())
