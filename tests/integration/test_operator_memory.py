@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = 40
 # KB held per settled resource (the example's one-node resource: a Deployment and a Service), as
 # this test measures it (kopf's share included, and the operator's one-time costs spread over 40):
-# 71.6 on main at 6c53380, 49.5-53.6 after issue 36's memory work. The bound leaves 15% to spare and is 13% under main's.
+# 71.6 on main at 6c53380, 49.5-53.6 after issue 36's memory work. The bound leaves 15% to spare
+# and is 13% under main's.
 BOUND_KB = 62.0
 
 TRACED_OPERATOR = """
