@@ -75,8 +75,9 @@ def kubectl() -> str | None:
 class Load:
     """A client sending completions through the router, one after another, counting who decoded each."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pause: float) -> None:
         self.url = url
+        self.pause = pause
         self.failures: list[str] = []
         self.decoded_by: dict[str, int] = {}
         self.sent = 0
@@ -98,7 +99,7 @@ class Load:
                         self.decoded_by[pod] = self.decoded_by.get(pod, 0) + 1
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     self.failures.append(repr(exc))
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(self.pause)
 
     def stop(self) -> None:
         self._stop.set()
@@ -147,11 +148,16 @@ async def test_a_p_d_resource_scales_per_role_while_it_serves(tmp_path: Path) ->
 async def test_real_cpu_engines_keep_serving_while_decode_scales_out(tiny_model: Path, tmp_path: Path) -> None:
     """Real vLLM CPU engines (the tiny model; their Mooncake connector mapped to vLLM's file-based
     ExampleConnector): decode 1 -> 2 through the resource's /scale; three engines in all."""
-    await scale_while_serving(tmp_path, tiny_model, list(DEFAULT_RUNNERS), prefill=False, within=ENGINE_STARTUP)
+    # One completion a second: under back-to-back completions the two running engines keep both cores
+    # busy and the new one (its OpenMP threads on the same cores) took over 300 s to start on a 2-core
+    # CI machine; with the pause it took 156 s there. Three engines on two cores: twice one's startup.
+    await scale_while_serving(
+        tmp_path, tiny_model, list(DEFAULT_RUNNERS), prefill=False, within=2 * ENGINE_STARTUP, pause=1.0
+    )
 
 
 async def scale_while_serving(
-    tmp_path: Path, model: Path, runners: list[Any], *, prefill: bool, within: float = 120
+    tmp_path: Path, model: Path, runners: list[Any], *, prefill: bool, within: float = 120, pause: float = 0.02
 ) -> None:
     """The P/D resource with spec.autoscaling Ready, a client sending completions through the router, then
     decode 1 -> 2 through the resource's /scale and (with `prefill`) prefill 1 -> 2 through its role
@@ -192,7 +198,7 @@ async def scale_while_serving(
             assert scaled[f"{NAME}-prefill"]["spec"]["scaleTargetRef"]["kind"] == disaggregated.SCALER_KIND
 
             (router,) = [pod for pod in kubelet.pods if pod.object["metadata"]["labels"].get(ROLE_LABEL) == "router"]
-            load = Load(router.api_url)
+            load = Load(router.api_url, pause)
             sending = asyncio.create_task(load.run())
             await cluster.wait_for(lambda: _answered(load), within=60, what="a first completion")
             assert not load.failures, load.failures
