@@ -13,7 +13,6 @@ owner-chain links carries our label selector, and every list is chunked.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from npu_operator.api import crd
 from npu_operator.controller import watches
 from npu_sandbox.cluster import LocalCluster
 
-from tests.examples import example
+from tests.examples import example, operator_process_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT = "another-tenant"
@@ -70,16 +69,7 @@ async def test_the_operator_peak_memory_does_not_grow_with_other_tenants_configm
         manifest["metadata"]["namespace"] = "default"
         name = manifest["metadata"]["name"]
         await cluster.create(manifest, crd.PLURAL)
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(cluster.kubeconfig),
-            "PYTHONPATH": os.pathsep.join(str(ROOT / part) for part in ("operator", "runtime", "sandbox")),
-            "NPU_OPERATOR_STANDALONE": "true",
-            "NPU_OPERATOR_METRICS_PORT": "0",
-            "NPU_OPERATOR_HEALTH_PORT": "0",
-            "NPU_OPERATOR_LOG_LEVEL": "WARNING",
-            "NPU_OPERATOR_ALLOWED_HOST_PATHS": "/tmp/npu-sandbox/models",  # the example's hostPath source
-        }
+        env = operator_process_env(cluster.kubeconfig)
         log = cluster.workdir / "operator.log"
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(

@@ -12,7 +12,6 @@ peak RSS figures against the bare-kopf floor are in docs/operator.md.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 from pathlib import Path
@@ -21,9 +20,8 @@ from typing import Any
 from npu_operator.api import crd
 from npu_sandbox.cluster import LocalCluster
 
-from tests.examples import example
+from tests.examples import example, operator_process_env
 
-ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = 40
 # KB held per settled resource (the example's one-node resource: a Deployment and a Service), as
 # this test measures it (kopf's share included, and the operator's one-time costs spread over 40):
@@ -70,17 +68,7 @@ async def traced_bytes(process: asyncio.subprocess.Process, out: Path, count: in
 async def test_a_settled_resource_holds_little_memory_in_the_operator() -> None:
     async with LocalCluster() as cluster:
         out = cluster.workdir / "traced"
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(cluster.kubeconfig),
-            "PYTHONPATH": os.pathsep.join(str(ROOT / part) for part in ("operator", "runtime", "sandbox")),
-            "TRACED_MEMORY_FILE": str(out),
-            "NPU_OPERATOR_STANDALONE": "true",
-            "NPU_OPERATOR_METRICS_PORT": "0",
-            "NPU_OPERATOR_HEALTH_PORT": "0",
-            "NPU_OPERATOR_LOG_LEVEL": "WARNING",
-            "NPU_OPERATOR_ALLOWED_HOST_PATHS": "/tmp/npu-sandbox/models",  # the example's hostPath source
-        }
+        env = operator_process_env(cluster.kubeconfig, TRACED_MEMORY_FILE=str(out))
         log = cluster.workdir / "operator.log"
         with log.open("wb") as stream:
             process = await asyncio.create_subprocess_exec(
