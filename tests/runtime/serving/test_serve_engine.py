@@ -254,9 +254,11 @@ def test_the_api_port_serves_the_load_over_every_dp_rank_with_the_engines_own_va
     assert set(ENGINE_LOAD) == {spec.name for spec in metrics.ENGINE_LOAD_METRICS}
     answers: list[dict[str, Any]] = []
     scrapes = [api_load(planned)]
-    for _ in range(5):  # rounds of 3 concurrent long completions, until a scrape caught them running
+    for _ in range(5):  # rounds of 3 concurrent 400-token completions (no early EOS), until a scrape caught them
         requests = [
-            threading.Thread(target=lambda: answers.append(planned.complete("Count to a hundred:", 400)))
+            threading.Thread(
+                target=lambda: answers.append(planned.complete("Count to a hundred:", 400, ignore_eos=True))
+            )
             for _ in range(3)
         ]
         for request in requests:
