@@ -11,6 +11,7 @@ resource with its topology's reason.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ from npu_operator.children import kinds as children
 from npu_operator.children import scaling
 from npu_operator.children.kinds import Capabilities
 from npu_operator.children.workloads import build_cache_claim
+from npu_operator.kube.objects import document_digest
 from npu_operator.status import revisions
 from npu_operator.topologies.base import NOTHING_SEEN, Seen
 
@@ -46,11 +48,25 @@ class Desired:
     capacity: scaling.Capacity | None = None  # where spec.autoscaling or spec.routing reads it (`status.resource`)
 
 
+# The typed specs in use, by the digest of the spec they were read from: resources with equal
+# specs share one (it is frozen), and one goes once no `Desired` holds it.
+_TYPED_SPECS: weakref.WeakValueDictionary[bytes, NPUInferenceSpec] = weakref.WeakValueDictionary()
+
+
+def typed_spec(raw: Mapping[str, Any]) -> NPUInferenceSpec:
+    """`parse_spec(raw)`, the same object for equal specs. Raises SpecError as it does."""
+    digest = document_digest(raw)
+    spec = _TYPED_SPECS.get(digest)
+    if spec is None:
+        _TYPED_SPECS[digest] = spec = parse_spec(raw)
+    return spec
+
+
 def read_spec(body: Mapping[str, Any], config: OperatorConfig) -> tuple[NPUInferenceSpec | None, list[SpecError]]:
     """The typed spec and everything wrong with it (schema-level gaps, a name too long for what is
     derived from it, and the pod-template policy included)."""
     try:
-        spec = parse_spec(body.get("spec", {}))
+        spec = typed_spec(body.get("spec", {}))
     except SpecError as exc:
         return None, [exc]
     meta = body.get("metadata") or {}

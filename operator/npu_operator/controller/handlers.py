@@ -27,11 +27,13 @@ from npu_operator.api import crd
 from npu_operator.api.config import OperatorConfig, python_log_level
 from npu_operator.controller import supervision, watches, worker
 from npu_operator.kube import client
+from npu_operator.kube.objects import SharedDocuments
 from npu_operator.status.collector import ReportCollector
 
 PREFIX = crd.GROUP
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 RESOURCE = (crd.GROUP, crd.VERSION, crd.PLURAL)
+IDLE_QUEUE_SECONDS = 0.5
 REPORTING_COMPONENT = "npu-operator"
 
 
@@ -82,10 +84,16 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     settings.watching.reconnect_backoff = 1.0
     # Only our children and pods are listed and streamed, in chunks: the API server filters them.
     watches.select_on_server(settings)
+    # An object's event queue (kopf's per-object worker task) goes 0.5 s after its last event, not
+    # kopf's default 5: while a fleet settles, every resource, child and pod has one; their
+    # events come in bursts a few milliseconds apart (kopf 1.45, kopf/_core/reactor/queueing.py
+    # worker: `settings.queueing.idle_timeout`).
+    settings.queueing.idle_timeout = IDLE_QUEUE_SECONDS
     # The worker is the only status writer: no finalizers needed, children go by owner references.
     # The CRD's schema (its defaults) is read here, not by the first resource's spec check.
     crd.load_crd()
     memo.wakeups = watches.Wakeups()
+    memo.specs = SharedDocuments()
     memo.seen_children = watches.SeenChildren()
     # One view for every worker: kopf's indexes are the same objects for all (kopf fills them
     # before the startup handlers run: kopf/_core/reactor/running.py, `indexers.ensure`).
@@ -127,6 +135,7 @@ async def follow_changes(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     # A worker that runs has read the status when it started (`Wakeups.for_owner` comes first).
     raw: dict[str, Any] = event["object"]  # type: ignore[assignment]  # kopf's TypedDict: a dict
     watches.drop_unread(raw, worker_running=key in memo.wakeups.events)
+    watches.share_spec(raw, memo.specs, deleted=event["type"] == "DELETED")
 
 
 @kopf.daemon(*RESOURCE, cancellation_timeout=10)

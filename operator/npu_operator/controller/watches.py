@@ -49,7 +49,7 @@ from npu_operator.children import kinds as children
 from npu_operator.children.kinds import ChildKind
 from npu_operator.kube import names as builders
 from npu_operator.kube.client import PODS, REPLICA_SETS, STATEFUL_SETS, Resource
-from npu_operator.kube.objects import shared_strings
+from npu_operator.kube.objects import SharedDocuments, shared_strings
 from npu_operator.status import calibration
 
 OwnerKey = tuple[str, str]  # (namespace, NPUInference name)
@@ -178,6 +178,17 @@ def drop_unread(body: MutableMapping[str, Any], *, worker_running: bool) -> None
         metadata.pop("managedFields", None)
     if worker_running:
         body.pop("status", None)
+
+
+def share_spec(body: MutableMapping[str, Any], specs: SharedDocuments, *, deleted: bool) -> None:
+    """Make kopf's copy of a resource hold the one shared copy of its spec (`SharedDocuments`): a
+    fleet of resources with equal specs keeps one. Keyed by the resource's uid (a resource
+    re-created under the same name starts again at generation 1) and its generation."""
+    uid = (body.get("metadata") or {}).get("uid")
+    if deleted:
+        specs.release(uid)
+    elif "spec" in body:
+        body["spec"] = specs.share(uid, body["metadata"].get("generation"), body["spec"])
 
 
 def read_by_worker(metadata: Mapping[str, Any]) -> tuple[Any, ...]:
