@@ -308,7 +308,9 @@ async def store_calibration(
     # issue 37: the decode batches the pods ran, for the next plan's capture sizes (none from a pod
     # whose report was implausible)
     batches = [
-        (s.key, s.decode_batches) for by, s in sections if s.decode_batches is not None and by.pod not in rejected
+        (by.uid, s.key, s.decode_batches)
+        for by, s in sections
+        if s.decode_batches is not None and by.pod not in rejected
     ]
     record = decode_batches.fold(stored, record, batches, decode_batches.spec_limits(spec))
     shown = calibration.graph_section([section for _, section in sections], record, name, rejected)

@@ -59,7 +59,7 @@ from npu_runtime.planner.calibration import (
 
 from npu_operator.children.kinds import CALIBRATION_RECORD
 from npu_operator.kube.names import RECORD_FILE, RECORD_MOUNT
-from npu_operator.status.decode_batches import DecodeBatchesSection
+from npu_operator.status.decode_batches import QUORUM, DecodeBatchesSection
 from npu_operator.status.decode_batches import parse_section as parse_decode_batches
 
 __all__ = [
@@ -83,8 +83,6 @@ __all__ = [
 ]
 
 MAX_KEY_CHARS: Final = 256
-# Different pods (uids) that must report a figure, and runs a capture failure, before it is used.
-QUORUM: Final = 2
 # How close to their median the agreeing pods' figures must be (relative).
 AGREEMENT: Final = 0.25
 # Runs remembered in the record (the oldest dropped first): ~300 bytes each, far below 64 KiB.

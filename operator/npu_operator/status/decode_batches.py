@@ -14,9 +14,18 @@ Trust (what pods say is untrusted input), as for the record's other measurements
 - plausible for the spec the operator owns: the section's 1 + speculative tokens must be the
   spec's, and a weight above the spec's largest decode batch (max_num_seqs x (1 + k)) is dropped,
   so a pod cannot make the next plan shape sizes for batches the spec never runs;
-- only under the record's key: the distribution is kept while the record's key stays (a new key,
-  a new record: fold starts again), and only a fold with at least MIN_FOLD_STEPS steps replaces
-  it, so a pod that just started (few steps) does not wipe what the others recorded;
+- one pod, one vote: each pod's distribution is kept apart in the record's `decode_batch_votes`
+  (the operator's own bookkeeping, which the planner does not read), keyed by the pod's uid from
+  the pod object the watch holds, normalised to shares that sum to 1 and cut to its VOTE_SIZES
+  heaviest sizes; a pod votes once it has MIN_FOLD_STEPS steps behind it (one that just started
+  does not replace its own earlier vote), and the MAX_VOTES latest pods' votes are kept. However
+  many steps or how heavy the weights a pod claims, it moves the distribution by one vote;
+- agreed: the record's `decode_batches` (what the next plan reads) exists only once at least
+  QUORUM pods voted (as for the measured figures: a single replica gets one after a second pod
+  ran, a restart or a rollout), and is the mean of the votes' shares; its steps count each vote
+  at most twice the votes' median, its capture seconds per size is the votes' median, its sizes
+  those most votes ran with;
+- only under the record's key: a new key, a new record: the votes start again;
 - it can only move capture sizes within the plan's own budget: the planner keeps the ceiling and
   never more sizes than its grid, whatever the record says.
 """
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -33,7 +43,10 @@ from npu_runtime.planner.traffic_sizes import MAX_BATCH_TOKENS, MAX_RECORD_SIZES
 from npu_operator.api.spec import NPUInferenceSpec
 
 __all__ = [
+    "MAX_VOTES",
     "MIN_FOLD_STEPS",
+    "QUORUM",
+    "VOTES_FIELD",
     "DecodeBatchesSection",
     "SpecLimits",
     "fold",
@@ -47,6 +60,14 @@ __all__ = [
 # pod's section may list up to the planner's bound.
 MAX_SIZES: Final = 1024
 MIN_FOLD_STEPS: Final = 100
+# Different pods (uids) that must report a figure (status.calibration) or vote for a distribution
+# before it is used, and runs a capture failure.
+QUORUM: Final = 2
+# The pods whose votes a record keeps, and the sizes of each vote (its heaviest): 8 votes of 96
+# sizes and the 1024 of the distribution keep a record well below half its 64 KiB.
+MAX_VOTES: Final = 8
+VOTE_SIZES: Final = 96
+VOTES_FIELD: Final = "decode_batch_votes"
 _MAX_STEPS: Final = 1 << 62
 _SOURCES: Final = ("grid", "traffic", "previous")
 
@@ -111,41 +132,90 @@ def parse_section(value: Any) -> DecodeBatchesSection | None:
 def fold(
     previous: Mapping[str, Any] | None,
     record: Mapping[str, Any] | None,
-    sections: Sequence[tuple[Mapping[str, Any], DecodeBatchesSection]],
+    sections: Sequence[tuple[str, Mapping[str, Any], DecodeBatchesSection]],
     limits: SpecLimits,
 ) -> dict[str, Any] | None:
-    """`record` (the calibration record after the other measurements were folded) with its
-    `decode_batches`: the current sections (key, section) of the pods under the record's key,
-    summed, when they hold at least MIN_FOLD_STEPS steps; else the one `previous` held under the
-    same key; none under a new key."""
+    """`record` (the calibration record after the other measurements were folded) with the pods'
+    votes and, once QUORUM pods voted, their `decode_batches`. `sections`: (the pod's uid, the key
+    of its report, its section) for the current reports; `previous`: the stored record, whose
+    votes carry on under the same key."""
     if record is None:
         return None
     out = dict(record)
     same_key = previous is not None and previous.get("key") == record.get("key")
-    kept = previous.get("decode_batches") if same_key and previous is not None else None
-    usable = [s for key, s in sections if key == record.get("key") and s.query_len == limits.query_len]
-    steps = sum(s.steps for s in usable)
-    if usable and steps >= MIN_FOLD_STEPS:
-        weights: dict[int, float] = {}
-        for section in usable:
-            for size, weight in section.weights.items():
-                if size <= limits.ceiling:
-                    weights[size] = weights.get(size, 0.0) + weight
-        heaviest = sorted(weights.items(), key=lambda item: (-item[1], item[0]))[:MAX_SIZES]
-        busiest = max(usable, key=lambda s: s.steps)
-        seconds = [s.capture_seconds_per_size for s in usable if s.capture_seconds_per_size is not None]
-        kept = {
-            "query_len": limits.query_len,
-            "steps": steps,
-            "weights": {str(size): float(f"{weight:.4g}") for size, weight in sorted(heaviest)},
-            "sizes": [size for size in busiest.sizes if size <= limits.ceiling],
-            "capture_seconds_per_size": max(seconds) if seconds else None,
-        }
-    if isinstance(kept, Mapping):
-        out["decode_batches"] = dict(kept)
-    else:
-        out.pop("decode_batches", None)
+    votes = stored_votes(previous) if same_key and previous is not None else []
+    for voter, key, section in sections:
+        if key != record.get("key") or section.query_len != limits.query_len or section.steps < MIN_FOLD_STEPS:
+            continue
+        vote = _vote(voter, section, limits)
+        if vote is not None:
+            votes = [v for v in votes if v["pod"] != voter] + [vote]
+    votes = votes[-MAX_VOTES:]
+    out.pop(VOTES_FIELD, None)
+    out.pop("decode_batches", None)
+    if votes:
+        out[VOTES_FIELD] = votes
+    if len(votes) >= QUORUM:
+        out["decode_batches"] = _agreed(votes, limits)
     return out
+
+
+def stored_votes(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The votes a stored record keeps (a hand edit that is none is dropped), at most MAX_VOTES."""
+    found: list[dict[str, Any]] = []
+    for item in record.get(VOTES_FIELD) or []:
+        if not isinstance(item, Mapping) or not isinstance(item.get("pod"), str):
+            continue
+        weights, sizes = item.get("weights"), item.get("sizes")
+        if (
+            not _whole(item.get("steps"), 0, _MAX_STEPS)
+            or not isinstance(weights, Mapping)
+            or len(weights) > VOTE_SIZES
+            or not all(isinstance(k, str) and k.isdigit() and _weight(w) for k, w in weights.items())
+            or not isinstance(sizes, list)
+            or len(sizes) > MAX_SIZES
+            or not all(_whole(size, 1, MAX_BATCH_TOKENS) for size in sizes)
+            or not (item.get("capture_seconds_per_size") is None or _weight(item.get("capture_seconds_per_size")))
+        ):
+            continue
+        found.append(dict(item))
+    return found[-MAX_VOTES:]
+
+
+def _vote(voter: str, section: DecodeBatchesSection, limits: SpecLimits) -> dict[str, Any] | None:
+    """One pod's vote: its shares of the decode steps by size (within the spec), its heaviest sizes."""
+    weights = {size: weight for size, weight in section.weights.items() if size <= limits.ceiling and weight > 0}
+    total = sum(weights.values())
+    if not total:
+        return None
+    heaviest = sorted(weights.items(), key=lambda item: (-item[1], item[0]))[:VOTE_SIZES]
+    return {
+        "pod": voter,
+        "steps": section.steps,
+        "weights": {str(size): float(f"{weight / total:.4g}") for size, weight in sorted(heaviest)},
+        "sizes": [size for size in section.sizes if size <= limits.ceiling],
+        "capture_seconds_per_size": section.capture_seconds_per_size,
+    }
+
+
+def _agreed(votes: Sequence[Mapping[str, Any]], limits: SpecLimits) -> dict[str, Any]:
+    """The distribution the votes agree on: the mean of their shares, one vote per pod."""
+    shares: dict[int, float] = {}
+    for vote in votes:
+        for size, share in vote["weights"].items():
+            shares[int(size)] = shares.get(int(size), 0.0) + float(share) / len(votes)
+    heaviest = sorted(shares.items(), key=lambda item: (-item[1], item[0]))[:MAX_SIZES]
+    cap = 2 * statistics.median_high(int(vote["steps"]) for vote in votes)
+    ran = [tuple(vote["sizes"]) for vote in votes]
+    sizes = max(reversed(ran), key=ran.count)  # the sizes most votes ran with (a tie: the latest)
+    seconds = [float(v["capture_seconds_per_size"]) for v in votes if v.get("capture_seconds_per_size") is not None]
+    return {
+        "query_len": limits.query_len,
+        "steps": sum(min(int(vote["steps"]), cap) for vote in votes),
+        "weights": {str(size): float(f"{share:.4g}") for size, share in sorted(heaviest)},
+        "sizes": list(sizes),
+        "capture_seconds_per_size": statistics.median_high(seconds) if seconds else None,
+    }
 
 
 def record_fields(record: Mapping[str, Any] | None) -> dict[str, Any]:

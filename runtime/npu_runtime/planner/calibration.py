@@ -11,7 +11,8 @@ mounts it into later pods; `npu-runtime plan --calibration FILE` reads it offlin
      "capture_failure": {"size": int, "error_class": "GraphCaptureOutOfMemory"|
                          "StreamResourcesExhausted"}|null,
      "decode_batches": {...}|null,   # optional: the decode batches run (planner/traffic_sizes.py)
-     "reports": [...]}   # the operator's own bookkeeping (status/calibration.py); not read here
+     "reports": [...],   # the operator's own bookkeeping (status/calibration.py); not read here
+     "decode_batch_votes": [...]}   # the same, per pod (status/decode_batches.py); not read here
 
 Rules (docs/planner.md, "Calibration"):
 - the record applies only when its key equals the plan's: the model's config digest (config.json

@@ -45,40 +45,78 @@ def test_a_section_is_checked_and_never_raises() -> None:
         assert decode_batches.parse_section(bad) is None
 
 
-def test_fold_sums_the_pods_bounded_by_the_spec() -> None:
+def test_each_pod_is_one_vote_bounded_by_the_spec() -> None:
     pods = [
-        (KEY, section(200, {20: 3.0, 500: 9.0})),  # 500 tokens is above max_num_seqs x 1 = 64: dropped
-        (KEY, section(100, {20: 1.0, 30: 2.0})),
-        (KEY, section(900, {20: 50.0}, query_len=2)),  # another speculative setting than the spec's: ignored
-        ({**KEY, "layout": "tp2-pp1-dp1-ep1-nodes1"}, section(900, {40: 50.0})),  # not the record's key: ignored
+        ("a", KEY, section(200, {20: 3.0, 500: 9.0})),  # 500 tokens is above max_num_seqs x 1 = 64: dropped
+        ("b", KEY, section(100, {20: 1.0, 30: 2.0})),
+        ("c", KEY, section(900, {20: 50.0}, query_len=2)),  # another speculative setting than the spec's: ignored
+        ("d", {**KEY, "layout": "tp2-pp1-dp1-ep1-nodes1"}, section(900, {40: 50.0})),  # not the record's key
     ]
     record = decode_batches.fold(None, RECORD, pods, LIMITS)
     assert record is not None
+    assert [(v["pod"], v["weights"]) for v in record[decode_batches.VOTES_FIELD]] == [
+        ("a", {"20": 1.0}),
+        ("b", {"20": 0.3333, "30": 0.6667}),
+    ]
     assert record["decode_batches"] == {
         "query_len": 1,
         "steps": 300,
-        "weights": {"20": 4.0, "30": 2.0},
+        "weights": {"20": 0.6666, "30": 0.3333},  # the mean of the two pods' shares (1 + 0.3333) / 2, 0.6667 / 2
         "sizes": [1, 2, 4, 64],
         "capture_seconds_per_size": 0.5,
     }
 
 
-def test_a_pod_with_few_steps_does_not_wipe_the_record_and_a_new_key_starts_again() -> None:
-    kept = decode_batches.fold(None, RECORD, [(KEY, section(500, {20: 1.0}))], LIMITS)
+def test_one_pod_alone_makes_no_distribution_and_a_second_pod_does() -> None:
+    alone = decode_batches.fold(None, RECORD, [("a", KEY, section(500, {20: 1.0}))], LIMITS)
+    assert alone is not None and "decode_batches" not in alone
+    # The same pod again (a later tick) is still one vote; another pod, later, makes two.
+    again = decode_batches.fold(alone, RECORD, [("a", KEY, section(900, {20: 1.0}))], LIMITS)
+    assert again is not None and "decode_batches" not in again and len(again[decode_batches.VOTES_FIELD]) == 1
+    second = decode_batches.fold(again, RECORD, [("b", KEY, section(300, {24: 1.0}))], LIMITS)
+    assert second is not None and second["decode_batches"]["weights"] == {"20": 0.5, "24": 0.5}
+
+
+def test_a_pod_claiming_huge_steps_and_weights_moves_the_distribution_by_one_vote() -> None:
+    honest = [(pod, KEY, section(400, {20: 30.0, 24: 10.0})) for pod in ("a", "b", "c")]
+    liar = ("x", KEY, section(10**18, {7: 1e300}))
+    record = decode_batches.fold(None, RECORD, [*honest, liar], LIMITS)
+    assert record is not None
+    agreed = record["decode_batches"]
+    assert agreed["weights"] == {"7": 0.25, "20": 0.5625, "24": 0.1875}
+    assert agreed["steps"] == 3 * 400 + 2 * 400  # each vote counts at most twice the median
+
+
+def test_a_pod_with_few_steps_keeps_its_vote_and_a_new_key_starts_again() -> None:
+    two = [("a", KEY, section(500, {20: 1.0})), ("b", KEY, section(500, {20: 1.0}))]
+    kept = decode_batches.fold(None, RECORD, two, LIMITS)
     assert kept is not None
-    fresh_pod = decode_batches.fold(kept, RECORD, [(KEY, section(3, {50: 1.0}))], LIMITS)
+    fresh_pod = decode_batches.fold(kept, RECORD, [("a", KEY, section(3, {50: 1.0}))], LIMITS)  # a restart
     assert fresh_pod is not None and fresh_pod["decode_batches"] == kept["decode_batches"]
     new_key = {**RECORD, "key": {**KEY, "engine": "another"}}
-    assert "decode_batches" not in (decode_batches.fold(kept, new_key, [], LIMITS) or {})
+    restarted = decode_batches.fold(kept, new_key, [], LIMITS) or {}
+    assert "decode_batches" not in restarted and decode_batches.VOTES_FIELD not in restarted
     assert decode_batches.fold(kept, None, [], LIMITS) is None
+
+
+def test_only_the_latest_votes_are_kept_and_a_hand_edit_that_is_none_is_dropped() -> None:
+    pods = [(f"pod-{n}", KEY, section(200, {20 + n: 1.0})) for n in range(12)]
+    record = decode_batches.fold(None, RECORD, pods, LIMITS)
+    assert record is not None
+    assert [v["pod"] for v in record[decode_batches.VOTES_FIELD]] == [f"pod-{n}" for n in range(4, 12)]
+    junk = [{"pod": "z", "steps": -1}, {"pod": 3}, "vote", {"pod": "y", "steps": 5, "weights": {"x": 1}, "sizes": []}]
+    edited = {**record, decode_batches.VOTES_FIELD: [*junk, *record[decode_batches.VOTES_FIELD]]}
+    assert decode_batches.stored_votes(edited) == record[decode_batches.VOTES_FIELD]
 
 
 def test_the_record_stays_well_below_its_size_limit() -> None:
     limits = SpecLimits(query_len=4, max_num_seqs=1024)
     heavy = {size: float(size) for size in range(4, 4097, 1)}
-    record = decode_batches.fold(None, RECORD, [(KEY, section(10**6, heavy, query_len=4))], limits)
+    pods = [(f"pod-{n}", KEY, section(10**6, heavy, query_len=4)) for n in range(decode_batches.MAX_VOTES)]
+    record = decode_batches.fold(None, RECORD, pods, limits)
     assert record is not None
-    assert len(record["decode_batches"]["weights"]) == decode_batches.MAX_SIZES
+    assert len(record[decode_batches.VOTES_FIELD]) == decode_batches.MAX_VOTES
+    assert all(len(v["weights"]) == decode_batches.VOTE_SIZES for v in record[decode_batches.VOTES_FIELD])
     assert len(json.dumps(record)) < calibration.MAX_RECORD_BYTES / 2
 
 
@@ -133,8 +171,9 @@ def test_from_a_runtimes_status_to_the_next_pods_plan(tmp_path: Path) -> None:
     who = calibration.Reporter("pod-0", "uid-0")
     layouts = calibration.expected_layouts(1, 1, 1, 1, expert=False)
     record = calibration.fold_record(None, [(who, s) for s in sections], layouts)
-    pairs = [(s.key, s.decode_batches) for s in sections if s.decode_batches is not None]
-    record = decode_batches.fold(None, record, pairs, LIMITS)
+    # Two replicas that ran the same traffic (a distribution needs QUORUM pods' votes).
+    votes = [(uid, s.key, s.decode_batches) for uid in ("uid-0", "uid-1") for s in sections if s.decode_batches]
+    record = decode_batches.fold(None, record, votes, LIMITS)
     configmap = calibration.configmap("demo", "default", {}, record or {})
     path = tmp_path / "record.json"
     path.write_text(configmap["data"][calibration.RECORD_FILE])
@@ -144,5 +183,5 @@ def test_from_a_runtimes_status_to_the_next_pods_plan(tmp_path: Path) -> None:
     assert {18, 22, 23} <= set(second.capture_sizes) and second.capture_sizes[-1] == 64
     assert len(second.capture_sizes) <= len(first.capture_sizes)
     chosen = second.to_dict()["capture_sizes_from"]
-    assert chosen["source"] == "traffic" and chosen["steps"] == 1010
+    assert chosen["source"] == "traffic" and chosen["steps"] == 2 * 1010
     assert chosen["expected_padding"]["chosen"] < chosen["expected_padding"]["grid"]

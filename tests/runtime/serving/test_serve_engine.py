@@ -197,8 +197,14 @@ def test_the_decode_batches_the_engine_runs_shape_the_next_pods_capture_sizes(
     who = status_calibration.Reporter("pod-0", "uid-0")
     layouts = status_calibration.expected_layouts(1, 1, 1, 1, expert=False)
     record = status_calibration.fold_record(None, [(who, section)], layouts)
-    record = decode_batches.fold(None, record, [(section.key, section.decode_batches)], decode_batches.SpecLimits(1, 4))
-    assert record is not None and record["decode_batches"]["steps"] == shown["steps"]
+    # One engine here, and a record's distribution needs QUORUM pods' votes: its section as two
+    # replicas' reports (one pod alone votes, and the record has no distribution yet).
+    limits = decode_batches.SpecLimits(1, 4)
+    alone = decode_batches.fold(None, record, [("uid-0", section.key, section.decode_batches)], limits)
+    assert alone is not None and "decode_batches" not in alone and len(alone["decode_batch_votes"]) == 1
+    two = [(uid, section.key, section.decode_batches) for uid in ("uid-0", "uid-1")]
+    record = decode_batches.fold(alone, record, two, limits)
+    assert record is not None and record["decode_batches"]["steps"] == 2 * shown["steps"]
     path = tmp_path / "record.json"
     path.write_text(json.dumps(record))
     options = PlanOptions(max_num_seqs=4, max_model_len=512, calibration=str(path))
