@@ -215,11 +215,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
             or (request.action == enums.action.UPDATE and self.store.deleting(request))
         )
         # An object created with an owner that is gone (a controller acting on a stale read while its
-        # owner was deleted) is collected at once, as the garbage collector would soon after.
+        # owner was deleted) is collected at once, as the garbage collector would soon after. Its
+        # owners are looked up by reference: a scan of every object per create made the emulator
+        # quadratic in the objects it holds (5,000 resources' calibration records: 577 s to settle).
+        owners = request.data.get("metadata", {}).get("ownerReferences") if isinstance(request.data, dict) else None
         collect = collect or (
             request.action == enums.action.CREATE
-            and isinstance(request.data, dict)
-            and bool(request.data.get("metadata", {}).get("ownerReferences"))
+            and isinstance(owners, list)
+            and bool(owners)
+            and not any(self.store.owner_alive(request.namespace, owner) for owner in owners)
         )
         response = await super()._handle(request)
         if collect:

@@ -81,6 +81,23 @@ class Store:
         kind: str | None = self.resources[resource].kind
         return kind
 
+    def owner_alive(self, namespace: str | None, owner: Any) -> bool:
+        """Whether the object an owner reference names exists with that uid: looked up by its
+        kind and name (in the dependent's namespace, or cluster-wide), as the garbage collector's
+        owner graph does, not by a scan of every object."""
+        if not isinstance(owner, dict):
+            return False
+        group, _, version = str(owner.get("apiVersion", "")).rpartition("/")
+        resources: Any = self.resources  # kmock's views are typed for its own keys
+        objects: Any = self.objects
+        for resource, info in resources.items():
+            if (resource.group or "", resource.version, info.kind) != (group, version, owner.get("kind")):
+                continue
+            key = (resource, namespace if info.namespaced else None, owner.get("name"))
+            if key in objects and not objects[key].deleted:
+                return bool(objects[key].raw.get("metadata", {}).get("uid") == owner.get("uid"))
+        return False
+
     async def collect_garbage(self) -> None:
         """Delete every object whose owners are all gone (background propagation), until none is left."""
         while True:

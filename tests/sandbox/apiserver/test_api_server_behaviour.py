@@ -353,3 +353,25 @@ async def test_an_object_created_for_a_deleted_owner_is_collected(api: Any) -> N
     }
     await cluster.create(pod, "pods")
     assert await cluster.get("v1", "pods", "default", "orphan") is None
+
+
+async def test_an_object_created_for_a_living_owner_stays_and_one_for_a_recreated_owner_goes(api: Any) -> None:
+    """The owner is found by its reference (kind, name, the dependent's namespace) and must have its uid."""
+    cluster, _ = api
+    living = await cluster.create(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner", "namespace": "default"}}, "configmaps"
+    )
+    uid = living["metadata"]["uid"]
+
+    def owned(name: str, owner_uid: str) -> dict[str, Any]:
+        reference = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner_uid}
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "default", "ownerReferences": [reference]},
+        }
+
+    await cluster.create(owned("kept", uid), "configmaps")
+    assert await cluster.get("v1", "configmaps", "default", "kept") is not None
+    await cluster.create(owned("stale", "the-uid-of-an-earlier-owner"), "configmaps")  # same name, another uid
+    assert await cluster.get("v1", "configmaps", "default", "stale") is None
