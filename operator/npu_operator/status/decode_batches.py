@@ -24,7 +24,8 @@ Trust (what pods say is untrusted input), as for the record's other measurements
   QUORUM pods voted (as for the measured figures: a single replica gets one after a second pod
   ran, a restart or a rollout), and is the mean of the votes' shares; its steps count each vote
   at most twice the votes' median, its capture seconds per size is the votes' median, its sizes
-  those most votes ran with;
+  those most votes ran with; votes cast under another 1 + k (the record's key does not follow the
+  spec's max_num_seqs or speculative tokens) are kept but not counted, sizes above the ceiling never;
 - only under the record's key: a new key, a new record: the votes start again;
 - it can only move capture sizes within the plan's own budget: the planner keeps the ceiling and
   never more sizes than its grid, whatever the record says.
