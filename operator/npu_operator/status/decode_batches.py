@@ -24,7 +24,8 @@ Trust (what pods say is untrusted input), as for the record's other measurements
   QUORUM pods voted (as for the measured figures: a single replica gets one after a second pod
   ran, a restart or a rollout), and is the mean of the votes' shares; its steps count each vote
   at most twice the votes' median, its capture seconds per size is the votes' median, its sizes
-  those most votes ran with;
+  those most votes ran with; votes cast under another 1 + k (the record's key does not follow the
+  spec's max_num_seqs or speculative tokens) are kept but not counted, sizes above the ceiling never;
 - only under the record's key: a new key, a new record: the votes start again;
 - it can only move capture sizes within the plan's own budget: the planner keeps the ceiling and
   never more sizes than its grid, whatever the record says.
@@ -155,8 +156,11 @@ def fold(
     out.pop("decode_batches", None)
     if votes:
         out[VOTES_FIELD] = votes
-    if len(votes) >= QUORUM:
-        out["decode_batches"] = _agreed(votes, limits)
+    # Votes cast under another spec (its 1 + k, its ceiling) are kept, not counted: the record's key
+    # does not follow max_num_seqs or the speculative tokens.
+    counted = [v for v in votes if v["query_len"] == limits.query_len]
+    if len(counted) >= QUORUM:
+        out["decode_batches"] = _agreed(counted, limits)
     return out
 
 
@@ -169,9 +173,13 @@ def stored_votes(record: Mapping[str, Any]) -> list[dict[str, Any]]:
         weights, sizes = item.get("weights"), item.get("sizes")
         if (
             not _whole(item.get("steps"), 0, _MAX_STEPS)
+            or not _whole(item.get("query_len"), 1, 64)
             or not isinstance(weights, Mapping)
             or len(weights) > VOTE_SIZES
-            or not all(isinstance(k, str) and k.isdigit() and _weight(w) for k, w in weights.items())
+            or not all(
+                isinstance(k, str) and k.isdigit() and 1 <= int(k) <= MAX_BATCH_TOKENS and _weight(w)
+                for k, w in weights.items()
+            )
             or not isinstance(sizes, list)
             or len(sizes) > MAX_SIZES
             or not all(_whole(size, 1, MAX_BATCH_TOKENS) for size in sizes)
@@ -191,6 +199,7 @@ def _vote(voter: str, section: DecodeBatchesSection, limits: SpecLimits) -> dict
     heaviest = sorted(weights.items(), key=lambda item: (-item[1], item[0]))[:VOTE_SIZES]
     return {
         "pod": voter,
+        "query_len": section.query_len,
         "steps": section.steps,
         "weights": {str(size): float(f"{weight / total:.4g}") for size, weight in sorted(heaviest)},
         "sizes": [size for size in section.sizes if size <= limits.ceiling],
@@ -203,10 +212,11 @@ def _agreed(votes: Sequence[Mapping[str, Any]], limits: SpecLimits) -> dict[str,
     shares: dict[int, float] = {}
     for vote in votes:
         for size, share in vote["weights"].items():
-            shares[int(size)] = shares.get(int(size), 0.0) + float(share) / len(votes)
+            if int(size) <= limits.ceiling:
+                shares[int(size)] = shares.get(int(size), 0.0) + float(share) / len(votes)
     heaviest = sorted(shares.items(), key=lambda item: (-item[1], item[0]))[:MAX_SIZES]
     cap = 2 * statistics.median_high(int(vote["steps"]) for vote in votes)
-    ran = [tuple(vote["sizes"]) for vote in votes]
+    ran = [tuple(size for size in vote["sizes"] if size <= limits.ceiling) for vote in votes]
     sizes = max(reversed(ran), key=ran.count)  # the sizes most votes ran with (a tie: the latest)
     seconds = [float(v["capture_seconds_per_size"]) for v in votes if v.get("capture_seconds_per_size") is not None]
     return {

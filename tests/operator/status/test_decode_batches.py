@@ -104,9 +104,28 @@ def test_only_the_latest_votes_are_kept_and_a_hand_edit_that_is_none_is_dropped(
     record = decode_batches.fold(None, RECORD, pods, LIMITS)
     assert record is not None
     assert [v["pod"] for v in record[decode_batches.VOTES_FIELD]] == [f"pod-{n}" for n in range(4, 12)]
-    junk = [{"pod": "z", "steps": -1}, {"pod": 3}, "vote", {"pod": "y", "steps": 5, "weights": {"x": 1}, "sizes": []}]
+    junk = [
+        {"pod": "z", "steps": -1},
+        {"pod": 3},
+        "vote",
+        {"pod": "y", "query_len": 1, "steps": 5, "weights": {"x": 1}, "sizes": []},
+        {"pod": "w", "query_len": 1, "steps": 5, "weights": {"0": 1}, "sizes": []},  # no batch of 0 tokens
+    ]
     edited = {**record, decode_batches.VOTES_FIELD: [*junk, *record[decode_batches.VOTES_FIELD]]}
     assert decode_batches.stored_votes(edited) == record[decode_batches.VOTES_FIELD]
+
+
+def test_votes_cast_under_another_spec_are_kept_but_not_counted() -> None:
+    """The record's key does not follow max_num_seqs or the speculative tokens: a vote cast under a
+    larger ceiling counts only its sizes within this spec's, one under another 1 + k not at all."""
+    wide = SpecLimits(query_len=1, max_num_seqs=256)
+    before = decode_batches.fold(None, RECORD, [("a", KEY, section(500, {20: 1.0, 200: 1.0}))], wide)
+    assert before is not None
+    record = decode_batches.fold(before, RECORD, [("b", KEY, section(500, {30: 1.0}))], LIMITS)
+    assert record is not None and record["decode_batches"]["weights"] == {"20": 0.25, "30": 0.5}
+    speculative = SpecLimits(query_len=2, max_num_seqs=64)
+    other = decode_batches.fold(record, RECORD, [], speculative)
+    assert other is not None and "decode_batches" not in other and len(other[decode_batches.VOTES_FIELD]) == 2
 
 
 def test_the_record_stays_well_below_its_size_limit() -> None:
