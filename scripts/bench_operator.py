@@ -41,7 +41,6 @@ for _part in ("operator", "runtime", "sandbox"):
         sys.path.insert(0, str(ROOT / _part))
 
 NS = "default"
-SANDBOX_MODELS = "/tmp/npu-sandbox/models"  # examples/sandbox-cpu.yaml's spec.model.source.hostPath
 CLIENT_AGENT = "npu-sandbox"  # this script's own requests (LocalCluster's User-Agent): not the operator's
 
 
@@ -136,23 +135,16 @@ async def run_one(which: str, size: int, args: argparse.Namespace, *, traced: bo
     """One timed run; `traced`: under tracemalloc (not timed: it is several times slower), with the
     memory breakdown of the settled operator (`breakdown`) in the row."""
     from npu_operator.api import crd
-    from npu_sandbox.cluster import LocalCluster
+    from npu_sandbox.cluster import LocalCluster, operator_process
 
     async with LocalCluster() as cluster:
         emulator = cluster.emulator
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(cluster.kubeconfig),
-            "PYTHONPATH": os.pathsep.join([args.operator_path, str(ROOT / "runtime"), str(ROOT / "sandbox")]),
-            "NPU_OPERATOR_STANDALONE": "true",
-            "NPU_OPERATOR_METRICS_PORT": "0",
-            "NPU_OPERATOR_HEALTH_PORT": "0",
-            "NPU_OPERATOR_LOG_LEVEL": "WARNING",
-            "NPU_OPERATOR_RESYNC_SECONDS": str(args.resync),
-            "NPU_OPERATOR_STATUS_POLL_SECONDS": str(args.resync),
-            # The example's hostPath model source, allowed as the sandbox allows it for itself.
-            "NPU_OPERATOR_ALLOWED_HOST_PATHS": SANDBOX_MODELS,
-        }
+        env = operator_process.operator_env(
+            cluster.kubeconfig,
+            operator_path=Path(args.operator_path),
+            NPU_OPERATOR_RESYNC_SECONDS=str(args.resync),
+            NPU_OPERATOR_STATUS_POLL_SECONDS=str(args.resync),
+        )
         snapshot = cluster.workdir / "snapshot.pickle"
         if traced:
             env[SNAPSHOT_ENV] = str(snapshot)
@@ -213,12 +205,7 @@ async def run_one(which: str, size: int, args: argparse.Namespace, *, traced: bo
                     raise RuntimeError(f"{which} wrote no snapshot:\n" + log_path.read_text(errors="replace")[-3000:])
                 memory = breakdown(snapshot, size)
         finally:
-            process.send_signal(signal.SIGINT)
-            try:
-                await asyncio.wait_for(process.wait(), 30)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+            await operator_process.stop(process)
         emulator_cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         errors = log_path.read_text(errors="replace").splitlines()
         tail = [line for line in errors if "Traceback" in line or "ERROR" in line]

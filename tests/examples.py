@@ -4,7 +4,6 @@ environment of an operator run as its own process."""
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +21,3 @@ TEST_CONFIG = OperatorConfig(resync_seconds=1.0, metrics_port=0, health_port=0, 
 def example(name: str) -> dict[str, Any]:
     document: dict[str, Any] = yaml.safe_load((EXAMPLES / name).read_text(encoding="utf-8"))
     return copy.deepcopy(document)
-
-
-def operator_process_env(kubeconfig: Path, **extra: str) -> dict[str, str]:
-    """The environment of an operator run as its own process (`python -m npu_operator.cli run`)
-    against the in-process API: this checkout's packages, standalone, no ports, warnings only, the
-    example's hostPath source allowed; `extra` on top."""
-    root = Path(__file__).resolve().parents[1]
-    return {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "PYTHONPATH": os.pathsep.join(str(root / part) for part in ("operator", "runtime", "sandbox")),
-        "NPU_OPERATOR_STANDALONE": "true",
-        "NPU_OPERATOR_METRICS_PORT": "0",
-        "NPU_OPERATOR_HEALTH_PORT": "0",
-        "NPU_OPERATOR_LOG_LEVEL": "WARNING",
-        "NPU_OPERATOR_ALLOWED_HOST_PATHS": "/tmp/npu-sandbox/models",  # the example's hostPath source
-        **extra,
-    }

@@ -13,7 +13,6 @@ owner-chain links carries our label selector, and every list is chunked.
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,9 @@ from typing import Any
 import yaml
 from npu_operator.api import crd
 from npu_operator.controller import watches
-from npu_sandbox.cluster import LocalCluster
+from npu_sandbox.cluster import LocalCluster, operator_process
 
-from tests.examples import example, operator_process_env
+from tests.examples import example
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT = "another-tenant"
@@ -69,7 +68,7 @@ async def test_the_operator_peak_memory_does_not_grow_with_other_tenants_configm
         manifest["metadata"]["namespace"] = "default"
         name = manifest["metadata"]["name"]
         await cluster.create(manifest, crd.PLURAL)
-        env = operator_process_env(cluster.kubeconfig)
+        env = operator_process.operator_env(cluster.kubeconfig)
         log = cluster.workdir / "operator.log"
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
@@ -89,12 +88,7 @@ async def test_the_operator_peak_memory_does_not_grow_with_other_tenants_configm
             await asyncio.sleep(2)
             peak = peak_rss_mib(process.pid)
         finally:
-            process.send_signal(signal.SIGINT)
-            try:
-                await asyncio.wait_for(process.wait(), 30)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+            await operator_process.stop(process)
         print(f"operator peak RSS with {FOREIGN_MIB:.0f} MiB of foreign ConfigMaps: {peak:.0f} MiB")
         assert peak < min(FOREIGN_MIB * 0.6, chart_memory_limit_mib()), (
             f"peak RSS {peak:.0f} MiB with {FOREIGN_MIB:.0f} MiB of other tenants' ConfigMaps"

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from npu_operator.api import crd
-from npu_sandbox.cluster import LocalCluster
+from npu_sandbox.cluster import LocalCluster, operator_process
 
-from tests.examples import example, operator_process_env
+from tests.examples import example
 
 RESOURCES = 40
 # KB held per settled resource (the example's one-node resource: a Deployment and a Service), as
@@ -69,7 +69,7 @@ async def traced_bytes(process: asyncio.subprocess.Process, out: Path, count: in
 async def test_a_settled_resource_holds_little_memory_in_the_operator() -> None:
     async with LocalCluster() as cluster:
         out = cluster.workdir / "traced"
-        env = operator_process_env(cluster.kubeconfig, TRACED_MEMORY_FILE=str(out))
+        env = operator_process.operator_env(cluster.kubeconfig, TRACED_MEMORY_FILE=str(out))
         log = cluster.workdir / "operator.log"
         with log.open("wb") as stream:
             process = await asyncio.create_subprocess_exec(
@@ -101,12 +101,7 @@ async def test_a_settled_resource_holds_little_memory_in_the_operator() -> None:
             await asyncio.sleep(6)  # kopf's per-object event workers end after 5 s without events
             after = await traced_bytes(process, out, 2)
         finally:
-            process.send_signal(signal.SIGINT)
-            try:
-                await asyncio.wait_for(process.wait(), 30)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+            await operator_process.stop(process)
         per_resource_kb = (after - before) / RESOURCES / 1000
         print(f"held per settled resource: {per_resource_kb:.1f} KB")
         assert per_resource_kb < BOUND_KB
