@@ -7,7 +7,8 @@
   handlers: those make kopf keep a diff base and progress annotations per resource (a deep copy of
   the body per event and a patch per change); the worker already reports a spec that can never be
   served (status, Warning Event);
-- children and pods: watched, cached and waking their owner's worker (`watches.register`);
+- children and pods: watched by our own informers (started here, `watches.Informers`), cached and
+  waking their owner's worker;
 - daemon: the per-resource worker (children, status, Events), without kopf's finalizer.
 """
 
@@ -53,10 +54,9 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **indexes: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any) -> None:
     config: OperatorConfig = memo.config
     logging.getLogger().setLevel(python_log_level(config))
-    logging.getLogger("kopf.objects").addFilter(watches.quiet_wakeups)
     # The finalizer kopf removes where an earlier version of the operator left it (`without_finalizer`).
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.diffbase_storage = NoDiffBase()
@@ -82,11 +82,9 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     # A re-list after 410 Gone or a failed list waits this long; reopening a stream that ended
     # early backs off in the login session's WatchThrottle (see `supervision`).
     settings.watching.reconnect_backoff = 1.0
-    # Only our children and pods are listed and streamed, in chunks: the API server filters them.
-    watches.select_on_server(settings)
     # An object's event queue (kopf's per-object worker task) goes 0.5 s after its last event, not
-    # kopf's default 5: while a fleet settles, every resource, child and pod has one; their
-    # events come in bursts a few milliseconds apart (kopf 1.45, kopf/_core/reactor/queueing.py
+    # kopf's default 5: while a fleet settles, every resource has one; their events come in bursts
+    # a few milliseconds apart (kopf 1.45, kopf/_core/reactor/queueing.py
     # worker: `settings.queueing.idle_timeout`).
     settings.queueing.idle_timeout = IDLE_QUEUE_SECONDS
     # The worker is the only status writer: no finalizers needed, children go by owner references.
@@ -94,13 +92,12 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     crd.load_crd()
     memo.wakeups = watches.Wakeups()
     memo.specs = SharedDocuments()
-    memo.seen_children = watches.SeenChildren()
-    # One view for every worker: kopf's indexes are the same objects for all (kopf fills them
-    # before the startup handlers run: kopf/_core/reactor/running.py, `indexers.ensure`).
-    memo.view = watches.WatchedView(indexes, memo.seen_children)
     memo.client = client.KubeClient(
         lambda: client.connection_info(settings, logger), on_served_change=memo.wakeups.wake_all
     )
+    memo.informers = watches.Informers(memo.wakeups.wake)
+    memo.informers.start(memo.client, config.namespaces)
+    memo.view = watches.WatchedView(memo.informers)  # one view for every worker
     memo.collector = ReportCollector(
         concurrency=config.status_concurrency,
         timeout=config.status_timeout_seconds,
@@ -113,6 +110,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
 
 @kopf.on.cleanup()
 async def close(memo: Any, **_: Any) -> None:
+    await memo.informers.stop()
     await memo.client.close()
     await memo.collector.close()
 
@@ -120,9 +118,6 @@ async def close(memo: Any, **_: Any) -> None:
 @kopf.on.login()
 async def login(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> kopf.AiohttpSession:
     return supervision.throttled_context(client.connection_info(settings, logger))
-
-
-watches.register()
 
 
 @kopf.on.event(*RESOURCE)
@@ -145,6 +140,7 @@ async def keep_reconciled(
     # kopf passes some 25 arguments (and every index); the worker's frame lives as long as its
     # resource, so the dict of those it does not read goes now (`**` always makes a new one).
     del unused
+    await memo.informers.ready()  # no worker acts on a half-listed cluster
     await worker.run(body, memo.client, memo.view, memo.config, memo.wakeups, memo.collector, stopped, logger)
 
 

@@ -200,10 +200,24 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _serve_object(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         """Admission and validation (or server-side apply), then kmock stores it; then garbage collection."""
         warnings: list[str] = []
+        # An object created with an owner that is gone (a controller acting on a stale read while its
+        # owner was deleted) is collected at once, as the garbage collector would soon after (its
+        # attemptToDeleteItem finds the owner absent). Its owners are looked up by reference: a scan
+        # of every object per create made the emulator quadratic in the objects it holds (5,000
+        # resources' calibration records: 577 s to settle).
+        owners = request.data.get("metadata", {}).get("ownerReferences") if isinstance(request.data, dict) else None
+        orphaned = (
+            isinstance(owners, list)
+            and bool(owners)
+            and not any(self.store.owner_alive(request.namespace, owner) for owner in owners)
+        )
         if request.resource is not None:
             try:
                 if request.headers.get("Content-Type", "").startswith(fields.APPLY_PATCH):
-                    return await self.server_side_apply.serve(request)
+                    applied = await self.server_side_apply.serve(request)
+                    if orphaned and applied.status == 201:  # an apply that created the object
+                        await self.store.collect_garbage()
+                    return applied
                 warnings = self._admit(request)
                 if is_dry_run(request):
                     return self.admission.dry_run(request, warnings)
@@ -214,17 +228,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             request.action == enums.action.DELETE
             or (request.action == enums.action.UPDATE and self.store.deleting(request))
         )
-        # An object created with an owner that is gone (a controller acting on a stale read while its
-        # owner was deleted) is collected at once, as the garbage collector would soon after. Its
-        # owners are looked up by reference: a scan of every object per create made the emulator
-        # quadratic in the objects it holds (5,000 resources' calibration records: 577 s to settle).
-        owners = request.data.get("metadata", {}).get("ownerReferences") if isinstance(request.data, dict) else None
-        collect = collect or (
-            request.action == enums.action.CREATE
-            and isinstance(owners, list)
-            and bool(owners)
-            and not any(self.store.owner_alive(request.namespace, owner) for owner in owners)
-        )
+        collect = collect or (request.action == enums.action.CREATE and orphaned)
         response = await super()._handle(request)
         if collect:
             await self.store.collect_garbage()

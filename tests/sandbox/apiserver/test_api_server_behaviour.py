@@ -355,6 +355,17 @@ async def test_an_object_created_for_a_deleted_owner_is_collected(api: Any) -> N
     assert await cluster.get("v1", "pods", "default", "orphan") is None
 
 
+async def test_an_object_a_server_side_apply_creates_for_a_deleted_owner_is_collected(api: Any) -> None:
+    """The same for an apply that creates the object (201): how the operator writes its children."""
+    cluster, session = api
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "no-such-uid", "controller": True}
+    applied = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late", "ownerReferences": [owner]}}
+    path = "/api/v1/namespaces/default/configmaps/late?fieldManager=test"
+    status, _, _ = await call(session, "PATCH", path, applied, "application/apply-patch+yaml")
+    assert status == 201
+    assert await cluster.get("v1", "configmaps", "default", "late") is None
+
+
 async def test_an_object_created_for_a_living_owner_stays_and_one_for_a_recreated_owner_goes(api: Any) -> None:
     """The owner is found by its reference (kind, name, the dependent's namespace) and must have its uid."""
     cluster, _ = api

@@ -21,6 +21,7 @@ import npu_operator.controller.handlers  # noqa: F401  (registers the handlers)
 import pytest
 from kopf._cogs.structs import references
 from npu_operator.children import kinds as children
+from npu_operator.controller import watches
 from npu_operator.kube import client
 from npu_sandbox.apiserver import rbac
 
@@ -66,6 +67,8 @@ def operator_requests(namespace: str, cluster_wide: bool) -> list[tuple[str, str
         requests |= {("list", group, plural, "", watch_in), ("watch", group, plural, "", watch_in)}
         if registry in ("_spawning", "_changing"):  # kopf's finalizer (added, or removed where not required)
             requests.add(("patch", group, plural, "", namespace))
+    for resource in watches.server_selectors():  # the informers: list, then watch
+        requests |= {(verb, resource.group, resource.plural, "", watch_in) for verb in ("list", "watch")}
     for kind in children.KINDS:  # client.KubeClient: apply (create or patch), get, delete
         resource = kind.resource
         requests |= {
