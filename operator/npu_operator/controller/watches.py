@@ -6,16 +6,16 @@ Each keeps an `OwnedObjects` cache keyed by (namespace, owner name) holding the 
 reconcile reads (`essentials`): the worker reads its children and pods there (`WatchedView`), with no
 request to the API server (someone else's object under a child's name is not labelled as ours, so it
 is not seen: `reconcile` creates children with an unforced apply, which such an object answers with
-409). A change of what is kept wakes the owner's worker (`Wakeups.wake`) after the cache holds it, so
-the woken worker reads the new object; an event that changes nothing kept (a pod's heartbeat of a
-condition time) wakes nothing. The worker stays the only writer of the status.
+409). A change of what is kept wakes the owner (`worker.Workers.wake`) after the cache holds it, so its
+next tick reads the new object; an event that changes nothing kept (a pod's heartbeat of a
+condition time) wakes nothing. The workers stay the only writers of the status.
 ReplicaSets and StatefulSets with our name label are kept too (no wake-up): a pod is ours only when its
 owner chain through them leads to our workload (`kube.ownership`), since labels can be copied. A
 LeaderWorkerSet's StatefulSets carry our labels because LeaderWorkerSet copies its own labels onto the
 leader and worker StatefulSets (kubernetes-sigs/lws v0.10.0, pkg/controllers/leaderworkerset_controller.go
 constructLeaderStatefulSetApplyConfiguration and pod_controller.go
 constructWorkerStatefulSetApplyConfiguration: mergeMetadata(lws.Labels, ...)).
-Workers start once every required kind has been listed (`Informers.ready`); a kind whose API is not
+The workers start once every required kind has been listed (`Informers.ready`); a kind whose API is not
 installed or that RBAC refuses is empty (its informer asks again every minute), so an optional API
 never holds the required children back.
 
@@ -29,8 +29,7 @@ objects are listed and streamed, in pages.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from npu_operator.children import kinds as children
@@ -38,7 +37,7 @@ from npu_operator.children.kinds import ChildKind
 from npu_operator.kube import names as builders
 from npu_operator.kube.client import PODS, REPLICA_SETS, STATEFUL_SETS, KubeClient, Resource
 from npu_operator.kube.informer import Watched, inform
-from npu_operator.kube.objects import SharedDocuments, shared_strings
+from npu_operator.kube.objects import shared_strings
 from npu_operator.status import calibration
 
 OwnerKey = tuple[str, str]  # (namespace, NPUInference name)
@@ -55,90 +54,6 @@ def server_selectors() -> dict[Resource, str]:
 
 def owner_key(namespace: str | None, labels: Mapping[str, str]) -> OwnerKey:
     return (namespace or "", labels[builders.NAME_LABEL])
-
-
-@dataclasses.dataclass
-class Wakeups:
-    """Per-resource wake-up signals, shared by the handlers and the workers (in the memo).
-
-    Set only from the event loop (every handler that wakes is async), so `asyncio.Event` is safe.
-    """
-
-    events: dict[OwnerKey, asyncio.Event] = dataclasses.field(default_factory=dict)
-    seen: dict[OwnerKey, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
-    deleted: set[str] = dataclasses.field(default_factory=set)  # uids whose DELETED event came
-
-    def for_owner(self, key: OwnerKey) -> asyncio.Event:
-        """A new worker's wake-up (a resource re-created under the same name gets its own)."""
-        self.events[key] = event = asyncio.Event()
-        return event
-
-    def wake(self, key: OwnerKey) -> None:
-        event = self.events.get(key)
-        if event is not None:  # no worker (yet): its first tick reads the latest state anyway
-            event.set()
-
-    def wake_all(self) -> None:
-        """Every worker: what all of them read has changed (an optional API is served or no longer is)."""
-        for event in self.events.values():
-            event.set()
-
-    def saw_resource(self, key: OwnerKey, metadata: Mapping[str, Any], *, deleted: bool = False) -> None:
-        """Wake the resource's worker when what it reads of the resource besides the status (its
-        generation, labels and annotations: `read_by_worker`) differs from what was seen before,
-        and when the resource is deleted (the worker then exits: kopf keeps no finalizer to stop it)."""
-        if deleted:
-            self.seen.pop(key, None)
-            if key in self.events:  # a worker to tell (its exit forgets the uid again)
-                self.deleted.add(str(metadata.get("uid", "")))
-                self.wake(key)
-            return
-        read = read_by_worker(metadata)
-        if self.seen.setdefault(key, read) != read:
-            self.seen[key] = read
-            self.wake(key)
-
-    def forget(self, key: OwnerKey, uid: str, event: asyncio.Event) -> None:
-        """The worker of `uid` has exited: its wake-up goes, unless a newer worker's took its place."""
-        self.deleted.discard(uid)
-        if self.events.get(key) is event:
-            del self.events[key]
-            self.seen.pop(key, None)
-
-
-def drop_unread(body: MutableMapping[str, Any], *, worker_running: bool) -> None:
-    """Drop from kopf's own copy of a resource (the body it keeps for the resource's daemon) what no
-    one reads of it: its managedFields (neither kopf nor the worker reads them), and once the
-    resource's worker runs, its status (the worker reads it once, when it starts, and from then on
-    keeps the status as it last wrote it: `known_status`). Both grow with the status we write;
-    kept, they were a second copy of it per resource. Called from the resource's raw event handler,
-    which kopf runs before it starts a daemon (kopf 1.45, kopf/_core/reactor/processing.py,
-    process_resource_event: the daemon's body is a view of this event's object). The metadata and
-    spec that stay are not copied with shared strings: 4 KB less per resource at 1,000 resources,
-    for 8% more CPU (a new copy for every event)."""
-    metadata = body.get("metadata")
-    if isinstance(metadata, dict):
-        metadata.pop("managedFields", None)
-    if worker_running:
-        body.pop("status", None)
-
-
-def share_spec(body: MutableMapping[str, Any], specs: SharedDocuments, *, deleted: bool) -> None:
-    """Make kopf's copy of a resource hold the one shared copy of its spec (`SharedDocuments`): a
-    fleet of resources with equal specs keeps one. Keyed by the resource's uid (a resource
-    re-created under the same name starts again at generation 1) and its generation."""
-    uid = (body.get("metadata") or {}).get("uid")
-    if deleted:
-        specs.release(uid)
-    elif "spec" in body:
-        body["spec"] = specs.share(uid, body["metadata"].get("generation"), body["spec"])
-
-
-def read_by_worker(metadata: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a worker reads of its resource's metadata: the generation (the spec), the labels (the
-    children's), the annotations (a rollout's). Our status writes and kopf's finalizer change none."""
-    labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
-    return (metadata.get("generation"), tuple(sorted(labels.items())), tuple(sorted(annotations.items())))
 
 
 class OwnedObjects:

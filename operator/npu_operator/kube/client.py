@@ -37,6 +37,8 @@ JSON = dict[str, Any]
 FIELD_MANAGER: Final = "npu-operator"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 MERGE_PATCH: Final = "application/merge-patch+json"
+# Who the API server's audit log and access log say made our requests (kopf's own say kopf).
+USER_AGENT: Final = "npu-operator"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +156,7 @@ class KubeClient:
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=ssl_context, limit=self._connections),
             # kopf's header: Bearer token or basic auth, whichever the login found.
-            headers={"Accept": "application/json", **info.as_http_headers()},
+            headers={"Accept": "application/json", "User-Agent": USER_AGENT, **info.as_http_headers()},
             # Proxies and .netrc from the environment only where kopf's own session takes them.
             proxy=info.proxy_url,
             trust_env=info.trust_env,
