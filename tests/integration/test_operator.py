@@ -402,6 +402,26 @@ def test_the_workers_follow_the_peering_object_kopf_uses_for_the_scope(
         assert [(d.field, d.value) for d in daemons] == [(("metadata", "name"), config.peering_name)]
 
 
+async def test_standalone_the_workers_act_and_post_their_events() -> None:
+    """Without peering the workers run from the first resource event to the operator's end, and post
+    Events as with peering (kopf's posting queue is in their context)."""
+    async with LocalCluster() as cluster:
+        await cluster.start_operator(dataclasses.replace(TEST_CONFIG, standalone=True))
+        try:
+            await cluster.apply_npu_inference(manifest(replicas=0, autoscaling={"maxReplicas": 1}))
+
+            async def warning() -> Any:
+                return [e for e in await events(cluster, "tiny-llama") if e["type"] == "Warning"]
+
+            (event,) = await cluster.wait_for(warning)
+            assert event["reason"] == "InvalidSpec"
+            await cluster.apply_npu_inference(manifest() | {"metadata": {"name": "valid", "namespace": NS}})
+            await cluster.wait_for(lambda: child(cluster, "apps/v1", "deployments", "valid"))
+        finally:
+            await cluster.stop_operator()
+        assert not await cluster.get("kopf.dev/v1", "clusterkopfpeerings", None, TEST_CONFIG.peering_name)
+
+
 async def test_a_replica_with_a_higher_priority_pauses_the_workers_and_its_going_resumes_them(
     operator: LocalCluster,
 ) -> None:

@@ -108,8 +108,7 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     )
     memo.workers = worker.Workers(memo.client, watches.WatchedView(memo.informers), config, memo.collector, settings)
     memo.informers.start(memo.client, config.namespaces)
-    # Standalone, nothing pauses this replica: the workers run until cleanup.
-    memo.standalone_workers = asyncio.ensure_future(_act(memo)) if config.standalone else None
+    memo.standalone_workers = None  # started by the first resource event (`follow_changes`)
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port)
     logger.info(f"npu-operator configured: {config}")
@@ -131,6 +130,11 @@ async def login(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> ko
 async def follow_changes(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     # Async, so that the workers are told from the event loop.
     memo.workers.saw(event["type"], event["object"])
+    if memo.config.standalone and memo.standalone_workers is None:
+        # Standalone, nothing pauses this replica: the workers run until cleanup. Started here, in
+        # the context kopf gives its handlers once it runs (`kopf.event` needs kopf's posting queue
+        # in it, which the startup handlers do not have yet).
+        memo.standalone_workers = asyncio.ensure_future(_act(memo))
 
 
 async def act_while_leading(stopped: kopf.DaemonStopped, memo: Any, **_: Any) -> None:
