@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import kmock
 import pytest
 import yaml
 from npu_operator.api import crd
@@ -339,6 +340,36 @@ async def test_a_watch_from_a_resource_version_sees_a_deleted_object_as_deleted(
         assert watch.status == 200
         events = [json.loads(line) async for line in watch.content if line.strip()]
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("DELETED", "gone")]
+
+
+async def test_one_object_is_found_by_its_key_not_by_a_scan_of_every_object(
+    api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kmock 0.8 scans every stored object for each get, create, update and delete; the emulator
+    looks the one object up by its key (a scan per request made a benchmark's fleet quadratic)."""
+    cluster, session = api
+    assert hasattr(kmock.KubernetesEmulator, "_KubernetesEmulator__get_obj")  # what the emulator replaces
+    for index in range(20):
+        meta = {"name": f"c{index}", "namespace": "default"}
+        await cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}, "configmaps")
+    scans: list[Any] = []
+    scan = kmock.KubernetesEmulator._KubernetesEmulator__get_objs  # type: ignore[attr-defined]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        scans.append(args)
+        return scan(*args, **kwargs)
+
+    monkeypatch.setattr(kmock.KubernetesEmulator, "_KubernetesEmulator__get_objs", counted)
+    created = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "new", "namespace": "default"}}
+    await cluster.create(created, "configmaps")
+    assert (await cluster.get("v1", "configmaps", "default", "c7") or {})["metadata"]["name"] == "c7"
+    assert await cluster.get("v1", "configmaps", "default", "none") is None
+    await cluster.patch("v1", "configmaps", "default", "c3", {"data": {"a": "b"}})
+    await cluster.delete("v1", "configmaps", "default", "c4")
+    assert scans == []
+    status, listed, _ = await call(session, "GET", "/api/v1/namespaces/default/configmaps")
+    assert status == 200 and len(listed["items"]) == 20  # a list is still kmock's own
+    assert len(scans) == 1
 
 
 async def test_an_object_created_for_a_deleted_owner_is_collected(api: Any) -> None:
