@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 SCRIPT = Path(__file__).resolve()
@@ -408,16 +409,17 @@ def heap_census() -> dict[str, tuple[int, int]]:
             census[f"ours: the informers' cache of {kind.plural}"] = size(cache)
     # The workers' state of each resource, part by part, then the rest of the workers (the queue).
     states = [state for obj in objects if type(obj).__name__ == "Workers" for state in obj.states.values()]
-    for part in ("body.metadata", "body.spec", "known_status", "cache", "the rest"):
-        first, _, second = part.partition(".")
-        parts = [
-            getattr(state, first)[second] if second else state if first == "the" else getattr(state, first)
-            for state in states
-        ]
-        census[f"ours: resource states: {part}"] = _add(size(item) for item in parts)
-    census["ours: the workers' queue and the rest"] = _add(
-        size(obj) for obj in objects if type(obj).__name__ == "Workers"
-    )
+    parts: dict[str, Callable[[Any], Any]] = {
+        "body.metadata": lambda state: state.body["metadata"],
+        "body.spec": lambda state: state.body["spec"],
+        "known_status": lambda state: state.known_status,
+        "cache": lambda state: state.cache,
+        "the rest": lambda state: state,
+    }
+    for part, of in parts.items():
+        census[f"ours: resource states: {part}"] = _add(size(of(state)) for state in states)
+    workers = [obj for obj in objects if type(obj).__name__ == "Workers"]
+    census["ours: the workers' queue and the rest"] = _add(size(obj) for obj in workers)
     census["kopf per-object memories (one per object watched)"] = _add(size(obj) for obj in memories)
     # Each task's chain of awaited coroutines: every frame's locals by function, then the tasks themselves.
     tasks = list(asyncio.all_tasks(asyncio.get_event_loop()))
