@@ -31,8 +31,8 @@ import signal
 import statistics
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 SCRIPT = Path(__file__).resolve()
