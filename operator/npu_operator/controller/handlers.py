@@ -16,7 +16,7 @@ kopf registry for one run of the operator:
   namespace otherwise) runs the workers (`act_while_leading`). kopf stops every daemon when another
   replica with a higher priority makes it pause, and starts them again once it resumes (kopf 1.45,
   kopf/_core/engines/daemons.py, daemon_killer: "When pausing, the daemons/timers are stopped";
-  spawn_daemons stops one at once while paused); standalone, the workers run from startup to cleanup.
+  spawn_daemons stops one at once while paused); standalone, the workers run from the first resource event to cleanup.
 """
 
 from __future__ import annotations
@@ -108,16 +108,15 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
     )
     memo.workers = worker.Workers(memo.client, watches.WatchedView(memo.informers), config, memo.collector, settings)
     memo.informers.start(memo.client, config.namespaces)
-    memo.standalone_workers = None  # started by the first resource event (`follow_changes`)
+    memo.standalone = StandaloneWorkers() if config.standalone else None
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port)
     logger.info(f"npu-operator configured: {config}")
 
 
 async def close(memo: Any, **_: Any) -> None:
-    if memo.standalone_workers is not None:
-        memo.standalone_workers.cancel()
-        await asyncio.gather(memo.standalone_workers, return_exceptions=True)
+    if memo.standalone is not None:
+        await memo.standalone.stop()
     await memo.informers.stop()
     await memo.client.close()
     await memo.collector.close()
@@ -130,11 +129,28 @@ async def login(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> ko
 async def follow_changes(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     # Async, so that the workers are told from the event loop.
     memo.workers.saw(event["type"], event["object"])
-    if memo.config.standalone and memo.standalone_workers is None:
-        # Standalone, nothing pauses this replica: the workers run until cleanup. Started here, in
-        # the context kopf gives its handlers once it runs (`kopf.event` needs kopf's posting queue
-        # in it, which the startup handlers do not have yet).
-        memo.standalone_workers = asyncio.ensure_future(_act(memo))
+    if memo.standalone is not None:
+        memo.standalone.start(memo)
+
+
+@dataclasses.dataclass
+class StandaloneWorkers:
+    """Standalone, nothing pauses this replica: the workers run from the first resource event until
+    cleanup. Started by that event's handler, in the context kopf gives its handlers once it runs
+    (`kopf.event` needs kopf's posting queue there, which the startup handlers do not have yet).
+    One object for the operator: kopf hands each resource's handlers a copy of the memo, whose
+    attributes are shared, so `start` is kept here and not in the memo."""
+
+    task: asyncio.Future[None] | None = None
+
+    def start(self, memo: Any) -> None:
+        if self.task is None:
+            self.task = asyncio.ensure_future(_act(memo))
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
 
 
 async def act_while_leading(stopped: kopf.DaemonStopped, memo: Any, **_: Any) -> None:
