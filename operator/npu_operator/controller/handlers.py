@@ -16,7 +16,8 @@ kopf registry for one run of the operator:
   namespace otherwise) runs the workers (`act_while_leading`). kopf stops every daemon when another
   replica with a higher priority makes it pause, and starts them again once it resumes (kopf 1.45,
   kopf/_core/engines/daemons.py, daemon_killer: "When pausing, the daemons/timers are stopped";
-  spawn_daemons stops one at once while paused); standalone, the workers run from the first resource event to cleanup.
+  spawn_daemons stops one at once while paused); standalone, the workers run from the first resource
+  event to cleanup.
 """
 
 from __future__ import annotations
