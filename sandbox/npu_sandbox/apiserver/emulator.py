@@ -187,10 +187,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 return denied
             return await self._serve(request)
         finally:
-            for index, served in enumerate(self._requests):
-                if served is request:
-                    del self._requests[index]
-                    break
+            self._served(request)
+
+    def _served(self, request: rendering.Request) -> None:
+        """`request` leaves kmock's list of requests in flight (if it is still there)."""
+        for index, served in enumerate(self._requests):
+            if served is request:
+                del self._requests[index]
+                break
 
     async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None and request.resource.plural and request.resource not in self._resources:
@@ -295,7 +299,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return watch.catch_up(objects, since, self.compacted_before)
 
     async def _watch_as_asked(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
-        """The watch (or a streaming list), with the selectors applied, as Tables when kubectl asks."""
+        """The watch (or a streaming list), with the selectors applied, as Tables when kubectl asks.
+
+        A watch routed here is matched no more: it leaves kmock's requests in flight now, not when
+        its stream ends. Kept there, every open watch was walked by every later request's `request
+        in view` for each reaction tried, so each request cost as much as the watches open (a
+        controller with an informer per kind paid for all of them on every write)."""
+        self._served(request)
         async with contextlib.aclosing(self.list_watch.as_asked(request, self._serve_watch)) as events:
             async for event in events:
                 yield event

@@ -372,6 +372,28 @@ async def test_one_object_is_found_by_its_key_not_by_a_scan_of_every_object(
     assert len(scans) == 1
 
 
+async def test_open_watches_are_not_walked_by_every_later_request(api: Any) -> None:
+    """kmock matches each request against each reaction by walking its requests in flight; a watch
+    leaves that list once routed, so ten open watches cost a later request nothing."""
+    cluster, session = api
+    emulator = cluster.emulator
+    params = {"watch": "true", "timeoutSeconds": "30"}
+    streams = [
+        await session.get(f"/api/v1/namespaces/default/configmaps?name{index}=x", params=params) for index in range(10)
+    ]
+    try:
+        assert all(stream.status == 200 for stream in streams)
+        assert emulator._requests == []  # kmock's list of requests in flight
+        created = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "seen", "namespace": "default"}}
+        await cluster.create(created, "configmaps")
+        for stream in streams:  # and every watch still streams
+            line = await asyncio.wait_for(stream.content.readline(), 5)
+            assert json.loads(line)["object"]["metadata"]["name"] == "seen"
+    finally:
+        for stream in streams:
+            stream.close()
+
+
 async def test_an_object_created_for_a_deleted_owner_is_collected(api: Any) -> None:
     """The garbage collector deletes what a controller made from a stale read after its owner went."""
     cluster, _ = api
