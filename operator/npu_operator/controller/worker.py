@@ -245,7 +245,12 @@ class Workers:
             tick = asyncio.ensure_future(self._tick(key))
             self._ticks.add(tick)
             tick.add_done_callback(lambda done, key=key: self._ticked(key, done))  # type: ignore[misc]
-            await asyncio.shield(tick)  # a stop cancels the worker, not the tick under way
+            try:
+                await asyncio.shield(tick)  # a stop cancels the worker, not the tick under way
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a tick catches its own failures; a worker outlives anything else
+                logger.exception(f"the tick of {key[0]}/{key[1]} failed")
 
     def _ticked(self, key: OwnerKey, tick: asyncio.Future[None]) -> None:
         self._ticks.discard(tick)

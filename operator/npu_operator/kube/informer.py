@@ -96,6 +96,12 @@ async def inform(
             logger.warning(f"listing {what} failed ({exc}); again in {wait:.1f} s")
             await asyncio.sleep(wait)
             continue
+        except Exception:  # an answer that is not what the API promises: never the informer's end
+            failures += 1
+            wait = retry_seconds(failures)
+            logger.exception(f"listing {what} failed; again in {wait:.1f} s")
+            await asyncio.sleep(wait)
+            continue
         synced.set()
         try:
             while True:
@@ -111,6 +117,11 @@ async def inform(
             failures += 1
             wait = retry_seconds(failures)
             logger.warning(f"watching {what} failed ({exc}); listing again in {wait:.1f} s")
+            await asyncio.sleep(wait)
+        except Exception:  # a line that is not JSON, an event of a shape the API never sends
+            failures += 1
+            wait = retry_seconds(failures)
+            logger.exception(f"watching {what} failed; listing again in {wait:.1f} s")
             await asyncio.sleep(wait)
 
 

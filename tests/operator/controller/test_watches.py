@@ -8,12 +8,15 @@ what was deleted meanwhile.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kopf
+import pytest
 from npu_operator.children import kinds as children
 from npu_operator.controller import watches
 from npu_operator.controller.watches import OwnedObjects, OwnerKey
+from npu_operator.kube import informer
 from npu_operator.kube import names as builders
 from npu_operator.kube.client import KubeClient
 from npu_operator.kube.informer import Watched, inform
@@ -127,3 +130,37 @@ async def test_the_informer_lists_in_pages_then_follows_the_watch_and_relists_af
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await client.close()
+
+
+async def test_an_informer_outlives_a_stream_it_cannot_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line that is not JSON ends that stream, not the informer: it lists again (after a backoff)."""
+    monkeypatch.setattr(informer, "retry_seconds", lambda failures: 0.01)
+    deployment = _deployment(1)
+
+    class Client:
+        lists = 0
+
+        async def list_page(self, *_: Any, **__: Any) -> dict[str, Any]:
+            self.lists += 1
+            items = [deployment] if self.lists > 1 else []
+            return {"metadata": {"resourceVersion": str(self.lists)}, "items": items}
+
+        async def watch(self, *_: Any, **__: Any) -> AsyncIterator[dict[str, Any]]:
+            if self.lists == 1:
+                raise ValueError("Expecting value: line 1 column 1 (char 0)")
+            await asyncio.sleep(3600)
+            yield {}
+
+    client = Client()
+    cache, woken = _cache()
+    watched = Watched(children.DEPLOYMENT.resource, NS, watches.OURS)
+    task = asyncio.create_task(inform(client, watched, cache, asyncio.Event()))  # type: ignore[arg-type]
+    try:
+        for _ in range(100):
+            if woken:
+                break
+            await asyncio.sleep(0.01)
+        assert client.lists == 2 and woken == [(OWNER, [1])]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
