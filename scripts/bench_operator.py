@@ -31,6 +31,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -358,15 +359,13 @@ def _owner(traceback: Any) -> str:
 
 def heap_census() -> dict[str, tuple[int, int]]:
     """Bytes and objects reachable from each per-resource structure, in this order, each object
-    counted once (for the first structure that reaches it): kopf's indexes (one per id), our
-    optional children and wake-ups, kopf's per-object memories, the workers (the daemons' coroutine
-    frames: each resource's desired cache, known status, event limiter), and the NPUInference
-    bodies kopf hands the daemons."""
+    counted once (for the first structure that reaches it): our informers' caches (one per kind),
+    the workers' state of each resource (part by part) and their queue, kopf's per-object
+    memories, and every task's coroutine frames."""
     import asyncio
     import gc
     import types
 
-    from kopf._core.engines import indexing
     from kopf._core.reactor import inventory
 
     stop_types: tuple[type, ...] = (
@@ -405,29 +404,24 @@ def heap_census() -> dict[str, tuple[int, int]]:
     census: dict[str, tuple[int, int]] = {}
     objects = gc.get_objects()
     memories = [obj for obj in objects if isinstance(obj, inventory.ResourceMemories)]
-    bodies = [
-        memory.daemons_memory.live_fresh_body
-        for memories_ in memories
-        for memory in memories_.iter_all_memories()
-        if memory.daemons_memory.live_fresh_body is not None
-    ]
-    # The NPUInference bodies kopf keeps for its daemons, part by part.
-    for part in ("metadata.managedFields", "metadata", "spec", "status", "body"):
-        first, _, second = part.partition(".")
-        parts = [
-            (body if first == "body" else (body.get(first) or {}).get(second) if second else body.get(first))
-            for body in bodies
-        ]
-        census[f"kopf's NPUInference bodies: {part}"] = _add(size(item) for item in parts if item is not None)
-    for indexers in (obj for obj in objects if isinstance(obj, indexing.OperatorIndexers)):
-        for handler_id, indexer in indexers.items():
-            census[f"kopf index {handler_id}"] = size(indexer.index)
-    for name in ("SeenChildren", "Wakeups"):
-        found = [obj for obj in objects if type(obj).__name__ == name]
-        census[f"ours: {name}"] = _add(size(obj) for obj in found)
+    for informers in (obj for obj in objects if type(obj).__name__ == "Informers"):
+        for kind, cache in informers.sinks().items():
+            census[f"ours: the informers' cache of {kind.plural}"] = size(cache)
+    # The workers' state of each resource, part by part, then the rest of the workers (the queue).
+    states = [state for obj in objects if type(obj).__name__ == "Workers" for state in obj.states.values()]
+    parts: dict[str, Callable[[Any], Any]] = {
+        "body.metadata": lambda state: state.body["metadata"],
+        "body.spec": lambda state: state.body["spec"],
+        "known_status": lambda state: state.known_status,
+        "cache": lambda state: state.cache,
+        "the rest": lambda state: state,
+    }
+    for part, of in parts.items():
+        census[f"ours: resource states: {part}"] = _add(size(of(state)) for state in states)
+    workers = [obj for obj in objects if type(obj).__name__ == "Workers"]
+    census["ours: the workers' queue and the rest"] = _add(size(obj) for obj in workers)
     census["kopf per-object memories (one per object watched)"] = _add(size(obj) for obj in memories)
-    # Each task's chain of awaited coroutines, innermost first: the worker's locals by name, then
-    # every other frame's locals by function (kopf's daemon machinery), then the tasks themselves.
+    # Each task's chain of awaited coroutines: every frame's locals by function, then the tasks themselves.
     tasks = list(asyncio.all_tasks(asyncio.get_event_loop()))
     chains = []
     for task in tasks:
@@ -437,15 +431,6 @@ def heap_census() -> dict[str, tuple[int, int]]:
             chain.append(link)
             link = getattr(link, "cr_await", None) or getattr(link, "ag_await", None)
         chains.append(list(reversed(chain)))
-    for chain in chains:
-        for coro in chain:
-            frame = getattr(coro, "cr_frame", None)
-            if frame is None:
-                continue
-            code = frame.f_code
-            if code.co_filename.endswith("controller/worker.py") and code.co_name == "run":
-                for local, value in frame.f_locals.items():
-                    census[f"worker: {local}"] = _add([census.get(f"worker: {local}", (0, 0)), size(value)])
     for chain in chains:
         for coro in chain:
             frame = getattr(coro, "cr_frame", None)

@@ -143,7 +143,7 @@ def long_lived_heap() -> None:
 
 
 def run_operator(config: OperatorConfig, *, verbose: bool = False) -> int:
-    import npu_operator.controller.handlers  # noqa: F401  (registers the handlers)
+    from npu_operator.controller import handlers  # kopf and its handlers: only for `run`
 
     long_lived_heap()
 
@@ -151,7 +151,7 @@ def run_operator(config: OperatorConfig, *, verbose: bool = False) -> int:
         config = dataclasses.replace(config, log_level="DEBUG")
     logging.basicConfig(level=python_log_level(config), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
-    return asyncio.run(supervision.run_supervised(config, liveness_endpoint=liveness))
+    return asyncio.run(supervision.run_supervised(config, handlers.registry, liveness_endpoint=liveness))
 
 
 def _render(

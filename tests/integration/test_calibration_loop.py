@@ -20,6 +20,7 @@ import pytest
 from npu_operator.api import crd
 from npu_operator.children import kinds as children
 from npu_operator.controller import watches
+from npu_operator.kube import names as builders
 from npu_operator.kube.objects import condition
 from npu_operator.status import calibration
 from npu_sandbox.cluster import LocalCluster
@@ -292,21 +293,22 @@ async def test_a_capture_failure_caps_the_record_and_the_capped_plan_is_a_downgr
 
 
 def test_the_watch_view_finds_a_suffixed_child_under_its_owners_name() -> None:
-    """Children are indexed under their owner's name label; `<name>-calibration` and the picker's
+    """Children are kept under their owner's name label; `<name>-calibration` and the picker's
     `<name>-epp` objects are found there by their own names (and essentials keep the record)."""
-    kinds = [kind for kind in children.KINDS if not kind.optional]
     record = {"schema": 1, "key": KEY, "measured": {"kv_cache_bytes": GiB}, "capture_failure": None}
+    labels = {builders.NAME_LABEL: "alpha"}
     configmap = {
-        "metadata": {"name": "alpha-calibration", "namespace": NS, "uid": "u1"},
+        "metadata": {"name": "alpha-calibration", "namespace": NS, "uid": "u1", "labels": labels},
         "data": {"record.json": json.dumps(record), "other": "x" * 100},
     }
-    picker = {"metadata": {"name": "alpha-epp", "namespace": NS, "uid": "u2"}, "data": {"config.yaml": "y"}}
-    owned = [watches.essentials(configmap), watches.essentials(picker)]
-    indexes: dict[str, Any] = {watches.index_name(kind): {} for kind in kinds}
-    indexes[watches.index_name(children.CALIBRATION_RECORD)] = {(NS, "alpha"): owned}
-    indexes[watches.POD_INDEX] = {}
-    indexes |= {index: {} for index in watches.LINK_INDEXES.values()}
-    view = watches.WatchedView(indexes, watches.SeenChildren())
+    picker = {
+        "metadata": {"name": "alpha-epp", "namespace": NS, "uid": "u2", "labels": labels},
+        "data": {"config.yaml": "y"},
+    }
+    informers = watches.Informers(lambda _: None)
+    for obj in (configmap, picker):
+        informers.children[children.CALIBRATION_RECORD.resource].put(obj)
+    view = watches.WatchedView(informers)
     found = view.child(children.CALIBRATION_RECORD, NS, "alpha")
     assert found is not None and found["data"] == {"record.json": json.dumps(record)}  # only the record is kept
     assert calibration.stored_record(found) == record

@@ -2,7 +2,7 @@
 
 The real operator runs in its own process (`python -m npu_operator.cli run`), as in its pod, against
 the in-process API over HTTP, with 250 MiB of ConfigMaps, unlabelled, in another namespace.
-Before the watches sent their label selector to the API server, kopf listed and streamed every
+Before the watches sent their label selector to the API server, kopf (which watched them then) listed and streamed every
 ConfigMap in the cluster and dropped the foreign ones only after parsing them: the operator's peak
 RSS grew past the foreign data itself (issue 33: 862 MiB for 263 MiB, against the chart's 512 MiB
 limit; a crash loop, since every restart lists again). Now its peak stays well below the foreign
@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from npu_operator.api import crd
 from npu_operator.controller import watches
+from npu_operator.kube import informer
 from npu_sandbox.cluster import LocalCluster, operator_process
 
 from tests.examples import example
@@ -95,18 +96,18 @@ async def test_the_operator_peak_memory_does_not_grow_with_other_tenants_configm
         )
         # Why: the API server filtered every list and watch of the kinds that have a selector, and
         # the lists came in chunks.
-        selectors = {plural: selector for (_, _, plural), selector in watches.server_selectors().items()}
+        selectors = {resource.plural: selector for resource, selector in watches.server_selectors().items()}
         reads = [
             request
             for request in cluster.emulator.history
             if request.method == "GET"
             and request.url.path.rsplit("/", 1)[-1] in selectors
             and not request.headers.get("User-Agent", "").startswith("npu-sandbox")
-            and "/namespaces/" not in request.url.path  # kopf's cluster-wide lists and watches
+            and "/namespaces/" not in request.url.path  # the informers' cluster-wide lists and watches
         ]
         assert any(request.url.path.endswith("/configmaps") for request in reads)
         for request in reads:
             plural = request.url.path.rsplit("/", 1)[-1]
             assert request.params.get("labelSelector") == selectors[plural], request.url
             if request.params.get("watch") != "true":
-                assert request.params.get("limit") == str(watches.LIST_CHUNK), request.url
+                assert request.params.get("limit") == str(informer.PAGE), request.url

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 from typing import Any
 
 import kopf
 import pytest
 from npu_operator.api import crd
 from npu_operator.controller import handlers
+from npu_operator.kube import client
 from npu_operator.kube.objects import condition
 from npu_sandbox.cluster import ApiRejected, LocalCluster
 
@@ -348,7 +350,7 @@ async def test_pod_monitor_without_its_api_is_noted_in_the_status(operator: Loca
     assert "monitoring.coreos.com/v1 API is not installed" in condition(obj, "Degraded")["message"]
 
 
-async def test_deleting_the_resource_collects_its_children_and_ends_its_worker(
+async def test_deleting_the_resource_collects_its_children_and_the_workers_forget_it(
     operator: LocalCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     await operator.apply_npu_inference(manifest())
@@ -357,11 +359,11 @@ async def test_deleting_the_resource_collects_its_children_and_ends_its_worker(
     await operator.delete(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama")
     assert await operator.get(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama") is None  # at once
 
-    async def children_gone_and_worker_ended() -> bool:
-        ended = any("its worker exits" in record.getMessage() for record in caplog.records)
+    async def children_gone_and_forgotten() -> bool:
+        ended = any("the workers forget it" in record.getMessage() for record in caplog.records)
         return ended and await child(operator, "apps/v1", "deployments", "tiny-llama") is None
 
-    await operator.wait_for(children_gone_and_worker_ended, what="the children and the resource's worker")
+    await operator.wait_for(children_gone_and_forgotten, what="the children and the workers forgetting it")
 
 
 async def test_the_finalizer_an_earlier_operator_left_is_removed(operator: LocalCluster) -> None:
@@ -380,7 +382,73 @@ async def test_the_finalizer_an_earlier_operator_left_is_removed(operator: Local
 
 def test_a_kopf_whose_registry_is_unknown_is_refused_with_a_message() -> None:
     with pytest.raises(RuntimeError, match="the daemon's finalizer cannot be switched off"):
-        handlers.without_finalizer(handlers.keep_reconciled, kopf.OperatorRegistry())
+        handlers.without_finalizer(handlers.act_while_leading, kopf.OperatorRegistry())
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "standalone", "followed"),
+    [((), False, "clusterkopfpeerings"), (("models",), False, "kopfpeerings"), ((), True, None)],
+)
+def test_the_workers_follow_the_peering_object_kopf_uses_for_the_scope(
+    namespaces: tuple[str, ...], standalone: bool, followed: str | None
+) -> None:
+    config = dataclasses.replace(TEST_CONFIG, namespaces=namespaces, standalone=standalone)
+    daemons = handlers.registry(config)._spawning.get_all_handlers()
+    selectors = [d.selector for d in daemons if d.selector is not None]
+    assert [(s.plural or s.any_name, d.requires_finalizer) for s, d in zip(selectors, daemons, strict=True)] == (
+        [(followed, False)] if followed else []
+    )
+    if followed:  # only the peering object of the operator's own name
+        assert [(d.field, d.value) for d in daemons] == [(("metadata", "name"), config.peering_name)]
+
+
+async def test_standalone_the_workers_act_and_post_their_events() -> None:
+    """Without peering the workers run from the first resource event to the operator's end, and post
+    Events as with peering (kopf's posting queue is in their context)."""
+    async with LocalCluster() as cluster:
+        await cluster.start_operator(dataclasses.replace(TEST_CONFIG, standalone=True))
+        try:
+            await cluster.apply_npu_inference(manifest(replicas=0, autoscaling={"maxReplicas": 1}))
+
+            async def warning() -> Any:
+                return [e for e in await events(cluster, "tiny-llama") if e["type"] == "Warning"]
+
+            (event,) = await cluster.wait_for(warning)
+            assert event["reason"] == "InvalidSpec"
+            await cluster.apply_npu_inference(manifest() | {"metadata": {"name": "valid", "namespace": NS}})
+            await cluster.wait_for(lambda: child(cluster, "apps/v1", "deployments", "valid"))
+        finally:
+            await cluster.stop_operator()
+        assert not await cluster.get("kopf.dev/v1", "clusterkopfpeerings", None, TEST_CONFIG.peering_name)
+
+
+async def test_a_replica_with_a_higher_priority_pauses_the_workers_and_its_going_resumes_them(
+    operator: LocalCluster,
+) -> None:
+    """kopf pauses this replica when a peer with a higher priority shows up in the peering object;
+    the workers (run by a kopf daemon on that object) then write nothing until it is gone."""
+    await operator.apply_npu_inference(manifest())
+    await wait_condition(operator, "tiny-llama", "Progressing", "True")
+    lastseen = datetime.datetime.now(datetime.UTC).isoformat()
+    peer = {"priority": 2**31, "lifetime": 60, "lastseen": lastseen}
+    peering = ("kopf.dev/v1", "clusterkopfpeerings", None, TEST_CONFIG.peering_name)
+    await operator.patch(*peering, {"status": {"the-other-replica": peer}})
+    await asyncio.sleep(2)  # kopf sees the peer and stops the daemon; its stop ends the workers
+    writes_before = len(operator.writes())
+    # What kopf would tell (a new resource, a label) waits in kopf's paused watch; what our own
+    # informers see (a child deleted) would wake a worker that kept acting.
+    await operator.apply_npu_inference(manifest() | {"metadata": {"name": "while-paused", "namespace": NS}})
+    await operator.patch(crd.API_VERSION, crd.PLURAL, NS, "tiny-llama", {"metadata": {"labels": {"team": "a"}}})
+    await operator.delete("apps/v1", "deployments", NS, "tiny-llama")
+    await asyncio.sleep(3 * TEST_CONFIG.resync_seconds + 1)
+    ours = [r for r in operator.writes()[writes_before:] if r.headers.get("User-Agent") == client.USER_AGENT]
+    assert [f"{r.method.value} {r.url.path}" for r in ours] == []
+    assert await child(operator, "apps/v1", "deployments", "tiny-llama") is None
+
+    await operator.patch(*peering, {"status": {"the-other-replica": None}})  # the other replica is gone
+    deployment = await operator.wait_for(lambda: child(operator, "apps/v1", "deployments", "tiny-llama"), within=30)
+    assert deployment["metadata"]["labels"].get("team") == "a"
+    await operator.wait_for(lambda: child(operator, "apps/v1", "deployments", "while-paused"), within=30)
 
 
 async def set_nodes(cluster: LocalCluster, nodes: int) -> None:

@@ -18,6 +18,7 @@ extension points rather than patches:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import random
@@ -147,6 +148,7 @@ async def _operator_once(**kwargs: Any) -> None:
 
 async def run_supervised(
     config: OperatorConfig,
+    registry: Callable[[OperatorConfig], kopf.OperatorRegistry],
     *,
     stop_flag: threading.Event | None = None,
     ready_flag: threading.Event | None = None,
@@ -154,7 +156,10 @@ async def run_supervised(
     standalone: bool | None = None,
     rng: Callable[[], float] = random.random,
 ) -> int:
-    """`kopf.operator()` until it stops cleanly (a signal, the stop flag); restarted after a failure."""
+    """`kopf.operator()` until it stops cleanly (a signal, the stop flag); restarted after a failure.
+    `registry(config)` makes the handlers of each run (`handlers.registry`)."""
+    if standalone is not None:
+        config = dataclasses.replace(config, standalone=standalone)
     failures = 0
     while True:
         started = time.monotonic()
@@ -162,7 +167,8 @@ async def run_supervised(
             await _operator_once(
                 clusterwide=not config.namespaces,
                 namespaces=list(config.namespaces),
-                standalone=config.standalone if standalone is None else standalone,
+                standalone=config.standalone,
+                registry=registry(config),
                 memo=kopf.Memo(config=config),
                 stop_flag=stop_flag,
                 ready_flag=ready_flag,

@@ -79,6 +79,20 @@ class KubeEmulator(kmock.KubernetesEmulator):
     list_watch: ListWatch = attrs.field(init=False, repr=False, eq=False)
     discovery: Discovery = attrs.field(init=False, repr=False, eq=False)
 
+    def _KubernetesEmulator__get_obj(self, request: rendering.Request, strict: bool) -> Any:
+        """The object one request names, by its key, as an API server reads it from its store.
+
+        kmock 0.8 looks it up by a scan of every stored object (`KubernetesEmulator.__get_obj`, for
+        each get, create, update and delete), which made every single-object request cost as much
+        as the objects stored: quadratic in a benchmark's fleet, and most for the controller whose
+        children are the most objects. Only an exact request (a name, `strict`) is looked up by key;
+        the rest go kmock's way."""
+        if strict and request.name is not None and request.resource is not None:
+            key = (request.resource, request.namespace, request.name)
+            objects: Any = self.objects  # kmock's view is typed for its own keys
+            return objects[key] if key in objects else None  # noqa: SIM401  (kmock's view has no .get)
+        return super()._KubernetesEmulator__get_obj(request, strict)  # type: ignore[misc]
+
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.store = Store(self)
@@ -173,10 +187,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 return denied
             return await self._serve(request)
         finally:
-            for index, served in enumerate(self._requests):
-                if served is request:
-                    del self._requests[index]
-                    break
+            self._served(request)
+
+    def _served(self, request: rendering.Request) -> None:
+        """`request` leaves kmock's list of requests in flight (if it is still there)."""
+        for index, served in enumerate(self._requests):
+            if served is request:
+                del self._requests[index]
+                break
 
     async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None and request.resource.plural and request.resource not in self._resources:
@@ -200,10 +218,24 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _serve_object(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         """Admission and validation (or server-side apply), then kmock stores it; then garbage collection."""
         warnings: list[str] = []
+        # An object created with an owner that is gone (a controller acting on a stale read while its
+        # owner was deleted) is collected at once, as the garbage collector would soon after (its
+        # attemptToDeleteItem finds the owner absent). Its owners are looked up by reference: a scan
+        # of every object per create made the emulator quadratic in the objects it holds (5,000
+        # resources' calibration records: 577 s to settle).
+        owners = request.data.get("metadata", {}).get("ownerReferences") if isinstance(request.data, dict) else None
+        orphaned = (
+            isinstance(owners, list)
+            and bool(owners)
+            and not any(self.store.owner_alive(request.namespace, owner) for owner in owners)
+        )
         if request.resource is not None:
             try:
                 if request.headers.get("Content-Type", "").startswith(fields.APPLY_PATCH):
-                    return await self.server_side_apply.serve(request)
+                    applied = await self.server_side_apply.serve(request)
+                    if orphaned and applied.status == 201:  # an apply that created the object
+                        await self.store.collect_garbage()
+                    return applied
                 warnings = self._admit(request)
                 if is_dry_run(request):
                     return self.admission.dry_run(request, warnings)
@@ -214,17 +246,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             request.action == enums.action.DELETE
             or (request.action == enums.action.UPDATE and self.store.deleting(request))
         )
-        # An object created with an owner that is gone (a controller acting on a stale read while its
-        # owner was deleted) is collected at once, as the garbage collector would soon after. Its
-        # owners are looked up by reference: a scan of every object per create made the emulator
-        # quadratic in the objects it holds (5,000 resources' calibration records: 577 s to settle).
-        owners = request.data.get("metadata", {}).get("ownerReferences") if isinstance(request.data, dict) else None
-        collect = collect or (
-            request.action == enums.action.CREATE
-            and isinstance(owners, list)
-            and bool(owners)
-            and not any(self.store.owner_alive(request.namespace, owner) for owner in owners)
-        )
+        collect = collect or (request.action == enums.action.CREATE and orphaned)
         response = await super()._handle(request)
         if collect:
             await self.store.collect_garbage()
@@ -277,7 +299,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return watch.catch_up(objects, since, self.compacted_before)
 
     async def _watch_as_asked(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
-        """The watch (or a streaming list), with the selectors applied, as Tables when kubectl asks."""
+        """The watch (or a streaming list), with the selectors applied, as Tables when kubectl asks.
+
+        A watch routed here is matched no more: it leaves kmock's requests in flight now, not when
+        its stream ends. Kept there, every open watch was walked by every later request's `request
+        in view` for each reaction tried, so each request cost as much as the watches open (a
+        controller with an informer per kind paid for all of them on every write)."""
+        self._served(request)
         async with contextlib.aclosing(self.list_watch.as_asked(request, self._serve_watch)) as events:
             async for event in events:
                 yield event

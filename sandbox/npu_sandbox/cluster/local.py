@@ -132,8 +132,7 @@ class LocalCluster(ApiClient):
         it is alone in its process; the API stays here and the two talk only over HTTP. It runs
         under the same supervisor as in production (`npu_operator.supervision.run_supervised`).
         """
-        import npu_operator.controller.handlers  # noqa: F401  (registers the handlers)
-        from npu_operator.controller import supervision
+        from npu_operator.controller import handlers, supervision
 
         if self._operator is not None:
             raise RuntimeError("the operator is already running")
@@ -150,7 +149,11 @@ class LocalCluster(ApiClient):
             try:
                 asyncio.run(
                     supervision.run_supervised(
-                        config, standalone=config.standalone or not peering, stop_flag=stop, ready_flag=ready
+                        config,
+                        handlers.registry,
+                        standalone=config.standalone or not peering,
+                        stop_flag=stop,
+                        ready_flag=ready,
                     )
                 )
             except BaseException as exc:  # reported by stop_operator

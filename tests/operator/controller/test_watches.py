@@ -1,98 +1,166 @@
-"""Wake-ups through kopf's own indexing: the worker that a child's change wakes reads that change.
+"""The informers' caches: a change wakes its owner once the cache holds it, and only a change does.
 
-The indexers wake the owner's worker themselves (one kopf handler per event instead of two), which
-is right only while kopf stores an indexer's answer before the event loop can run another task.
-These tests run kopf's `index_resource` for real, so a kopf that changes that order fails here.
+The informer itself runs against the sandbox's API server over HTTP: a first list in pages with the
+label selector, then the watch; a compacted version (410) is answered with a fresh list that drops
+what was deleted meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kopf
-from kopf._core.engines import indexing
+import pytest
 from npu_operator.children import kinds as children
 from npu_operator.controller import watches
-from npu_operator.controller.watches import Wakeups
+from npu_operator.controller.watches import OwnedObjects, OwnerKey
+from npu_operator.kube import informer
 from npu_operator.kube import names as builders
+from npu_operator.kube.client import KubeClient
+from npu_operator.kube.informer import Watched, inform
+from npu_sandbox.cluster import LocalCluster
 
 OWNER = ("default", "m")
-DEPLOYMENT = children.DEPLOYMENT.resource
+NS = "default"
 
 
-def _deployment(generation: int) -> dict[str, Any]:
+def _deployment(generation: int, *, owner: str = "m", name: str = "m", replicas: int = 0) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "namespace": "default",
-            "name": "m",
-            "uid": "d1",
+            "namespace": NS,
+            "name": name,
+            "uid": f"uid-{name}",
             "generation": generation,
-            "labels": {builders.NAME_LABEL: "m", "app.kubernetes.io/managed-by": "npu-operator"},
+            "resourceVersion": str(generation * 10 + replicas),
+            "labels": {builders.NAME_LABEL: owner, "app.kubernetes.io/managed-by": "npu-operator"},
+            "annotations": {"deployment.kubernetes.io/revision": str(replicas)},  # not kept
         },
         "status": {"observedGeneration": generation},
     }
 
 
-async def _index_and_read(events: list[dict[str, Any]]) -> list[Any]:
-    """Index `events` one after another with kopf; after each, what a worker woken by it read first."""
-    registry = kopf.OperatorRegistry()
-    index_id = watches.index_name(children.DEPLOYMENT)
-    kopf.index(DEPLOYMENT.group, DEPLOYMENT.version, DEPLOYMENT.plural, id=index_id, registry=registry)(
-        watches._index_child
-    )
-    indexers = indexing.OperatorIndexers()
-    indexers.ensure(registry._indexing.get_all_handlers())
-    memo = kopf.Memo(wakeups=Wakeups())
-    memory = indexing.IndexingMemory()
-    read: list[Any] = []
-    for event in events:
-        wake = memo.wakeups.for_owner(OWNER)
-
-        async def worker(wake: asyncio.Event = wake) -> None:
-            await wake.wait()
-            read.append([dict(obj) for obj in indexers[kopf.HandlerId(index_id)].index.get(OWNER, ())])
-
-        woken = asyncio.create_task(worker())
-        await asyncio.sleep(0)  # the worker waits on its wake-up
-        await indexing.index_resource(
-            indexers=indexers,
-            registry=registry,
-            settings=kopf.OperatorSettings(),
-            resource=kopf.Resource(DEPLOYMENT.group, DEPLOYMENT.version, DEPLOYMENT.plural),
-            raw_event=event,  # type: ignore[arg-type]
-            memory=memory,
-            logger=logging.getLogger("test"),
-            memo=memo,  # type: ignore[arg-type]
-            body=kopf.Body(event["object"]),
-        )
-        await asyncio.wait_for(woken, 5)
-    return read
+def _cache() -> tuple[OwnedObjects, list[tuple[OwnerKey, list[int]]]]:
+    """A Deployment cache whose wake-up records what the woken owner would read then."""
+    woken: list[tuple[OwnerKey, list[int]]] = []
+    cache = OwnedObjects(watches.essentials, lambda key: woken.append((key, generations(cache, key))))
+    return cache, woken
 
 
-def test_a_child_change_wakes_its_owner_after_kopf_indexed_it() -> None:
-    events: list[dict[str, Any]] = [
-        {"type": None, "object": _deployment(1)},
-        {"type": "MODIFIED", "object": _deployment(2)},
-    ]
-    read = asyncio.run(_index_and_read(events))
-    assert [[obj["metadata"]["generation"] for obj in found] for found in read] == [[1], [2]]
+def generations(cache: OwnedObjects, key: OwnerKey) -> list[int]:
+    return [obj["metadata"]["generation"] for obj in cache.get(key)]
 
 
-def test_an_indexed_kinds_event_handler_runs_only_for_a_deletion() -> None:
-    # Every other event wakes the owner from the indexer: kopf would run a second handler for nothing.
-    from npu_operator.controller import handlers  # noqa: F401  (registers the watches with kopf's default registry)
+def test_a_change_wakes_its_owner_once_the_cache_holds_it() -> None:
+    cache, woken = _cache()
+    cache.put(_deployment(1))
+    cache.put(_deployment(2))
+    assert woken == [(OWNER, [1]), (OWNER, [2])]
+    cache.remove(_deployment(2))
+    assert woken[-1] == (OWNER, []) and OWNER not in cache.by_owner
 
-    indexed = {kind.resource.plural for kind in children.KINDS if not kind.optional} | {"pods"}
-    wakes = {
-        handler.id: handler.when
-        for handler in kopf.get_default_registry()._watching.get_all_handlers()
-        if handler.id.startswith("wake_for_") and handler.id.removeprefix("wake_for_") in indexed
-    }
-    assert set(wakes) == {f"wake_for_{plural}" for plural in indexed}
-    assert all(when is watches._deleted for when in wakes.values())
-    assert watches._deleted(type="DELETED")
-    assert not any(watches._deleted(type=kind) for kind in (None, "ADDED", "MODIFIED"))
+
+def test_an_event_that_changes_nothing_kept_wakes_nothing() -> None:
+    cache, woken = _cache()
+    cache.put(_deployment(1))
+    cache.put(_deployment(1, replicas=3))  # a new resourceVersion and annotation: nothing the reconcile reads
+    assert woken == [(OWNER, [1])]
+    cache.remove(_deployment(9, name="never-seen"))
+    assert woken == [(OWNER, [1])]
+
+
+def test_a_relabelled_object_moves_to_its_new_owner_and_wakes_both() -> None:
+    cache, woken = _cache()
+    cache.put(_deployment(1))
+    cache.put(_deployment(1, owner="other"))
+    assert woken[1:] == [(OWNER, []), ((NS, "other"), [1])]
+    unlabelled = _deployment(1, owner="other")
+    del unlabelled["metadata"]["labels"][builders.NAME_LABEL]
+    cache.put(unlabelled)
+    assert woken[-1] == ((NS, "other"), []) and cache.by_owner == {}
+
+
+def test_a_fresh_list_replaces_one_namespace_and_wakes_the_owners_that_changed() -> None:
+    cache, woken = _cache()
+    cache.put(_deployment(1))
+    cache.put(_deployment(1, owner="gone", name="gone"))
+    elsewhere = _deployment(1, owner="there", name="there")
+    elsewhere["metadata"]["namespace"] = "other"
+    cache.put(elsewhere)
+    woken.clear()
+    cache.replace(NS, [_deployment(1), _deployment(1, owner="new", name="new")])
+    assert sorted(woken) == [((NS, "gone"), []), ((NS, "new"), [1])]  # "m" is unchanged
+    assert set(cache.by_owner) == {OWNER, (NS, "new"), ("other", "there")}
+
+
+async def test_the_informer_lists_in_pages_then_follows_the_watch_and_relists_after_410() -> None:
+    async with LocalCluster() as cluster:
+        labels = {builders.NAME_LABEL: "m", "app.kubernetes.io/managed-by": "npu-operator"}
+        for name in [f"c{index}" for index in range(7)] + ["x"]:
+            meta = {"name": name, "namespace": NS} | ({"labels": labels} if name != "x" else {})
+            await cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}, "configmaps")
+        client = KubeClient(lambda: kopf.ConnectionInfo(server=cluster.url))
+        woken = asyncio.Event()
+        cache = OwnedObjects(watches.essentials, lambda _: woken.set())
+        synced = asyncio.Event()
+        resource = children.CALIBRATION_RECORD.resource
+        watched = Watched(resource, NS, watches.OURS)
+        task = asyncio.create_task(inform(client, watched, cache, synced, watch_seconds=2, page=3))
+        try:
+            await asyncio.wait_for(synced.wait(), 10)
+            assert sorted(cache.by_owner[OWNER]) == [f"c{index}" for index in range(7)]  # never "x"
+            lists = [
+                r.params for r in cluster.emulator.history if r.method == "GET" and r.url.path.endswith("/configmaps")
+            ]
+            pages = [(query.get("labelSelector"), query.get("limit")) for query in lists if "watch" not in query]
+            assert pages == [(watches.OURS, "3")] * 3
+            woken.clear()
+            await cluster.delete("v1", "configmaps", NS, "c0")
+            await asyncio.wait_for(woken.wait(), 10)
+            assert "c0" not in cache.by_owner[OWNER]
+            # Every version seen compacted away, one object deleted meanwhile: the informer lists again.
+            cluster.emulator.compacted_before = cluster.emulator._last_version + 1
+            await cluster.delete("v1", "configmaps", NS, "c1")
+            await asyncio.sleep(3)  # the stream ends (watch_seconds), its reopening gets 410
+            assert sorted(cache.by_owner[OWNER]) == [f"c{index}" for index in range(2, 7)]
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.close()
+
+
+async def test_an_informer_outlives_a_stream_it_cannot_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line that is not JSON ends that stream, not the informer: it lists again (after a backoff)."""
+    monkeypatch.setattr(informer, "retry_seconds", lambda failures: 0.01)
+    deployment = _deployment(1)
+
+    class Client:
+        lists = 0
+
+        async def list_page(self, *_: Any, **__: Any) -> dict[str, Any]:
+            self.lists += 1
+            items = [deployment] if self.lists > 1 else []
+            return {"metadata": {"resourceVersion": str(self.lists)}, "items": items}
+
+        async def watch(self, *_: Any, **__: Any) -> AsyncIterator[dict[str, Any]]:
+            if self.lists == 1:
+                raise ValueError("Expecting value: line 1 column 1 (char 0)")
+            await asyncio.sleep(3600)
+            yield {}
+
+    client = Client()
+    cache, woken = _cache()
+    watched = Watched(children.DEPLOYMENT.resource, NS, watches.OURS)
+    task = asyncio.create_task(inform(client, watched, cache, asyncio.Event()))  # type: ignore[arg-type]
+    try:
+        for _ in range(100):
+            if woken:
+                break
+            await asyncio.sleep(0.01)
+        assert client.lists == 2 and woken == [(OWNER, [1])]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -1,43 +1,41 @@
-"""The worker's loop: a quiet resource sleeps until its forced reconcile, any change brings the reconcile back."""
+"""The workers: a quiet resource waits in the queue until its forced reconcile, any change brings the
+reconcile back, a deletion forgets it, and the workers act only while they are let to.
+
+The ticks run on the queue's own clock, one resync interval a step (`Run`), with `reconcile.reconcile`
+replaced: what is checked is when a resource is reconciled, not what a reconcile does.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
-import math
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import kopf
 import pytest
 from npu_operator.api.config import OperatorConfig
 from npu_operator.children.kinds import ChildKind
 from npu_operator.controller import reconcile, worker
 from npu_operator.controller.event_limiter import EventLimiter
-from npu_operator.controller.watches import Wakeups
+from npu_operator.controller.worker import Workers
 from npu_operator.kube.client import Resource
 from npu_operator.status.resource import Event
 
+from tests.examples import example
+
 OWNER = ("default", "m")
-
-
-class Stopped:
-    def __init__(self) -> None:
-        self.flag = False
-
-    def __bool__(self) -> bool:
-        return self.flag
-
-    async def wait(self) -> None:
-        await asyncio.Event().wait()  # the worker's waiter for kopf's stop: never set here
+EVERY = worker.FORCED_RECONCILE_TICKS
 
 
 class Client:
-    """What the worker asks with `reconcile.reconcile` replaced: the optional APIs (none served), status writes."""
+    """What the workers ask with `reconcile.reconcile` replaced: the optional APIs (none served), status writes."""
+
+    def __init__(self) -> None:
+        self.served = False
 
     def served_now(self, resource: Resource) -> bool | None:
-        return False
+        return self.served and resource.plural == "podmonitors"
 
     async def serves(self, resource: Resource) -> bool:
         return False
@@ -67,136 +65,158 @@ class View:
 
 
 class Collector:
+    def __init__(self) -> None:
+        self.forgotten: list[str] = []
+
     def forget(self, uid: str) -> None:
-        pass
+        self.forgotten.append(uid)
 
 
-class Metadata(dict[str, Any]):
-    """The resource's metadata as a dict a weak reference can point at."""
+def resource(uid: str = "u1", *, generation: int = 1, version: str = "1", **meta: Any) -> dict[str, Any]:
+    """An NPUInference as its watch event carries it."""
+    body = example("sandbox-cpu.yaml")
+    body["metadata"] = {"namespace": "default", "name": "m", "uid": uid, "generation": generation}
+    body["metadata"] |= {"resourceVersion": version, "managedFields": [{"manager": "x"}], **meta}
+    body["status"] = {"observedGeneration": generation}
+    return body
 
 
 @dataclasses.dataclass
-class Ticks:
-    """The worker run on a clock of ticks (one resync interval each): when it reconciled, how often it woke."""
+class Run:
+    """Workers on a clock of steps (one resync interval each): when the resource was reconciled."""
 
+    workers: Workers
+    view: View
+    client: Client
+    collector: Collector
+    now: float = 0.0
     reconciled: list[int] = dataclasses.field(default_factory=list)
-    wakeups: int = 0
-    now: int = 0
+
+    async def steps(self, count: int, between: Callable[[int], None] = lambda _: None) -> None:
+        """At each step: what is due is ticked, then `between(step)` happens before the next."""
+        for step in range(count):
+            self.now = float(step)
+            self.workers.queue.promote_due()
+            while len(self.workers.queue):
+                key = await self.workers.queue.get()
+                await self.workers._tick(key)
+                self.workers.queue.done(key)
+            between(step)
 
 
-def run_ticks(
+async def started(
     monkeypatch: pytest.MonkeyPatch,
-    ticks: int,
-    between: Callable[[int, dict[str, Any], View, Wakeups], None] = lambda *_: None,
     result: reconcile.Result | None = None,
-    client: Client | None = None,
-    during: Callable[[int, dict[str, Any]], None] = lambda *_: None,
-) -> Ticks:
-    """Run the worker for `ticks` ticks, calling `between` at each tick it sleeps through (a sleep
-    ends early once its wake-up is set, as the real one does)."""
-    body: dict[str, Any] = {"metadata": Metadata(namespace="default", name="m", uid="u1", resourceVersion="1")}
-    view, wakeups, stopped, run = View(), Wakeups(), Stopped(), Ticks()
-    interval = worker.tick_seconds(OperatorConfig())
+    during: Callable[[Run], None] = lambda _: None,
+) -> Run:
+    """Workers that know the resource from its first event (tick 0 reconciles it)."""
+    config = OperatorConfig(resync_seconds=1, status_poll_seconds=1)
+    view, client, collector = View(), Client(), Collector()
+    run: Run
 
     async def fake_reconcile(*_: Any, **__: Any) -> reconcile.Result:
-        run.reconciled.append(run.now)
-        during(run.now, body)
+        run.reconciled.append(int(run.now))
+        during(run)
         return result or reconcile.Result({}, (), ())
 
-    async def fake_sleep(wake: asyncio.Event, seconds: float) -> None:
-        run.wakeups += 1
-        for _ in range(max(1, math.ceil(seconds / interval - 1e-9))):
-            between(run.now, body, view, wakeups)
-            run.now += 1
-            stopped.flag = run.now >= ticks
-            if wake.is_set() or stopped.flag:
-                return
-
     monkeypatch.setattr(reconcile, "reconcile", fake_reconcile)
-    monkeypatch.setattr(worker, "_sleep", fake_sleep)
-    monkeypatch.setattr(worker, "_monotonic", lambda: run.now * interval)
-    coroutine = worker.run(
-        body,  # type: ignore[arg-type]
-        client or Client(),  # type: ignore[arg-type]
-        view,
-        OperatorConfig(),
-        wakeups,
-        Collector(),  # type: ignore[arg-type]
-        stopped,  # type: ignore[arg-type]
-        logging.getLogger("test"),
-    )
-    asyncio.run(coroutine)
+    workers = Workers(client, view, config, collector, kopf.OperatorSettings(), clock=lambda: run.now)  # type: ignore[arg-type]
+    run = Run(workers, view, client, collector)
+    workers.saw(None, resource())
     return run
 
 
-def test_a_settled_resource_sleeps_until_its_forced_reconcile(monkeypatch: pytest.MonkeyPatch) -> None:
-    every = worker.FORCED_RECONCILE_TICKS
-    run = run_ticks(monkeypatch, 3 * every)
-    assert run.reconciled == [0, every, 2 * every]
-    # After each reconcile: one tick to find nothing changed, then one sleep until the next.
-    assert run.wakeups == 3 * 2
+async def test_a_settled_resource_waits_in_the_queue_until_its_forced_reconcile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = await started(monkeypatch)
+    await run.steps(3 * EVERY)
+    assert run.reconciled == [0, EVERY, 2 * EVERY]
+    # Between them it holds no task and no timer: one entry in the queue's heap, for its forced reconcile.
+    assert run.workers.queue.waiting(OWNER) == 3 * EVERY and len(run.workers.queue) == 0
 
 
-def test_a_wake_up_a_change_of_the_resource_or_pods_bring_the_reconcile_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    def between(tick: int, body: dict[str, Any], view: View, wakeups: Wakeups) -> None:
-        if tick == 0:
-            wakeups.saw_resource(OWNER, body["metadata"])  # the resource's first event
-        if tick == 2:
-            wakeups.wake(OWNER)  # a child changed
-        if tick == 4:  # a label: the resource's event handler wakes the worker
-            body["metadata"] |= {"resourceVersion": "2", "labels": {"team": "a"}}
-            wakeups.saw_resource(OWNER, body["metadata"])
-        if tick == 6:  # pods: their event wakes the worker, and their reports are polled every tick
-            view.pod_list = [{"metadata": {"name": "m-pod"}}]
-            wakeups.wake(OWNER)
+async def test_a_wake_up_a_change_of_the_resource_or_pods_bring_the_reconcile_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = await started(monkeypatch)
 
-    run = run_ticks(monkeypatch, 10, between)
+    def between(step: int) -> None:
+        if step == 2:
+            run.workers.wake(OWNER)  # a child changed
+        if step == 4:  # a label: the resource's event wakes it
+            run.workers.saw("MODIFIED", resource(version="2", labels={"team": "a"}))
+        if step == 6:  # pods: their event wakes it, and their reports are polled every tick
+            run.view.pod_list = [{"metadata": {"name": "m-pod"}}]
+            run.workers.wake(OWNER)
+
+    await run.steps(10, between)
     assert run.reconciled == [0, 3, 5, 7, 8, 9]
 
 
-def test_the_echo_of_our_own_status_write_costs_no_reconcile(monkeypatch: pytest.MonkeyPatch) -> None:
-    def echo(tick: int, body: dict[str, Any]) -> None:
+async def test_the_echo_of_our_own_status_write_costs_no_reconcile(monkeypatch: pytest.MonkeyPatch) -> None:
+    def echo(run: Run) -> None:
         # The event of an earlier status write arrives while the reconcile runs: a new
-        # resourceVersion and nothing the worker reads (no wake-up: `Wakeups.saw_resource`).
-        body["metadata"] = body["metadata"] | {"resourceVersion": str(tick + 2)}
+        # resourceVersion and nothing a tick reads.
+        run.workers.saw("MODIFIED", resource(version=str(run.now + 2)))
 
-    every = worker.FORCED_RECONCILE_TICKS
-    assert run_ticks(monkeypatch, 2 * every, during=echo).reconciled == [0, every]
-
-
-def test_a_sleeping_worker_keeps_no_old_copy_of_its_resource(monkeypatch: pytest.MonkeyPatch) -> None:
-    replaced: list[weakref.ref[Metadata]] = []
-
-    def echo(tick: int, body: dict[str, Any]) -> None:
-        # kopf replaces its body with each event's: the reconcile's snapshot must not keep the old one.
-        replaced.append(weakref.ref(body["metadata"]))
-        body["metadata"] = Metadata(body["metadata"], resourceVersion=str(tick + 2))
-
-    alive: list[bool] = []
-    run_ticks(monkeypatch, 3, lambda *_: alive.append(replaced[0]() is not None), during=echo)
-    assert alive == [False, False, False]
+    run = await started(monkeypatch, during=echo)
+    await run.steps(2 * EVERY)
+    assert run.reconciled == [0, EVERY]
 
 
-def test_a_tick_that_changed_something_is_never_skipped_after(monkeypatch: pytest.MonkeyPatch) -> None:
-    patching = reconcile.Result({"observedGeneration": 1}, (), ())
-    assert run_ticks(monkeypatch, 4, result=patching).reconciled == [0, 1, 2, 3]
+async def test_a_waiting_resource_keeps_only_its_latest_event_and_no_managed_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = await started(monkeypatch)
+    await run.steps(2)
+    event = resource(version="9")
+    run.workers.saw("MODIFIED", event)
+    kept = run.workers.states[OWNER].body
+    assert kept["metadata"]["resourceVersion"] == "9" and "managedFields" not in kept["metadata"]
+    assert "status" not in kept  # the status is the one the workers wrote
+    run.workers.saw("MODIFIED", resource(version="10"))
+    assert run.workers.states[OWNER].body["metadata"]["resourceVersion"] == "10"
 
 
-def test_an_optional_api_served_later_wakes_every_sleeping_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    served = False
+async def test_equal_specs_are_kept_once_and_a_deletion_releases_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = await started(monkeypatch)
+    other = resource("u2") | {"metadata": resource("u2")["metadata"] | {"name": "n"}}
+    run.workers.saw(None, other)
+    first, second = (run.workers.states[key].body["spec"] for key in (OWNER, ("default", "n")))
+    assert first is second
+    run.workers.saw("DELETED", resource())
+    run.workers.saw("DELETED", other)
+    assert len(run.workers._specs) == 0 and run.workers.states == {}
 
-    class Discovering(Client):
-        def served_now(self, resource: Resource) -> bool | None:
-            return served and resource.plural == "podmonitors"
 
-    def between(tick: int, body: dict[str, Any], view: View, wakeups: Wakeups) -> None:
-        nonlocal served
-        if tick == 4:  # the CRD is installed; a discovery (any worker's) sees it and wakes them all
-            served = True
-            wakeups.wake_all()
+async def test_a_tick_that_changed_something_is_never_skipped_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = await started(monkeypatch, result=reconcile.Result({"observedGeneration": 1}, (), ()))
+    await run.steps(4)
+    assert run.reconciled == [0, 1, 2, 3]
 
-    run = run_ticks(monkeypatch, 10, between, client=Discovering())
+
+async def test_an_optional_api_served_later_wakes_every_waiting_resource(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = await started(monkeypatch)
+
+    def between(step: int) -> None:
+        if step == 4:  # the CRD is installed; a discovery sees it and wakes them all
+            run.client.served = True
+            run.workers.wake_all()
+
+    await run.steps(10, between)
     assert run.reconciled == [0, 5]
+
+
+async def test_a_failing_reconcile_is_retried_with_backoff_never_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(run: Run) -> None:
+        if run.now < 3:
+            raise RuntimeError("a bug")
+
+    run = await started(monkeypatch, during=fail)
+    await run.steps(12)
+    assert run.reconciled == [0, 1, 3]  # after one interval, then two (doubling), then it succeeds
+    assert run.workers.states[OWNER].failures == 0 and run.workers.queue.waiting(OWNER) == 3 + EVERY
 
 
 def test_held_events_keep_the_ticks_coming_until_they_are_posted() -> None:
@@ -210,92 +230,72 @@ def test_held_events_keep_the_ticks_coming_until_they_are_posted() -> None:
     assert not limiter.holds("a")
 
 
-def test_only_a_change_the_worker_reads_wakes_it() -> None:
-    wakeups = Wakeups()
-    wake = wakeups.for_owner(OWNER)
-    meta: dict[str, Any] = {"generation": 1, "resourceVersion": "1", "labels": {"a": "1"}}
-    wakeups.saw_resource(OWNER, meta)  # the first event: the worker's first tick reads it anyway
-    # Our status write, someone's finalizer: a new resourceVersion, nothing the worker reads.
-    wakeups.saw_resource(OWNER, meta | {"resourceVersion": "2", "finalizers": ["f"]})
-    assert not wake.is_set()
+async def test_only_a_change_a_tick_reads_wakes_the_resource(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = await started(monkeypatch)
+    await run.steps(2)
+    state = run.workers.states[OWNER]
+    # Our status write, someone's finalizer: a new resourceVersion, nothing a tick reads.
+    run.workers.saw("MODIFIED", resource(version="2", finalizers=["f"]))
+    assert not state.woken
     for change in ({"generation": 2}, {"labels": {"a": "2"}}, {"annotations": {"x": "again"}}):
-        meta |= change
-        wakeups.saw_resource(OWNER, meta)
-        assert wake.is_set(), change
-        wake.clear()
-    wakeups.saw_resource(OWNER, meta | {"uid": "u1"}, deleted=True)
-    assert wake.is_set() and wakeups.deleted == {"u1"} and OWNER not in wakeups.seen  # the worker exits
-    wakeups.forget(OWNER, "u1", wake)
-    wakeups.saw_resource(("default", "gone"), {"uid": "u0"}, deleted=True)  # no worker: nothing kept
-    assert wakeups.deleted == set()
-    new = wakeups.for_owner(OWNER)
-    wakeups.saw_resource(OWNER, {"generation": 1, "uid": "u2"})  # a new resource of the same name starts afresh
-    assert not new.is_set()
+        run.workers.saw("MODIFIED", resource(version="3", **change))
+        assert state.woken, change
+        state.woken = False
 
 
-def test_kopfs_stop_wakes_a_sleeping_worker_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Stopper:
-        def __init__(self) -> None:
-            self.event = asyncio.Event()
+async def test_a_deletion_forgets_the_resource_and_a_re_created_one_starts_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = await started(monkeypatch)
+    await run.steps(2)
+    run.workers.saw("DELETED", resource())
+    assert run.workers.states == {} and run.workers.queue.waiting(OWNER) is None
+    assert run.collector.forgotten == ["u1"]
+    run.workers.saw(None, resource("u2"))  # the same name, a new resource
+    await run.steps(1)
+    assert run.reconciled == [0, 0] and run.workers.states[OWNER].uid == "u2"
+    run.workers.saw(None, resource("u3"))  # re-created before our DELETED event came
+    assert run.collector.forgotten == ["u1", "u2"] and run.workers.states[OWNER].uid == "u3"
 
-        def __bool__(self) -> bool:
-            return self.event.is_set()
 
-        async def wait(self) -> None:
-            await self.event.wait()
+async def test_the_workers_act_until_the_last_of_those_who_let_them_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Namespaced, kopf runs one daemon per peering object: the workers run while any of them does."""
+    ticked = asyncio.Event()
 
     async def fake_reconcile(*_: Any, **__: Any) -> reconcile.Result:
-        reconciled.set()
+        ticked.set()
         return reconcile.Result({}, (), ())
 
-    async def scenario() -> None:
-        body = {"metadata": {"namespace": "default", "name": "m", "uid": "u1", "resourceVersion": "1"}}
-        hour = OperatorConfig(resync_seconds=3600, status_poll_seconds=3600)
-        args = (View(), hour, Wakeups(), Collector(), stopper, logging.getLogger("test"))
-        running = asyncio.create_task(worker.run(body, Client(), *args))  # type: ignore[arg-type]
-        await asyncio.wait_for(reconciled.wait(), 5)
-        stopper.event.set()  # the resource is deleted, the operator pauses or stops
-        await asyncio.wait_for(running, 5)  # not the hour it was sleeping for
-
-    reconciled, stopper = asyncio.Event(), Stopper()
     monkeypatch.setattr(reconcile, "reconcile", fake_reconcile)
-    asyncio.run(scenario())
+    hour = OperatorConfig(resync_seconds=3600, status_poll_seconds=3600)
+    workers = Workers(Client(), View(), hour, Collector(), kopf.OperatorSettings())  # type: ignore[arg-type]
+    workers.saw(None, resource())
+    first, second = asyncio.Event(), asyncio.Event()
+    serving = [asyncio.create_task(workers.serve(stop.wait())) for stop in (first, second)]
+    await asyncio.wait_for(ticked.wait(), 5)
+    first.set()
+    await asyncio.wait_for(serving[0], 5)
+    assert workers._running is not None  # the other still lets them act
+    second.set()
+    await asyncio.wait_for(serving[1], 5)  # at once: not the hour the resource waits for
+    assert workers._running is None and workers._ticks == set()
 
 
-def test_the_resources_deletion_ends_its_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    # kopf keeps no finalizer on the resource: nothing but the DELETED event tells the worker.
-    seen: list[Wakeups] = []
+async def test_a_stop_lets_the_tick_under_way_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    started_tick, finished = asyncio.Event(), []
 
-    def between(tick: int, body: dict[str, Any], view: View, wakeups: Wakeups) -> None:
-        seen.append(wakeups)
-        if tick == 3:
-            wakeups.saw_resource(OWNER, body["metadata"], deleted=True)
+    async def slow_reconcile(*_: Any, **__: Any) -> reconcile.Result:
+        started_tick.set()
+        await asyncio.sleep(0.3)
+        finished.append(True)
+        return reconcile.Result({}, (), ())
 
-    run = run_ticks(monkeypatch, 20, between)
-    assert run.reconciled == [0] and run.now == 4  # woken, and gone without another reconcile
-    assert seen[-1].events == {} and seen[-1].deleted == set()
-
-
-def test_a_resource_recreated_under_the_same_name_keeps_its_wake_up() -> None:
-    wakeups = Wakeups()
-    old = wakeups.for_owner(OWNER)
-    wakeups.saw_resource(OWNER, {"uid": "u1"}, deleted=True)
-    new = wakeups.for_owner(OWNER)  # the new resource's worker starts before the old one exits
-    wakeups.forget(OWNER, "u1", old)
-    wakeups.wake(OWNER)
-    assert new.is_set() and old is not new and wakeups.deleted == set()
-
-
-async def test_kopf_stopping_the_worker_ends_its_wait_on_kopf_s_own_event() -> None:
-    """The worker waits for kopf's stop on the flag's own event (one task, not kopf's two and a
-    `wait_for`: about 5 KB per resource); setting kopf's flag ends that wait."""
-    from kopf._cogs.aiokits import aioenums
-
-    setter: aioenums.FlagSetter[Any] = aioenums.FlagSetter()
-    waiting = worker._stop_of(setter.async_waiter)
-    assert getattr(waiting, "__qualname__", "") == "Event.wait"  # kopf's event, not the fallback
-    task = asyncio.ensure_future(waiting)
-    await asyncio.sleep(0)
-    assert not task.done()
-    setter.set()
-    await asyncio.wait_for(task, 1)
+    monkeypatch.setattr(reconcile, "reconcile", slow_reconcile)
+    workers = Workers(Client(), View(), OperatorConfig(), Collector(), kopf.OperatorSettings())  # type: ignore[arg-type]
+    workers.saw(None, resource())
+    stop = asyncio.Event()
+    serving = asyncio.create_task(workers.serve(stop.wait()))
+    await asyncio.wait_for(started_tick.wait(), 5)
+    stop.set()
+    await asyncio.wait_for(serving, 5)
+    assert finished == [True]

@@ -1,5 +1,5 @@
-"""Equal specs kept once: `SharedDocuments` (kopf's copies of the resources) and `typed_spec` (the
-workers' typed specs), both keyed by the content, never by the name."""
+"""Equal specs kept once: `SharedDocuments` (the workers' copies of the resources, see test_worker) and
+`typed_spec` (the workers' typed specs), both keyed by the content, never by the name."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import gc
 from typing import Any
 
 import yaml
-from npu_operator.controller import desired, watches
+from npu_operator.controller import desired
 from npu_operator.controller.desired import typed_spec
 from npu_operator.kube.objects import SharedDocuments, document_digest
 
@@ -18,10 +18,6 @@ from tests.examples import EXAMPLES
 def _spec() -> dict[str, Any]:
     spec: dict[str, Any] = yaml.safe_load((EXAMPLES / "sandbox-cpu.yaml").read_text())["spec"]
     return spec
-
-
-def _event_object(uid: str, generation: int, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"metadata": {"name": uid, "namespace": "default", "uid": uid, "generation": generation}, "spec": spec}
 
 
 def test_equal_documents_are_one_copy_and_a_different_one_is_its_own() -> None:
@@ -58,26 +54,6 @@ def test_key_order_does_not_matter() -> None:
     reordered = dict(reversed(list(spec.items())))
     assert document_digest(spec) == document_digest(reordered)
     assert document_digest(spec) != document_digest(spec | {"replicas": 7})
-
-
-def test_kopf_s_copies_of_equal_resources_hold_one_spec_and_a_deletion_releases_it() -> None:
-    specs = SharedDocuments()
-    bodies = [_event_object(f"uid-{n}", 1, _spec()) for n in range(3)]
-    for body in bodies:
-        watches.share_spec(body, specs, deleted=False)
-    assert bodies[0]["spec"] is bodies[1]["spec"] is bodies[2]["spec"]
-    for body in bodies:
-        watches.share_spec(body, specs, deleted=True)
-    assert len(specs) == 0
-
-
-def test_a_resource_re_created_under_its_name_is_shared_by_its_new_uid() -> None:
-    specs = SharedDocuments()
-    old = _event_object("uid-old", 4, _spec() | {"replicas": 4})
-    watches.share_spec(old, specs, deleted=False)
-    new = _event_object("uid-new", 1, _spec())  # the same name, generation 1 again, another spec
-    watches.share_spec(new, specs, deleted=False)
-    assert new["spec"] == _spec() and old["spec"]["replicas"] == 4
 
 
 def test_equal_specs_read_into_one_typed_spec_which_goes_when_unused() -> None:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import kmock
 import pytest
 import yaml
 from npu_operator.api import crd
@@ -341,6 +342,56 @@ async def test_a_watch_from_a_resource_version_sees_a_deleted_object_as_deleted(
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("DELETED", "gone")]
 
 
+async def test_one_object_is_found_by_its_key_not_by_a_scan_of_every_object(
+    api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kmock 0.8 scans every stored object for each get, create, update and delete; the emulator
+    looks the one object up by its key (a scan per request made a benchmark's fleet quadratic)."""
+    cluster, session = api
+    assert hasattr(kmock.KubernetesEmulator, "_KubernetesEmulator__get_obj")  # what the emulator replaces
+    for index in range(20):
+        meta = {"name": f"c{index}", "namespace": "default"}
+        await cluster.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}, "configmaps")
+    scans: list[Any] = []
+    scan = kmock.KubernetesEmulator._KubernetesEmulator__get_objs  # type: ignore[attr-defined]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        scans.append(args)
+        return scan(*args, **kwargs)
+
+    monkeypatch.setattr(kmock.KubernetesEmulator, "_KubernetesEmulator__get_objs", counted)
+    created = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "new", "namespace": "default"}}
+    await cluster.create(created, "configmaps")
+    assert (await cluster.get("v1", "configmaps", "default", "c7") or {})["metadata"]["name"] == "c7"
+    assert await cluster.get("v1", "configmaps", "default", "none") is None
+    await cluster.patch("v1", "configmaps", "default", "c3", {"data": {"a": "b"}})
+    await cluster.delete("v1", "configmaps", "default", "c4")
+    assert scans == []
+    status, listed, _ = await call(session, "GET", "/api/v1/namespaces/default/configmaps")
+    assert status == 200 and len(listed["items"]) == 20  # a list is still kmock's own
+    assert len(scans) == 1
+
+
+async def test_open_watches_are_not_walked_by_every_later_request(api: Any) -> None:
+    """kmock matches each request against each reaction by walking its requests in flight; a watch
+    leaves that list once routed, so ten open watches cost a later request nothing."""
+    cluster, session = api
+    emulator = cluster.emulator
+    params = {"watch": "true", "timeoutSeconds": "30"}
+    streams = [await session.get("/api/v1/namespaces/default/configmaps", params=params) for _ in range(10)]
+    try:
+        assert all(stream.status == 200 for stream in streams)
+        assert emulator._requests == []  # kmock's list of requests in flight
+        created = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "seen", "namespace": "default"}}
+        await cluster.create(created, "configmaps")
+        for stream in streams:  # and every watch still streams
+            line = await asyncio.wait_for(stream.content.readline(), 5)
+            assert json.loads(line)["object"]["metadata"]["name"] == "seen"
+    finally:
+        for stream in streams:
+            stream.close()
+
+
 async def test_an_object_created_for_a_deleted_owner_is_collected(api: Any) -> None:
     """The garbage collector deletes what a controller made from a stale read after its owner went."""
     cluster, _ = api
@@ -353,6 +404,17 @@ async def test_an_object_created_for_a_deleted_owner_is_collected(api: Any) -> N
     }
     await cluster.create(pod, "pods")
     assert await cluster.get("v1", "pods", "default", "orphan") is None
+
+
+async def test_an_object_a_server_side_apply_creates_for_a_deleted_owner_is_collected(api: Any) -> None:
+    """The same for an apply that creates the object (201): how the operator writes its children."""
+    cluster, session = api
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "no-such-uid", "controller": True}
+    applied = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late", "ownerReferences": [owner]}}
+    path = "/api/v1/namespaces/default/configmaps/late?fieldManager=test"
+    status, _, _ = await call(session, "PATCH", path, applied, "application/apply-patch+yaml")
+    assert status == 201
+    assert await cluster.get("v1", "configmaps", "default", "late") is None
 
 
 async def test_an_object_created_for_a_living_owner_stays_and_one_for_a_recreated_owner_goes(api: Any) -> None:

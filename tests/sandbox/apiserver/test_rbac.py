@@ -1,14 +1,15 @@
 """The chart's RBAC against every request the operator makes, by the rules of Kubernetes' RBAC authorizer.
 
 The requests are derived from the operator's code, so a new kind of child, watch or client call is
-checked without editing this file: kopf's registry after `npu_operator.handlers` is imported (each
-watched resource: list and watch), kopf's own resources (peering, CRDs, Events, the bookkeeping
-patches on handled resources), `children.KINDS` (the client's apply: create and patch; get; delete),
-and the client's own resources (the status subresource, the model cache's claim). The rules come
-from `helm template` of the chart, in both watch scopes. The authorizer is the emulator's
-(`npu_sandbox.apiserver.rbac`, which follows plugin/pkg/auth/authorizer/rbac); its matching rules and the
-403's wording are pinned down here too. tests/e2e/test_helm.py runs the operator with the
-ServiceAccount's token against the installed chart.
+checked without editing this file: the kopf registry `handlers.registry` makes for the scope (each
+watched resource: list and watch), our informers' kinds (list and watch), kopf's own resources
+(peering, CRDs, Events, the bookkeeping patches on handled resources), `children.KINDS` (the
+client's apply: create and patch; get; delete), and the client's own resources (the status
+subresource, the model cache's claim). The rules come from `helm template` of the chart, in both
+watch scopes. The authorizer is the emulator's (`npu_sandbox.apiserver.rbac`, which follows
+plugin/pkg/auth/authorizer/rbac); its matching rules and the 403's wording are pinned down here
+too. tests/e2e/test_helm.py runs the operator with the ServiceAccount's token against the
+installed chart.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import kopf
-import npu_operator.controller.handlers  # noqa: F401  (registers the handlers)
 import pytest
 from kopf._cogs.structs import references
+from npu_operator.api.config import OperatorConfig
 from npu_operator.children import kinds as children
+from npu_operator.controller import handlers, watches
 from npu_operator.kube import client
 from npu_sandbox.apiserver import rbac
 
@@ -50,9 +51,9 @@ def _named(selector: references.Selector) -> tuple[str, str]:
     return selector.group or "", str(selector.plural or selector.any_name)
 
 
-def _handled() -> Iterator[tuple[str, str, str]]:
+def _handled(cluster_wide: bool, namespace: str) -> Iterator[tuple[str, str, str]]:
     """(group, plural, registry) of every resource kopf watches for the operator's handlers."""
-    registry = kopf.get_default_registry()
+    registry = handlers.registry(OperatorConfig(namespaces=() if cluster_wide else (namespace,)))
     for name in ("_indexing", "_watching", "_spawning", "_changing"):
         for handler in getattr(registry, name).get_all_handlers():
             yield *_named(handler.selector), name
@@ -62,10 +63,14 @@ def operator_requests(namespace: str, cluster_wide: bool) -> list[tuple[str, str
     """(verb, group, resource, subresource, namespace) of every request the operator makes; "" is cluster scope."""
     watch_in = "" if cluster_wide else namespace
     requests: set[tuple[str, str, str, str, str]] = set()
-    for group, plural, registry in _handled():
+    for group, plural, registry in _handled(cluster_wide, namespace):
         requests |= {("list", group, plural, "", watch_in), ("watch", group, plural, "", watch_in)}
         if registry in ("_spawning", "_changing"):  # kopf's finalizer (added, or removed where not required)
             requests.add(("patch", group, plural, "", namespace))
+    # kopf removes the finalizer an earlier version of the operator left on an NPUInference.
+    requests.add(("patch", client.NPU_INFERENCES.group, client.NPU_INFERENCES.plural, "", namespace))
+    for resource in watches.server_selectors():  # the informers: list, then watch
+        requests |= {(verb, resource.group, resource.plural, "", watch_in) for verb in ("list", "watch")}
     for kind in children.KINDS:  # client.KubeClient: apply (create or patch), get, delete
         resource = kind.resource
         requests |= {

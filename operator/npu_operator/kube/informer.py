@@ -1,0 +1,165 @@
+"""List, then watch, one kind of object with a label selector: an informer, as client-go's.
+
+`inform` keeps a `Sink` equal to what the API server holds of one kind (in one namespace, or in all):
+a first list in pages (client-go's pager: 500 a page), then a watch from the list's resourceVersion,
+re-opened from the last version seen when the server ends it. What it does on trouble, after
+client-go's reflector (k8s.io/client-go/tools/cache/reflector.go, ListAndWatch):
+- 410 Gone (an answer, or an ERROR event in the stream): the versions seen are compacted away: list
+  again, and the sink is replaced by the fresh list (objects deleted meanwhile leave it);
+- any other ERROR event, an error answer, a dropped connection: list again after a backoff (0.5 s
+  doubling to 30 s, jittered, reset by a stream that lasted 10 s);
+- a stream the server ended early: reopened, after a backoff when it lasted under 10 s (a proxy
+  that cuts every stream must not be answered with a reconnect storm);
+- 403 or 404 on the list (RBAC refuses the kind, its API is not installed): the sink is emptied,
+  the sync counts as done (nothing of that kind can be seen) and the list is asked again every
+  `absent_seconds`.
+`synced` is set once the first list is in the sink (or the kind is known to be absent), so that
+nothing acts on a half-known cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+from npu_operator.kube.client import ApiError, KubeClient, Resource
+
+logger = logging.getLogger(__name__)
+
+PAGE: Final = 500  # client-go's pager (k8s.io/client-go/tools/pager, defaultPageSize)
+HEALTHY_STREAM_SECONDS: Final = 10.0
+FIRST_RETRY_SECONDS: Final = 0.5
+MAX_RETRY_SECONDS: Final = 30.0
+
+
+class Sink(Protocol):
+    """Where an informer keeps what it sees (the owner-keyed caches of `controller.watches`)."""
+
+    def replace(self, namespace: str | None, objects: Sequence[Mapping[str, Any]]) -> None:
+        """The whole kind (in `namespace`, or everywhere when None) is now `objects`."""
+
+    def put(self, obj: Mapping[str, Any]) -> None:
+        """`obj` was added or changed."""
+
+    def remove(self, obj: Mapping[str, Any]) -> None:
+        """`obj` was deleted."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Watched:
+    """One informer's subject: a kind, the namespace (None: all) and the label selector."""
+
+    resource: Resource
+    namespace: str | None
+    selector: str
+
+
+class _Gone(Exception):
+    """410: the resourceVersion the watch would go on from is compacted away."""
+
+
+def retry_seconds(failures: int, rng: Callable[[], float] = random.random) -> float:
+    """The pause before the next list after `failures` failures in a row: doubling, jittered +-50 %."""
+    return float(min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * 2.0 ** max(0, failures - 1) * (0.5 + rng())))
+
+
+async def inform(
+    client: KubeClient,
+    watched: Watched,
+    sink: Sink,
+    synced: asyncio.Event,
+    *,
+    watch_seconds: int = 300,
+    absent_seconds: float = 60.0,
+    page: int = PAGE,
+) -> None:
+    """Keep `sink` equal to the API server's objects of `watched`, until cancelled."""
+    failures = 0
+    what = f"{watched.resource.plural} ({watched.selector}) in {watched.namespace or 'all namespaces'}"
+    while True:
+        try:
+            version = await _list(client, watched, sink, page)
+        except ApiError as exc:
+            if exc.status in (403, 404):
+                logger.warning(f"cannot list {what} ({exc}): none are seen; asking again in {absent_seconds:.0f} s")
+                sink.replace(watched.namespace, ())
+                synced.set()
+                await asyncio.sleep(absent_seconds)
+                continue
+            failures += 1
+            wait = retry_seconds(failures)
+            logger.warning(f"listing {what} failed ({exc}); again in {wait:.1f} s")
+            await asyncio.sleep(wait)
+            continue
+        except Exception:  # an answer that is not what the API promises: never the informer's end
+            failures += 1
+            wait = retry_seconds(failures)
+            logger.exception(f"listing {what} failed; again in {wait:.1f} s")
+            await asyncio.sleep(wait)
+            continue
+        synced.set()
+        try:
+            while True:
+                started = time.monotonic()
+                version = await _watch(client, watched, sink, version, watch_seconds)
+                failures = 0 if time.monotonic() - started >= HEALTHY_STREAM_SECONDS else failures + 1
+                if failures:
+                    await asyncio.sleep(retry_seconds(failures))
+        except _Gone:
+            failures = 0
+            logger.debug(f"watching {what}: 410 Gone, listing again")
+        except ApiError as exc:
+            failures += 1
+            wait = retry_seconds(failures)
+            logger.warning(f"watching {what} failed ({exc}); listing again in {wait:.1f} s")
+            await asyncio.sleep(wait)
+        except Exception:  # a line that is not JSON, an event of a shape the API never sends
+            failures += 1
+            wait = retry_seconds(failures)
+            logger.exception(f"watching {what} failed; listing again in {wait:.1f} s")
+            await asyncio.sleep(wait)
+
+
+async def _list(client: KubeClient, watched: Watched, sink: Sink, page_size: int) -> str:
+    """Every object of `watched` into the sink at once; the list's resourceVersion."""
+    objects: list[Mapping[str, Any]] = []
+    token: str | None = None
+    while True:
+        page = await client.list_page(
+            watched.resource, watched.namespace, selector=watched.selector, limit=page_size, token=token
+        )
+        objects += page.get("items") or ()
+        meta = page.get("metadata") or {}
+        token = meta.get("continue") or None
+        if token is None:
+            sink.replace(watched.namespace, objects)
+            return str(meta.get("resourceVersion") or "")
+
+
+async def _watch(client: KubeClient, watched: Watched, sink: Sink, version: str, seconds: int) -> str:
+    """Events into the sink until the stream ends; the last resourceVersion seen."""
+    try:
+        async for event in client.watch(
+            watched.resource, watched.namespace, selector=watched.selector, resource_version=version, seconds=seconds
+        ):
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                code = obj.get("code")
+                if code == 410:
+                    raise _Gone()
+                raise ApiError(int(code or 0), str(obj.get("reason") or "ERROR"), str(obj.get("message") or obj))
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            if kind in ("ADDED", "MODIFIED"):
+                sink.put(obj)
+            elif kind == "DELETED":
+                sink.remove(obj)
+    except ApiError as exc:
+        if exc.status == 410:
+            raise _Gone() from exc
+        raise
+    return version
