@@ -133,12 +133,13 @@ class Informers:
             resource: OwnedObjects(essentials, wake) for resource in children.RESOURCES
         }
         self.pods = OwnedObjects(pod_essentials, wake)
-        self.links = OwnedObjects(link_essentials)
+        # One cache per kind: a fresh list of one kind replaces only that kind's objects.
+        self.links = {resource: OwnedObjects(link_essentials) for resource in LINKS}
         self._synced: list[asyncio.Event] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     def sinks(self) -> dict[Resource, OwnedObjects]:
-        return self.children | {PODS: self.pods, REPLICA_SETS: self.links, STATEFUL_SETS: self.links}
+        return self.children | {PODS: self.pods} | self.links
 
     def start(self, client: KubeClient, namespaces: Sequence[str]) -> None:
         """An informer per kind and namespace (one per kind, cluster-wide, when `namespaces` is empty)."""
@@ -187,7 +188,7 @@ class WatchedView:
         return (namespace, name) in self._pods.by_owner
 
     def owner_links(self, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
-        return [dict(obj) for obj in self._links.get((namespace, name))]
+        return [dict(obj) for links in self._links.values() for obj in links.get((namespace, name))]
 
     def children_of(self, kind: ChildKind, namespace: str, name: str) -> Sequence[Mapping[str, Any]]:
         return [dict(obj) for obj in self._children[kind.resource].get((namespace, name))]

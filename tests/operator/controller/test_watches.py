@@ -18,7 +18,7 @@ from npu_operator.controller import watches
 from npu_operator.controller.watches import OwnedObjects, OwnerKey
 from npu_operator.kube import informer
 from npu_operator.kube import names as builders
-from npu_operator.kube.client import KubeClient
+from npu_operator.kube.client import REPLICA_SETS, STATEFUL_SETS, KubeClient
 from npu_operator.kube.informer import Watched, inform
 from npu_sandbox.cluster import LocalCluster
 
@@ -164,3 +164,17 @@ async def test_an_informer_outlives_a_stream_it_cannot_read(monkeypatch: pytest.
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_each_watched_kind_has_a_cache_of_its_own() -> None:
+    """A fresh list replaces its kind's objects: two kinds in one cache would wipe each other (the
+    StatefulSets' empty list dropped every ReplicaSet, and with them every pod's owner chain)."""
+    informers = watches.Informers(lambda _: None)
+    sinks = informers.sinks()
+    assert set(sinks) == set(watches.server_selectors())
+    assert len({id(sink) for sink in sinks.values()}) == len(sinks)
+    replica_set = {"metadata": {"name": "m-abc", "namespace": NS, "uid": "rs", "labels": {builders.NAME_LABEL: "m"}}}
+    sinks[REPLICA_SETS].replace(None, [replica_set])
+    sinks[STATEFUL_SETS].replace(None, [])
+    view = watches.WatchedView(informers)
+    assert [link["metadata"]["uid"] for link in view.owner_links(NS, "m")] == ["rs"]
