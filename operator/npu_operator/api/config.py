@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -344,3 +345,8 @@ MAX_BACKOFF_SECONDS: Final = 300.0
 def backoff_seconds(interval: float, failures: int) -> float:
     """The wait after `failures` failures in a row: the interval, doubled per failure, at most 5 min."""
     return float(min(interval * 2 ** max(failures - 1, 0), MAX_BACKOFF_SECONDS))
+
+
+def jittered(base: float, ceiling: float, rng: Callable[[], float] = random.random) -> float:
+    """`base` spread over +-50 % (so that many clients do not retry in step), at most `ceiling`."""
+    return min(ceiling, base * (0.5 + rng()))

@@ -31,25 +31,17 @@ from typing import Any, Final, cast
 import aiohttp
 import kopf
 
-from npu_operator.api.config import OperatorConfig
+from npu_operator.api.config import OperatorConfig, jittered
+from npu_operator.kube.informer import HEALTHY_STREAM_SECONDS, retry_seconds
 
 logger = logging.getLogger(__name__)
 
-# A stream that lasted at least this long was healthy: the next reconnect comes at once.
-HEALTHY_STREAM_SECONDS: Final = 10.0
-FIRST_RECONNECT_DELAY: Final = 0.5
-MAX_RECONNECT_DELAY: Final = 30.0
 # Restarts of the whole operator after a fatal watch error.
 FIRST_RESTART_DELAY: Final = 1.0
 MAX_RESTART_DELAY: Final = 60.0
 STABLE_RUN_SECONDS: Final = 300.0  # a run this long resets the restart backoff
 
 Handler = Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]]
-
-
-def jittered(base: float, ceiling: float, rng: Callable[[], float] = random.random) -> float:
-    """`base` spread over +-50 % (so that many clients do not reconnect in step), at most `ceiling`."""
-    return min(ceiling, base * (0.5 + rng()))
 
 
 class WatchThrottle:
@@ -69,11 +61,8 @@ class WatchThrottle:
         now = self._clock()
         last = self._last.get(path)
         strikes = 0 if last is None or now - last[0] >= HEALTHY_STREAM_SECONDS else last[1] + 1
-        wait = (
-            0.0
-            if strikes == 0
-            else jittered(FIRST_RECONNECT_DELAY * 2 ** (strikes - 1), MAX_RECONNECT_DELAY, self._rng)
-        )
+        # The same backoff as our own informers' (kube.informer).
+        wait = 0.0 if strikes == 0 else retry_seconds(strikes, self._rng)
         self._last[path] = (now + wait, strikes)
         return wait
 

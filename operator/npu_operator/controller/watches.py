@@ -52,10 +52,6 @@ def server_selectors() -> dict[Resource, str]:
     return dict.fromkeys(children.RESOURCES, OURS) | dict.fromkeys((PODS, *LINKS), POD_LABELS)
 
 
-def owner_key(namespace: str | None, labels: Mapping[str, str]) -> OwnerKey:
-    return (namespace or "", labels[builders.NAME_LABEL])
-
-
 class OwnedObjects:
     """One kind's objects (an informer's `Sink`), as kept projections, by owner: (namespace, NPUInference
     name) -> {name: projection}. A change of a projection calls `wake` with its owner, once it is kept."""
@@ -102,7 +98,8 @@ class OwnedObjects:
         projected = self._project(obj)
         # The cache's keys are the projection's own (shared) strings, not this event's copies.
         kept = projected.get("metadata") or {}
-        key: OwnerKey = (kept.get("namespace") or namespace, owner)
+        namespace, name = kept.get("namespace") or namespace, kept.get("name") or name
+        key: OwnerKey = (namespace, owner)
         moved = self._owner_of.get((namespace, name))
         if moved is not None and moved != key:
             self._drop(namespace, name)
@@ -110,8 +107,8 @@ class OwnedObjects:
         found = self.by_owner.setdefault(key, {})
         if found.get(name) == projected:
             return None
-        found[kept.get("name") or name] = projected
-        self._owner_of[(key[0], kept.get("name") or name)] = key
+        found[name] = projected
+        self._owner_of[(namespace, name)] = key
         return key
 
     def _drop(self, namespace: str, name: str) -> OwnerKey | None:
@@ -143,14 +140,12 @@ class Informers:
 
     def start(self, client: KubeClient, namespaces: Sequence[str]) -> None:
         """An informer per kind and namespace (one per kind, cluster-wide, when `namespaces` is empty)."""
-        optional = {kind.resource for kind in children.KINDS if kind.optional} - {
-            kind.resource for kind in children.KINDS if not kind.optional
-        }
+        required = {kind.resource for kind in children.KINDS if not kind.optional} | {PODS, *LINKS}
         sinks = self.sinks()
         for resource, selector in server_selectors().items():
             for namespace in namespaces or (None,):
                 synced = asyncio.Event()
-                if resource not in optional:  # an optional API never holds the workers back
+                if resource in required:  # an optional API never holds the workers back
                     self._synced.append(synced)
                 watched = Watched(resource, namespace, selector)
                 self._tasks.append(asyncio.create_task(inform(client, watched, sinks[resource], synced)))

@@ -152,8 +152,9 @@ class Workers:
         self._specs = SharedDocuments()
         self._events = EventLimiter()  # a burst of Events becomes one, per resource and reason
         self._serving = 0  # the `serve` calls under way (one per peering object that lets us act)
-        self._running: asyncio.Future[Any] | None = None  # the workers, while serving
-        self._ticks: set[asyncio.Future[None]] = set()
+        self._running: list[asyncio.Task[None]] = []  # the workers, while serving
+        self._idle: set[asyncio.Task[Any]] = set()  # those waiting for a key
+        self._stopping = False
 
     # --- what the handlers tell ---------------------------------------------------------------
 
@@ -221,40 +222,42 @@ class Workers:
             if self._serving == 1:
                 for key in self.states:  # another replica may have acted meanwhile: tick everything
                     self.wake(key)
-                self._running = asyncio.gather(*(self._work() for _ in range(self._workers)))
+                self._stopping = False
+                self._running = [asyncio.ensure_future(self._work()) for _ in range(self._workers)]
             await (stopped if stopped is not None else asyncio.get_running_loop().create_future())
         finally:
             self._serving -= 1
-            if self._serving == 0 and self._running is not None:
+            if self._serving == 0 and self._running:
                 await self._stop()
 
     async def _stop(self) -> None:
-        running, self._running = self._running, None
-        if running is not None:
-            running.cancel()  # the workers take no more keys
-            await asyncio.gather(running, return_exceptions=True)
-        if self._ticks:
-            _, late = await asyncio.wait(set(self._ticks), timeout=STOP_GRACE_SECONDS)
-            for tick in late:
-                tick.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        """The workers take no more keys: those waiting for one end now, the others after their tick,
+        cancelled once `STOP_GRACE_SECONDS` have passed."""
+        running, self._running = self._running, []
+        self._stopping = True
+        for worker in self._idle:
+            worker.cancel()
+        _, late = await asyncio.wait(running, timeout=STOP_GRACE_SECONDS)
+        for worker in late:
+            worker.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
     async def _work(self) -> None:
-        while True:
-            key = await self.queue.get()
-            tick = asyncio.ensure_future(self._tick(key))
-            self._ticks.add(tick)
-            tick.add_done_callback(lambda done, key=key: self._ticked(key, done))  # type: ignore[misc]
+        """Tick one due resource after another, in this task: a tick costs no task of its own."""
+        me = asyncio.current_task()
+        assert me is not None
+        while not self._stopping:
+            self._idle.add(me)  # only a worker waiting for a key is cancelled at once by a stop
             try:
-                await asyncio.shield(tick)  # a stop cancels the worker, not the tick under way
-            except asyncio.CancelledError:
-                raise
+                key = await self.queue.get()
+            finally:
+                self._idle.discard(me)
+            try:
+                await self._tick(key)
             except Exception:  # a tick catches its own failures; a worker outlives anything else
                 logger.exception(f"the tick of {key[0]}/{key[1]} failed")
-
-    def _ticked(self, key: OwnerKey, tick: asyncio.Future[None]) -> None:
-        self._ticks.discard(tick)
-        self.queue.done(key)
+            finally:
+                self.queue.done(key)
 
     async def _tick(self, key: OwnerKey) -> None:
         state = self.states.get(key)

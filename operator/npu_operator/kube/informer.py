@@ -27,14 +27,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
+from npu_operator.api.config import jittered
 from npu_operator.kube.client import ApiError, KubeClient, Resource
 
 logger = logging.getLogger(__name__)
 
 PAGE: Final = 500  # client-go's pager (k8s.io/client-go/tools/pager, defaultPageSize)
+# A stream that lasted at least this long was healthy: the next one opens at once. Otherwise the
+# next list or watch waits FIRST_RETRY_SECONDS, doubling per strike, at most MAX_RETRY_SECONDS.
 HEALTHY_STREAM_SECONDS: Final = 10.0
 FIRST_RETRY_SECONDS: Final = 0.5
 MAX_RETRY_SECONDS: Final = 30.0
+
+
+def retry_seconds(strikes: int, rng: Callable[[], float] = random.random) -> float:
+    """The pause after `strikes` failures or short streams in a row: doubling, jittered +-50 %."""
+    return jittered(FIRST_RETRY_SECONDS * 2.0 ** max(0, strikes - 1), MAX_RETRY_SECONDS, rng)
 
 
 class Sink(Protocol):
@@ -63,11 +71,6 @@ class _Gone(Exception):
     """410: the resourceVersion the watch would go on from is compacted away."""
 
 
-def retry_seconds(failures: int, rng: Callable[[], float] = random.random) -> float:
-    """The pause before the next list after `failures` failures in a row: doubling, jittered +-50 %."""
-    return float(min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * 2.0 ** max(0, failures - 1) * (0.5 + rng())))
-
-
 async def inform(
     client: KubeClient,
     watched: Watched,
@@ -81,26 +84,31 @@ async def inform(
     """Keep `sink` equal to the API server's objects of `watched`, until cancelled."""
     failures = 0
     what = f"{watched.resource.plural} ({watched.selector}) in {watched.namespace or 'all namespaces'}"
+
+    async def back_off(doing: str, exc: BaseException) -> None:
+        """A failure: list again after the next pause (an ApiError is expected; anything else, an
+        answer that is not what the API promises, is logged with its traceback)."""
+        nonlocal failures
+        failures += 1
+        wait = retry_seconds(failures)
+        log = logger.warning if isinstance(exc, ApiError) else logger.exception
+        log(f"{doing} {what} failed ({exc}); listing again in {wait:.1f} s")
+        await asyncio.sleep(wait)
+
     while True:
         try:
             version = await _list(client, watched, sink, page)
         except ApiError as exc:
-            if exc.status in (403, 404):
-                logger.warning(f"cannot list {what} ({exc}): none are seen; asking again in {absent_seconds:.0f} s")
-                sink.replace(watched.namespace, ())
-                synced.set()
-                await asyncio.sleep(absent_seconds)
+            if exc.status not in (403, 404):
+                await back_off("listing", exc)
                 continue
-            failures += 1
-            wait = retry_seconds(failures)
-            logger.warning(f"listing {what} failed ({exc}); again in {wait:.1f} s")
-            await asyncio.sleep(wait)
+            logger.warning(f"cannot list {what} ({exc}): none are seen; asking again in {absent_seconds:.0f} s")
+            sink.replace(watched.namespace, ())
+            synced.set()
+            await asyncio.sleep(absent_seconds)
             continue
-        except Exception:  # an answer that is not what the API promises: never the informer's end
-            failures += 1
-            wait = retry_seconds(failures)
-            logger.exception(f"listing {what} failed; again in {wait:.1f} s")
-            await asyncio.sleep(wait)
+        except Exception as exc:  # never the informer's end
+            await back_off("listing", exc)
             continue
         synced.set()
         try:
@@ -113,16 +121,8 @@ async def inform(
         except _Gone:
             failures = 0
             logger.debug(f"watching {what}: 410 Gone, listing again")
-        except ApiError as exc:
-            failures += 1
-            wait = retry_seconds(failures)
-            logger.warning(f"watching {what} failed ({exc}); listing again in {wait:.1f} s")
-            await asyncio.sleep(wait)
-        except Exception:  # a line that is not JSON, an event of a shape the API never sends
-            failures += 1
-            wait = retry_seconds(failures)
-            logger.exception(f"watching {what} failed; listing again in {wait:.1f} s")
-            await asyncio.sleep(wait)
+        except Exception as exc:  # an error answer or event, a line that is not JSON: never the end
+            await back_off("watching", exc)
 
 
 async def _list(client: KubeClient, watched: Watched, sink: Sink, page_size: int) -> str:

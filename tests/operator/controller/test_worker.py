@@ -273,12 +273,13 @@ async def test_the_workers_act_until_the_last_of_those_who_let_them_stops(monkey
     first, second = asyncio.Event(), asyncio.Event()
     serving = [asyncio.create_task(workers.serve(stop.wait())) for stop in (first, second)]
     await asyncio.wait_for(ticked.wait(), 5)
+    started = list(workers._running)
     first.set()
     await asyncio.wait_for(serving[0], 5)
-    assert workers._running is not None  # the other still lets them act
+    assert workers._running == started and not any(worker.done() for worker in started)  # the other lets them act
     second.set()
     await asyncio.wait_for(serving[1], 5)  # at once: not the hour the resource waits for
-    assert workers._running is None and workers._ticks == set()
+    assert workers._running == [] and all(worker.done() for worker in started)  # every worker has ended
 
 
 async def test_a_stop_lets_the_tick_under_way_finish(monkeypatch: pytest.MonkeyPatch) -> None:
