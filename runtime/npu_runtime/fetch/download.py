@@ -589,7 +589,6 @@ class ModelScopeHub:
         key = (options.endpoint, options.token)
         if key not in self._apis:
             self._apis[key] = HubApi(endpoint=options.endpoint, token=options.token)
-            _probe_route_early(self._apis[key])
         return self._apis[key]
 
     def _commit(self, options: FetchOptions, revision: str) -> str:
@@ -607,6 +606,7 @@ class ModelScopeHub:
 
     def resolve(self, options: FetchOptions) -> Listing:
         commit = self._commit(options, options.revision or self.default_revision)
+        _probe_route_early(self._api(options))
         files = [
             RemoteFile(f.path, int(f.size), f.sha256, None)
             for f in self._api(options).list_repo_files(options.repo, "model", revision=commit, recursive=True)
