@@ -624,7 +624,13 @@ class ModelScopeHub:
         self, options: FetchOptions, listing: Listing, names: Sequence[str], verification: Verification
     ) -> Path:
         if verification.by_client and list(names) == [CONFIG_FILE] and verification.remote(CONFIG_FILE).sha256:
-            return self._read_config(options, listing, verification)  # config.json first, alone
+            try:  # config.json first, alone
+                return self._read_config(options, listing, verification)
+            except BodyMismatch:
+                raise
+            except Exception as exc:  # the library's download, with its retries, says what fails
+                _log(f"{_name(options)}: {CONFIG_FILE} alone failed ({type(exc).__name__}); the library fetches it")
+                verification.reset(CONFIG_FILE)
         if verification.by_client:
             wanted = set(names)
             files = [
@@ -656,7 +662,7 @@ class ModelScopeHub:
         """config.json alone, over the client's session: its body hashed as it streams, stopped past the
         listed size, and renamed into the snapshot only when it matches the listing (BodyMismatch: fetched
         again once). A 1-file `download_file` sets up per-file locks, folders and a resumable stream
-        first: 2-3 ms against 0.6 for the request itself, all of it before the first weight byte."""
+        first: 2-3 ms here against about 1 for this request, all of it before the first weight byte."""
         snapshot = self.repo_folder(options) / "snapshots" / listing.commit
         snapshot.mkdir(parents=True, exist_ok=True)
         landing = snapshot / f".{CONFIG_FILE}.{os.getpid()}.incomplete"
@@ -728,8 +734,8 @@ def _probe_route_early(api: Any) -> None:
     offers a cloud-internal route (`DownloadManager._detect_region`: GET
     <endpoint>/api/v1/repos/internalAccelerationInfo, then the region query address it names, 0.2 s
     timeout each; modelscope_hub 0.5, _download.py); it runs once per client under a lock, so the
-    downloads find its answer. Outside the cloud it names, that is a timeout on every cold start.
-    A client without it is left as it is."""
+    downloads find its answer. A query address the node cannot reach waits out its timeout here,
+    beside the listing, instead of before the first byte. A client without it is left as it is."""
     detect = getattr(getattr(api, "downloader", None), "_detect_region", None)
     if not callable(detect):
         return

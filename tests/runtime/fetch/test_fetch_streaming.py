@@ -208,6 +208,19 @@ def test_a_corrupted_config_json_is_never_planned_and_no_weight_is_asked_for(
     assert not list(cache.rglob("config.json")) and not list(cache.rglob(".npu-complete/*.json"))
 
 
+@pytest.mark.parametrize("which", HUBS)
+def test_a_cut_config_json_is_fetched_again_and_planned_whole(which: str, streamed_repo: Repo, tmp_path: Path) -> None:
+    config, planned = streamed_repo.files["config.json"], list[bytes]()
+    with LocalHub([streamed_repo]) as hub:
+        hub.faults.cut_after["config.json"] = config.size // 3  # once
+        opts = options(hub, tmp_path / "cache", which)
+        plan = lambda snapshot: planned.append((snapshot / "config.json").read_bytes())  # noqa: E731
+        snapshot = fetch.fetch(opts, fetch.hub_for(which), Progress(source=which, repository=REPO), on_config=plan)
+        served = hub.served[f"{REPO}/config.json"]
+    assert planned == [config.data] and (snapshot / "config.json").read_bytes() == config.data
+    assert served == 2  # the cut body, then the whole one
+
+
 def test_the_modelscope_clients_route_probe_runs_beside_the_listing(streamed_repo: Repo, tmp_path: Path) -> None:
     """modelscope_hub probes the endpoint for a cloud-internal route once per client, before its first
     download: the fetch starts that probe beside the file listing, so no download waits for it."""
