@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Download throughput from the local hub: `npu-runtime fetch` versus the hub client's own download.
 
-    python scripts/bench_fetch.py [--size-mib 512] [--shards 4] [--runs 3] [--hub huggingface|modelscope] [--hub-nagle]
+    python scripts/bench_fetch.py [--size-mib 512] [--shards 4] [--runs 3] [--hub huggingface|modelscope] [--pinned]
+        [--hub-nagle]
 
 One local hub (npu_sandbox.fixtures.local_hub, 127.0.0.1, with TCP_NODELAY) serves a repository of
 --shards random safetensors shards (--size-mib in all) plus config.json. In the same run, each round downloads
-the same files into fresh directories (plain and fetch in alternating order, after `sync`):
+the same files into fresh directories (plain and fetch in alternating order, after `sync`), at the
+repository's default branch, or with --pinned at the commit it points at (what every pod after a
+rollout's first asks for: the operator pins the commit the first pod resolved):
 
 - plain:  `huggingface_hub.snapshot_download(repo, cache_dir=..., endpoint=...)` (or ModelScope's),
           nothing else;
@@ -58,22 +61,22 @@ def make_repo(directory: Path, size_mib: int, shards: int) -> None:
         (directory / name).write_bytes(rng.randbytes((size_mib << 20) // shards))
 
 
-def plain(hub: str, endpoint: str, cache: Path, chunk: int | None = None) -> None:
+def plain(hub: str, endpoint: str, cache: Path, revision: str | None, chunk: int | None = None) -> None:
     if hub == fetch.HUGGING_FACE:
         from huggingface_hub import constants, snapshot_download
 
         # fetch sets the library's write chunk for the process; plain gets the library's own (or `chunk`).
         constants.DOWNLOAD_CHUNK_SIZE = chunk or LIBRARY_CHUNK[0]
-        snapshot_download(REPO, cache_dir=cache, endpoint=endpoint, token=False)
+        snapshot_download(REPO, revision=revision, cache_dir=cache, endpoint=endpoint, token=False)
     else:
         # What `modelscope.snapshot_download` calls (modelscope >= 1.40 is a shim), as fetch does.
         from modelscope_hub.compat.snapshot_download import snapshot_download as ms_snapshot_download
 
-        ms_snapshot_download(repo_id=REPO, cache_dir=str(cache), endpoint=endpoint)
+        ms_snapshot_download(repo_id=REPO, revision=revision, cache_dir=str(cache), endpoint=endpoint)
 
 
-def fetched(hub: str, endpoint: str, cache: Path) -> Path:
-    options = fetch.FetchOptions(hub=hub, repo=REPO, revision=None, cache=cache, endpoint=endpoint)
+def fetched(hub: str, endpoint: str, cache: Path, revision: str | None) -> Path:
+    options = fetch.FetchOptions(hub=hub, repo=REPO, revision=revision, cache=cache, endpoint=endpoint)
     progress = fetch.Progress(source=hub, repository=REPO)
     return fetch.fetch(options, fetch.hub_for(hub), progress, on_config=lambda _: None)
 
@@ -101,6 +104,7 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hub", choices=fetch.HUBS, default=fetch.HUGGING_FACE)
+    parser.add_argument("--pinned", action="store_true", help="download the commit, not the default branch")
     parser.add_argument(
         "--hub-nagle", action="store_true", help="leave Nagle's algorithm on the local hub's sockets (40 ms a request)"
     )
@@ -133,6 +137,7 @@ def main() -> int:
         same_chunk = f"plain, {fetch._HF_WRITE_CHUNK >> 20} MiB"
         if args.hub == fetch.HUGGING_FACE:
             times[same_chunk] = []
+        revision = repo.commit if args.pinned else None
         with LocalHub([repo]) as hub:
             for run in range(args.runs):
                 plain_cache, fetch_cache = work / f"plain-{run}", work / f"fetch-{run}"
@@ -143,20 +148,25 @@ def main() -> int:
                 for name in order:
                     os.sync()
                     if name == "plain":
-                        times["plain"].append(timed(lambda c=plain_cache: plain(args.hub, hub.url, c), name))
+                        times["plain"].append(timed(lambda c=plain_cache: plain(args.hub, hub.url, c, revision), name))
                     elif name == same_chunk:
                         other = work / f"chunked-{run}"
                         chunk = fetch._HF_WRITE_CHUNK
-                        times[name].append(timed(lambda c=other, n=chunk: plain(args.hub, hub.url, c, n), name))
+                        times[name].append(
+                            timed(lambda c=other, n=chunk: plain(args.hub, hub.url, c, revision, n), name)
+                        )
                         shutil.rmtree(other)
                     else:
-                        times["fetch"].append(timed(lambda c=fetch_cache: fetched(args.hub, hub.url, c), name))
-                times["cached"].append(timed(lambda c=fetch_cache: fetched(args.hub, hub.url, c), "cached"))
+                        times["fetch"].append(
+                            timed(lambda c=fetch_cache: fetched(args.hub, hub.url, c, revision), name)
+                        )
+                times["cached"].append(timed(lambda c=fetch_cache: fetched(args.hub, hub.url, c, revision), "cached"))
                 shutil.rmtree(plain_cache)
                 shutil.rmtree(fetch_cache)
             served = dict(hub.served)
         print(
-            f"hub {args.hub}: {len(repo.files)} files, {total / 1e6:.0f} MB, {args.runs} runs, local hub on 127.0.0.1"
+            f"hub {args.hub}: {len(repo.files)} files, {total / 1e6:.0f} MB"
+            f" at {'the commit' if args.pinned else 'the branch'}, {args.runs} runs, local hub on 127.0.0.1"
             f"{' (Nagle on)' if args.hub_nagle else ''}; load average {load_before} before, {load()} after"
             f" ({os.cpu_count()} CPUs)"
         )

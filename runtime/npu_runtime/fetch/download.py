@@ -141,6 +141,7 @@ EXIT_CODES: Final = {
     failures.MODEL_DOES_NOT_FIT: EXIT_DOES_NOT_FIT,
 }
 _CHUNK: Final = 8 << 20
+_CONFIG_CHUNK: Final = 64 << 10
 DEFAULT_LOCK_TIMEOUT: Final = 1800.0
 
 
@@ -558,13 +559,15 @@ class ModelScopeHub:
 
     The library verifies each file itself, against this fetch's listing: the files are handed to
     `HubApi.download_repo` as its `file_list` (path, size, sha256; modelscope_hub 0.5, api.py),
-    so the library does not list them again (config.json alone to `HubApi.download_file`, with
-    its `expected_sha256` and `file_size`), and for each it checks what it streams against
+    so the library does not list them again, and for each it checks what it streams against
     that size and sha256 (`DownloadManager._download_with_resume` hashes every chunk as it writes
     it, re-hashes a resumed `.incomplete` prefix from disk first, stops at the listed size;
     `_parallel_download` hashes the parts as it joins them; `_finish_download` compares before
     the rename into the snapshot; `_cache_hit` hashes a file that is already there), all in
     modelscope_hub/_download.py. A file the library renamed into the snapshot is verified.
+
+    config.json, fetched first and alone to be planned, is one GET over the client's session,
+    hashed by this fetch as it streams (`_read_config`).
     """
 
     default_revision = "master"
@@ -603,6 +606,7 @@ class ModelScopeHub:
 
     def resolve(self, options: FetchOptions) -> Listing:
         commit = self._commit(options, options.revision or self.default_revision)
+        _probe_route_early(self._api(options))
         files = [
             RemoteFile(f.path, int(f.size), f.sha256, None)
             for f in self._api(options).list_repo_files(options.repo, "model", revision=commit, recursive=True)
@@ -619,18 +623,14 @@ class ModelScopeHub:
     def download(
         self, options: FetchOptions, listing: Listing, names: Sequence[str], verification: Verification
     ) -> Path:
-        if verification.by_client and len(names) == 1:  # config.json first: the one file, with its size and sha256
-            (remote,) = (f for f in listing.files if f.path == names[0])
-            path = self._api(options).download_file(
-                options.repo,
-                "model",
-                remote.path,
-                revision=listing.commit,
-                cache_dir=str(_library_cache(options)),
-                expected_sha256=remote.sha256,
-                file_size=remote.size,
-            )
-            return Path(path).parents[len(remote.path.split("/")) - 1]
+        if verification.by_client and list(names) == [CONFIG_FILE] and verification.remote(CONFIG_FILE).sha256:
+            try:  # config.json first, alone
+                return self._read_config(options, listing, verification)
+            except BodyMismatch:
+                raise
+            except Exception as exc:  # the library's download, with its retries, says what fails
+                _log(f"{_name(options)}: {CONFIG_FILE} alone failed ({type(exc).__name__}); the library fetches it")
+                verification.reset(CONFIG_FILE)
         if verification.by_client:
             wanted = set(names)
             files = [
@@ -658,11 +658,41 @@ class ModelScopeHub:
             )
         )
 
+    def _read_config(self, options: FetchOptions, listing: Listing, verification: Verification) -> Path:
+        """config.json alone, over the client's session: its body hashed as it streams, stopped past the
+        listed size, and renamed into the snapshot only when it matches the listing (BodyMismatch: fetched
+        again once). A 1-file `download_file` sets up per-file locks, folders and a resumable stream
+        first: 2-3 ms here against about 1 for this request, all of it before the first weight byte."""
+        snapshot = self.repo_folder(options) / "snapshots" / listing.commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        landing = snapshot / f".{CONFIG_FILE}.{os.getpid()}.incomplete"
+        stream = verification.body(CONFIG_FILE, 0)
+        assert stream is not None  # the listing has its sha256 (`download`)
+        # GET /api/v1/models/<repo>/repo?Revision=<commit>&FilePath=config.json, with the client's session
+        # and token; an error status raises the client's errors (modelscope_hub 0.5, _legacy_api.py,
+        # LegacyClient.download_stream).
+        body = self._api(options).legacy.download_stream(options.repo, "model", CONFIG_FILE, listing.commit)
+        try:
+            with body, open(landing, "wb") as out:
+                for chunk in body.iter_content(_CONFIG_CHUNK):
+                    if stream.position + len(chunk) > stream.remote.size:
+                        raise BodyMismatch(CONFIG_FILE)
+                    stream.update(chunk)
+                    out.write(chunk)
+            verification.ended(CONFIG_FILE, stream)
+            if not verification.streamed(CONFIG_FILE):  # a shorter body
+                raise BodyMismatch(CONFIG_FILE)
+            os.replace(landing, snapshot / CONFIG_FILE)
+        finally:
+            landing.unlink(missing_ok=True)
+        return snapshot
+
     def verified_by_download(
         self, options: FetchOptions, snapshot: Path, remote: RemoteFile, verification: Verification
     ) -> str | None:
-        """BY_CLIENT when the library had this listing's sha256 and size for the file (see the class), and the
-        snapshot holds it: a regular file of the listed size."""
+        """When the snapshot holds the file as a regular file of the listed size: STREAMED when this fetch
+        hashed its body as it streamed (config.json, `_read_config`), BY_CLIENT when the library had this
+        listing's sha256 and size for it (see the class)."""
         if not verification.by_client or remote.sha1 is not None:
             return None
         entry = snapshot / remote.path
@@ -671,7 +701,7 @@ class ModelScopeHub:
                 return None
         except OSError:
             return None
-        return BY_CLIENT
+        return STREAMED if verification.streamed(remote.path) else BY_CLIENT
 
     def measure(self, folder: Path, listing: Listing, verification: Verification) -> tuple[int, int]:
         return measure(folder, listing)
@@ -696,6 +726,25 @@ class ModelScopeHub:
 # The modelscope_hub versions whose download (HubApi.download_repo with file_list, and the
 # DownloadManager functions the class names) was read: 0.5 and later 0.x.
 _MS_CHECKED: Final = (0, 5)
+
+
+def _probe_route_early(api: Any) -> None:
+    """Starts the route probe a modelscope_hub client makes once, before its first download, beside this
+    fetch's revision lookup and listing instead of after them. The probe asks the endpoint whether it
+    offers a cloud-internal route (`DownloadManager._detect_region`: GET
+    <endpoint>/api/v1/repos/internalAccelerationInfo, then the region query address it names, 0.2 s
+    timeout each; modelscope_hub 0.5, _download.py); it runs once per client under a lock, so the
+    downloads find its answer. A query address the node cannot reach waits out its timeout here,
+    beside the listing, instead of before the first byte. A client without it is left as it is."""
+    detect = getattr(getattr(api, "downloader", None), "_detect_region", None)
+    if not callable(detect):
+        return
+
+    def probe() -> None:
+        with contextlib.suppress(Exception):  # the first download probes again, and reports what fails
+            detect()
+
+    threading.Thread(target=probe, name="fetch-route-probe", daemon=True).start()
 
 
 def _modelscope_listing_seam() -> str | None:
@@ -864,16 +913,20 @@ def _download_and_check(
     progress: Progress,
 ) -> Path:
     """Downloads `names` with the library and verifies each: while it streamed, by the hub's client, or
-    else from disk now (`verify` says which applies when). A file that does not match is fetched again
-    once (a cut or a corrupt proxy answer); twice wrong is the hub's: ModelHashMismatch."""
+    else from disk now (`verify` says which applies when). The library is not asked again for a file
+    this fetch verified already (config.json, fetched first), but every file is checked after it. A
+    file that does not match is fetched again once (a cut or a corrupt proxy answer); twice wrong is
+    the hub's: ModelHashMismatch."""
     wanted = set(names)
     files = [f for f in listing.files if f.path in wanted]
     snapshot = hub.repo_folder(options) / "snapshots" / listing.commit
     bad: list[str] = []
     for _attempt in range(2):
+        asked = [f.path for f in files if not verification.still_verified(f.path, identity(snapshot / f.path))]
         try:
             with _hash_as_they_land(snapshot, files, verification):
-                snapshot = _inside_cache(hub, hub.download(options, listing, names, verification), options, listing)
+                if asked:
+                    snapshot = _inside_cache(hub, hub.download(options, listing, asked, verification), options, listing)
         except FetchError:
             raise
         except Exception as exc:
@@ -1146,10 +1199,13 @@ def _watch(
     thread.start()
     try:
         yield
-    finally:
+    except BaseException:
         stop.set()
         thread.join()
-        tick()
+        tick()  # what a download that failed had verified (a fetch that succeeds writes its end itself)
+        raise
+    stop.set()
+    thread.join()
 
 
 def _adopt(progress: Progress, progress_file: Path) -> None:

@@ -128,12 +128,15 @@ def test_a_missing_repository_or_revision_is_not_found(
     assert repo_id in failure.value.message
 
 
-def test_config_json_arrives_before_the_weights(hub: LocalHub, tmp_path: Path) -> None:
-    seen: list[set[str]] = []
-    opts = options(hub, tmp_path / "cache", fetch.HUGGING_FACE)
+@pytest.mark.parametrize("which", HUBS)
+def test_config_json_arrives_before_the_weights(which: str, hub: LocalHub, repo: Repo, tmp_path: Path) -> None:
+    seen: list[tuple[set[str], dict[str, int]]] = []
+    opts = options(hub, tmp_path / "cache", which)
     progress = Progress(source=opts.hub, repository=opts.repo)
-    fetch.fetch(opts, fetch.hub_for(opts.hub), progress, on_config=lambda s: seen.append({p.name for p in s.iterdir()}))
-    assert seen == [{"config.json"}]
+    plan = lambda s: seen.append(({p.name for p in s.iterdir()}, dict(hub.served)))  # noqa: E731
+    fetch.fetch(opts, fetch.hub_for(opts.hub), progress, on_config=plan)
+    assert seen == [({"config.json"}, {f"{REPO}/config.json": 1})]  # planned before any other body was asked for
+    assert dict(hub.served) == {f"{REPO}/{name}": 1 for name in repo.files}  # config.json was not fetched again
 
 
 def _cli(

@@ -191,6 +191,47 @@ def test_every_file_is_verified_while_it_streams(
 
 
 @pytest.mark.parametrize("which", HUBS)
+def test_a_corrupted_config_json_is_never_planned_and_no_weight_is_asked_for(
+    which: str, streamed_repo: Repo, tmp_path: Path, hashed_from_disk: list[str]
+) -> None:
+    data = streamed_repo.files["config.json"].data
+    corrupted = serving(streamed_repo, "config.json", flipped(data, len(data) // 2))
+    cache, planned = tmp_path / "cache", list[Path]()
+    with LocalHub([corrupted]) as hub:
+        opts = options(hub, cache, which)
+        with pytest.raises(FetchError) as failure:
+            fetch.fetch(opts, fetch.hub_for(which), Progress(source=which, repository=REPO), on_config=planned.append)
+        served = dict(hub.served)
+    assert failure.value.reason == fetch.HASH_MISMATCH and "config.json" in failure.value.message
+    assert planned == [] and hashed_from_disk == []  # caught while it streamed, never planned
+    assert served == {f"{REPO}/config.json": 2}  # fetched again once, then given up; no weight was asked for
+    assert not list(cache.rglob("config.json")) and not list(cache.rglob(".npu-complete/*.json"))
+
+
+@pytest.mark.parametrize("which", HUBS)
+def test_a_cut_config_json_is_fetched_again_and_planned_whole(which: str, streamed_repo: Repo, tmp_path: Path) -> None:
+    config, planned = streamed_repo.files["config.json"], list[bytes]()
+    with LocalHub([streamed_repo]) as hub:
+        hub.faults.cut_after["config.json"] = config.size // 3  # once
+        opts = options(hub, tmp_path / "cache", which)
+        plan = lambda snapshot: planned.append((snapshot / "config.json").read_bytes())  # noqa: E731
+        snapshot = fetch.fetch(opts, fetch.hub_for(which), Progress(source=which, repository=REPO), on_config=plan)
+        served = hub.served[f"{REPO}/config.json"]
+    assert planned == [config.data] and (snapshot / "config.json").read_bytes() == config.data
+    assert served == 2  # the cut body, then the whole one
+
+
+def test_the_modelscope_clients_route_probe_runs_beside_the_listing(streamed_repo: Repo, tmp_path: Path) -> None:
+    """modelscope_hub probes the endpoint for a cloud-internal route once per client, before its first
+    download: the fetch starts that probe beside the file listing, so no download waits for it."""
+    with LocalHub([streamed_repo]) as hub:
+        hub.faults.listing_waits_for_probe = True  # the listing is answered once the probe arrived (or in 5 s)
+        snapshot, _ = run_fetch(options(hub, tmp_path / "cache", fetch.MODEL_SCOPE))
+    assert hub.listings_after_probe == [True]
+    assert (snapshot / BIG).read_bytes() == streamed_repo.files[BIG].data
+
+
+@pytest.mark.parametrize("which", HUBS)
 def test_a_corrupted_byte_in_the_middle_is_caught_before_the_file_is_linked(
     which: str, streamed_repo: Repo, tmp_path: Path, hashed_from_disk: list[str]
 ) -> None:
