@@ -589,6 +589,7 @@ class ModelScopeHub:
         key = (options.endpoint, options.token)
         if key not in self._apis:
             self._apis[key] = HubApi(endpoint=options.endpoint, token=options.token)
+            _probe_route_early(self._apis[key])
         return self._apis[key]
 
     def _commit(self, options: FetchOptions, revision: str) -> str:
@@ -606,7 +607,6 @@ class ModelScopeHub:
 
     def resolve(self, options: FetchOptions) -> Listing:
         commit = self._commit(options, options.revision or self.default_revision)
-        _probe_route_early(self._api(options))
         files = [
             RemoteFile(f.path, int(f.size), f.sha256, None)
             for f in self._api(options).list_repo_files(options.repo, "model", revision=commit, recursive=True)
@@ -729,9 +729,9 @@ _MS_CHECKED: Final = (0, 5)
 
 
 def _probe_route_early(api: Any) -> None:
-    """Starts the route probe a modelscope_hub client makes once, before its first download, beside this
-    fetch's revision lookup and listing instead of after them. The probe asks the endpoint whether it
-    offers a cloud-internal route (`DownloadManager._detect_region`: GET
+    """Starts the route probe a modelscope_hub client makes once, before its first download, as the client
+    is made: beside this fetch's revision lookup and listing instead of after them. The probe asks the
+    endpoint whether it offers a cloud-internal route (`DownloadManager._detect_region`: GET
     <endpoint>/api/v1/repos/internalAccelerationInfo, then the region query address it names, 0.2 s
     timeout each; modelscope_hub 0.5, _download.py); it runs once per client under a lock, so the
     downloads find its answer. A query address the node cannot reach waits out its timeout here,
