@@ -217,9 +217,12 @@ def fetch_args(spec: NPUInferenceSpec) -> list[str]:
 def _fetch_container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
     hub = spec.model.hub
     assert hub is not None
+    # No progress bars in the init container's log (its progress is status.model): huggingface_hub's
+    # switch, and tqdm's own for modelscope_hub, which has none (tqdm >= 4.66 reads TQDM_* defaults).
     env: list[JSON] = [
         {"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"},
         {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+        {"name": "TQDM_DISABLE", "value": "1"},
     ]
     if hub.token is not None:  # from the Secret, never in args
         env.append({"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": hub.token.name, "key": hub.token.key}}})

@@ -23,8 +23,10 @@ from typing import Any
 
 import filelock
 import pytest
+from npu_operator.api.config import OperatorConfig
 from npu_operator.api.spec import NPUInferenceSpec, parse_spec
 from npu_operator.children import engine_pod as builders
+from npu_operator.kube.names import FETCH_CONTAINER_NAME
 from npu_operator.status import revisions
 from npu_operator.status.findings import PodReport
 from npu_operator.status.reports import parse_report
@@ -300,6 +302,29 @@ def hub_spec(which: str) -> NPUInferenceSpec:
     field = {fetch.HUGGING_FACE: "huggingFace", fetch.MODEL_SCOPE: "modelScope"}[which]
     manifest["spec"]["model"]["source"] = {field: {"repository": REPO}}
     return parse_spec(manifest["spec"])
+
+
+@pytest.mark.parametrize("which", HUBS)
+def test_the_fetch_containers_log_carries_no_progress_bar(which: str, hub: LocalHub, tmp_path: Path) -> None:
+    """The operator's fetch container environment keeps both clients' progress bars (carriage returns,
+    a line per redraw) out of the init container's log: its progress is status.model."""
+    pod_spec = builders.pod_template("qwen", hub_spec(which), OperatorConfig())["spec"]
+    (container,) = (c for c in pod_spec["initContainers"] if c["name"] == FETCH_CONTAINER_NAME)
+    pod_env = {var["name"]: var["value"] for var in container["env"] if "value" in var}
+
+    def log(run: str, env: dict[str, str]) -> str:
+        quiet = ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")  # what the tests' own environment sets
+        base = {k: v for k, v in os.environ.items() if k not in quiet}
+        argv = ["--hub", which, "--repo", REPO, "--cache", str(tmp_path / run), "--endpoint", hub.url]
+        done = subprocess.run(
+            [sys.executable, "-m", "npu_runtime.cli", "fetch", *argv],
+            env={**base, "PYTHONPATH": os.pathsep.join(sys.path), **env},
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        return done.stderr
+
+    assert "%|" in log("bare", {})  # the clients draw bars by default: the check below can fail
+    assert "%|" not in log("pod", pod_env)
 
 
 def _ready_status(url: str, process: subprocess.Popen[bytes]) -> dict[str, Any]:
