@@ -1199,15 +1199,15 @@ def _watch(
     tick()
     thread = threading.Thread(target=loop, name="fetch-progress", daemon=True)
     thread.start()
+    finished = False
     try:
         yield
-    except BaseException:
+        finished = True
+    finally:
         stop.set()
         thread.join()
-        tick()  # what a download that failed had verified (a fetch that succeeds writes its end itself)
-        raise
-    stop.set()
-    thread.join()
+        if not finished:
+            tick()  # what a download that failed had verified (a fetch that succeeds writes its end itself)
 
 
 def _adopt(progress: Progress, progress_file: Path) -> None:
