@@ -408,7 +408,8 @@ def heap_census() -> dict[str, tuple[int, int]]:
         for kind, cache in informers.sinks().items():
             census[f"ours: the informers' cache of {kind.plural}"] = size(cache)
     # The workers' state of each resource, part by part, then the rest of the workers (the queue).
-    states = [state for obj in objects if type(obj).__name__ == "Workers" for state in obj.states.values()]
+    workers = [obj for obj in objects if type(obj).__name__ == "Workers"]
+    states = [state for found in workers for state in found.states.values()]
     parts: dict[str, Callable[[Any], Any]] = {
         "body.metadata": lambda state: state.body["metadata"],
         "body.spec": lambda state: state.body["spec"],
@@ -418,7 +419,6 @@ def heap_census() -> dict[str, tuple[int, int]]:
     }
     for part, of in parts.items():
         census[f"ours: resource states: {part}"] = _add(size(of(state)) for state in states)
-    workers = [obj for obj in objects if type(obj).__name__ == "Workers"]
     census["ours: the workers' queue and the rest"] = _add(size(obj) for obj in workers)
     census["kopf per-object memories (one per object watched)"] = _add(size(obj) for obj in memories)
     # Each task's chain of awaited coroutines: every frame's locals by function, then the tasks themselves.

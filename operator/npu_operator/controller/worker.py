@@ -37,6 +37,7 @@ from npu_operator.api.config import OperatorConfig, backoff_seconds
 from npu_operator.controller import apply, metrics, reconcile
 from npu_operator.controller.desired import DesiredCache
 from npu_operator.controller.event_limiter import EventLimiter
+from npu_operator.controller.watches import OwnerKey
 from npu_operator.controller.workqueue import WorkQueue
 from npu_operator.kube.client import NPU_INFERENCES, ApiError, KubeClient
 from npu_operator.kube.objects import SharedDocuments, shared_strings, utc_now
@@ -44,8 +45,6 @@ from npu_operator.status.collector import ReportCollector
 from npu_operator.topologies.base import LiveView
 
 logger = logging.getLogger(__name__)
-
-OwnerKey = tuple[str, str]  # (namespace, NPUInference name)
 
 # A full reconcile comes at least every this many ticks even while nothing seems to change.
 FORCED_RECONCILE_TICKS: Final = 12

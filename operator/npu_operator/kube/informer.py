@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
-from npu_operator.api.config import jittered
+from npu_operator.api.config import backoff_seconds, jittered
 from npu_operator.kube.client import ApiError, KubeClient, Resource
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ MAX_RETRY_SECONDS: Final = 30.0
 
 def retry_seconds(strikes: int, rng: Callable[[], float] = random.random) -> float:
     """The pause after `strikes` failures or short streams in a row: doubling, jittered +-50 %."""
-    return jittered(FIRST_RETRY_SECONDS * 2.0 ** max(0, strikes - 1), MAX_RETRY_SECONDS, rng)
+    return jittered(backoff_seconds(FIRST_RETRY_SECONDS, strikes), MAX_RETRY_SECONDS, rng)
 
 
 class Sink(Protocol):

@@ -626,7 +626,7 @@ class ModelScopeHub:
         if verification.by_client and list(names) == [CONFIG_FILE] and verification.remote(CONFIG_FILE).sha256:
             try:  # config.json first, alone
                 return self._read_config(options, listing, verification)
-            except BodyMismatch:
+            except (BodyMismatch, _BodyTooLong):
                 raise
             except Exception as exc:  # the library's download, with its retries, says what fails
                 _log(f"{_name(options)}: {CONFIG_FILE} alone failed ({type(exc).__name__}); the library fetches it")
@@ -660,9 +660,10 @@ class ModelScopeHub:
 
     def _read_config(self, options: FetchOptions, listing: Listing, verification: Verification) -> Path:
         """config.json alone, over the client's session: its body hashed as it streams, stopped past the
-        listed size, and renamed into the snapshot only when it matches the listing (BodyMismatch: fetched
-        again once). A 1-file `download_file` sets up per-file locks, folders and a resumable stream
-        first: 2-3 ms here against about 1 for this request, all of it before the first weight byte."""
+        listed size (`_BodyTooLong`), and renamed into the snapshot only when it matches the listing
+        (BodyMismatch: fetched again once); a body that ends short goes to the library. A 1-file
+        `download_file` sets up per-file locks, folders and a resumable stream first: 2-3 ms here
+        against about 1 for this request, all of it before the first weight byte."""
         snapshot = self.repo_folder(options) / "snapshots" / listing.commit
         snapshot.mkdir(parents=True, exist_ok=True)
         landing = snapshot / f".{CONFIG_FILE}.{os.getpid()}.incomplete"
@@ -673,15 +674,16 @@ class ModelScopeHub:
         # LegacyClient.download_stream).
         body = self._api(options).legacy.download_stream(options.repo, "model", CONFIG_FILE, listing.commit)
         try:
+            size = stream.remote.size
             with body, open(landing, "wb") as out:
                 for chunk in body.iter_content(_CONFIG_CHUNK):
-                    if stream.position + len(chunk) > stream.remote.size:
-                        raise BodyMismatch(CONFIG_FILE)
+                    if stream.position + len(chunk) > size:
+                        raise _BodyTooLong(f"{CONFIG_FILE}: the endpoint sent more bytes than the {size} listed")
                     stream.update(chunk)
                     out.write(chunk)
-            verification.ended(CONFIG_FILE, stream)
-            if not verification.streamed(CONFIG_FILE):  # a shorter body
-                raise BodyMismatch(CONFIG_FILE)
+            if stream.position < size:
+                raise ConnectionError(f"{CONFIG_FILE}: the body ended after {stream.position} of {size} bytes")
+            verification.ended(CONFIG_FILE, stream)  # BodyMismatch when it hashes to another digest
             os.replace(landing, snapshot / CONFIG_FILE)
         finally:
             landing.unlink(missing_ok=True)
@@ -1197,15 +1199,15 @@ def _watch(
     tick()
     thread = threading.Thread(target=loop, name="fetch-progress", daemon=True)
     thread.start()
+    finished = False
     try:
         yield
-    except BaseException:
+        finished = True
+    finally:
         stop.set()
         thread.join()
-        tick()  # what a download that failed had verified (a fetch that succeeds writes its end itself)
-        raise
-    stop.set()
-    thread.join()
+        if not finished:
+            tick()  # what a download that failed had verified (a fetch that succeeds writes its end itself)
 
 
 def _adopt(progress: Progress, progress_file: Path) -> None:

@@ -209,6 +209,28 @@ def test_a_corrupted_config_json_is_never_planned_and_no_weight_is_asked_for(
 
 
 @pytest.mark.parametrize("which", HUBS)
+@pytest.mark.parametrize("fault", ["endless", "longer than listed"])
+def test_a_config_json_past_its_listed_size_is_a_hash_mismatch_and_never_planned(
+    which: str, fault: str, streamed_repo: Repo, tmp_path: Path
+) -> None:
+    cache, planned = tmp_path / "cache", list[Path]()
+    with LocalHub([streamed_repo]) as hub:
+        if fault == "endless":
+            hub.faults.endless.add("config.json")
+        else:
+            hub.faults.listed_sizes["config.json"] = streamed_repo.files["config.json"].size - 8
+        with pytest.raises(FetchError) as failure:
+            fetch.fetch(
+                options(hub, cache, which), fetch.hub_for(which), Progress(source=which, repository=REPO),
+                on_config=planned.append,
+            )  # fmt: skip
+        served = hub.bytes_served
+    assert failure.value.reason == fetch.HASH_MISMATCH and "config.json" in failure.value.message
+    assert planned == [] and served < 16 * MIB  # stopped past the listed size, never the endless body
+    assert not list(cache.rglob("config.json")) and not list(cache.rglob(".npu-complete/*.json"))
+
+
+@pytest.mark.parametrize("which", HUBS)
 def test_a_cut_config_json_is_fetched_again_and_planned_whole(which: str, streamed_repo: Repo, tmp_path: Path) -> None:
     config, planned = streamed_repo.files["config.json"], list[bytes]()
     with LocalHub([streamed_repo]) as hub:
