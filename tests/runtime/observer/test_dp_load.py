@@ -252,7 +252,8 @@ logger = PrometheusStatLogger(config, engine_indexes=[0, 1])
 logger.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.125), None, engine_idx=1)
 second = generate_latest(get_prometheus_registry()).decode()
 observer.recorder().flush()
-print(json.dumps({"first": first, "second": second}))
+import os
+print(json.dumps({"first": first, "second": second, "pid": os.getpid()}))
 """
 
 REFUSED = """
@@ -292,7 +293,9 @@ def test_vllms_real_logger_with_two_engines(tiny_model: Path, tmp_path: Path) ->
     assert first["npu_engine_kv_cache_usage_perc"] == [({"model_name": "tiny"}, 0.375)]
     assert second["npu_engine_num_requests_running"] == [({"model_name": "tiny"}, 1.0)]  # engine 0 new: 0
     assert second["npu_engine_kv_cache_usage_perc"] == [({"model_name": "tiny"}, 0.0625)]
-    [report] = reports.read_reports(tmp_path)
+    # This process's report (vLLM may inspect the model in a child process of its own, which loads
+    # the plugins too: on a fresh cache, create_engine_config runs vllm.model_executor.models.registry).
+    [report] = [r for r in reports.read_reports(tmp_path) if r["pid"] == out["pid"]]
     assert dp_load.INSTALLED in report["hooks"]["installed"]
     assert report["errors"] == {}
 
