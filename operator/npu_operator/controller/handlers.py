@@ -124,7 +124,8 @@ async def close(memo: Any, **_: Any) -> None:
 
 
 async def login(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> kopf.AiohttpSession:
-    return supervision.throttled_context(client.connection_info(settings, logger))
+    # An exec credential plugin may take a while (a cloud CLI): out of the event loop.
+    return supervision.throttled_context(await asyncio.to_thread(client.connection_info, settings, logger))
 
 
 async def follow_changes(event: kopf.RawEvent, memo: Any, **_: Any) -> None:

@@ -6,16 +6,17 @@ when creating a child met someone else's object, the status subresource of the N
 an optional API (PodMonitor) is served, and the lists and watch streams of the children and pods
 (`kube.informer`).
 
-Credentials come from the same kopf login functions as kopf's own (`connection_info`: in-cluster
-service account, else the kubeconfig), turned into kopf's Authorization header and TLS context; on
-a 401 the login is done again (a rotated service-account token is re-read) and the call retried
-once. Paths are built from a fixed table (`Resource`), not by discovery; "is this API served" is
+Credentials come from the `kubernetes` package through kopf's `login_via_client` (`connection_info`:
+in-cluster service account, else the kubeconfig with exec credential plugins and auth providers, as
+kubectl reads it), turned into kopf's Authorization header and TLS context; on a 401 the login is
+done again (a rotated service-account token is re-read, an exec plugin run again) and the call
+retried once. Paths are built from a fixed table (`Resource`), not by discovery; "is this API served" is
 asked once per `discovery_seconds` for the whole operator.
 
 Requests go out on aiohttp directly, not through the `kubernetes` package's asyncio client: its
 ApiClient (parameter sanitising, the dynamic client's request building, the answer's
 deserialisation) was a sixth of the operator's CPU at 1,000 resources for what is a method, a path,
-a JSON body and a status code here (docs/operator.md, eighth pass).
+a JSON body and a status code here (docs/operator.md, eighth pass). The package only logs in.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -39,6 +41,7 @@ APPLY_PATCH: Final = "application/apply-patch+yaml"
 MERGE_PATCH: Final = "application/merge-patch+json"
 # Who the API server's audit log and access log say made our requests (kopf's own say kopf).
 USER_AGENT: Final = "npu-operator"
+LOGGER: Final = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,12 +115,13 @@ class ApiError(Exception):
 
 
 def connection_info(settings: kopf.OperatorSettings, logger: Any = None) -> kopf.ConnectionInfo:
-    """In-cluster service account first, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
-    info = kopf.login_with_service_account(settings=settings, logger=logger) or kopf.login_with_kubeconfig(
-        settings=settings, logger=logger
-    )
-    if info is None:
-        raise kopf.LoginError("no service account token and no kubeconfig: cannot reach the Kubernetes API")
+    """Credentials as the `kubernetes` package finds them (`kopf.login_via_client`): the in-cluster
+    service account, else the kubeconfig (KUBECONFIG or ~/.kube/config) with everything kubectl
+    understands in it: exec credential plugins (EKS, GKE, AKS, CCE...), auth providers, token files,
+    client certificates. Called again after a 401, so a rotated or expired token is fetched anew."""
+    info = kopf.login_via_client(settings=settings, logger=logger or LOGGER)
+    if info is None:  # kopf's answer when the package cannot be imported
+        raise kopf.LoginError("the kubernetes package is missing: install npu-inference[operator]")
     return info
 
 

@@ -3,8 +3,11 @@
 `issue_token` answers `POST serviceaccounts/{name}/token` (TokenRequest) with a token that
 authenticates as the account, as the kubelet asks for one to project into a pod. `authorize` finds
 the account a request's bearer token was issued to and checks the request against the stored
-Roles, ClusterRoles and their bindings (`rbac`), answering the API server's 401 or 403; any other
-client (no such token) is unrestricted, as the sandbox's admin.
+Roles, ClusterRoles and their bindings (`rbac`), answering the API server's 401 or 403. Static
+tokens (kube-apiserver's `--token-auth-file`; the sandbox's own clients present `ADMIN_TOKEN`) are
+unrestricted, as the sandbox's admin, and so is a request with no known token while `anonymous` is
+on (the default, so that a plain client needs no setup); with `anonymous` off (kube-apiserver's
+`--anonymous-auth=false`) such a request is the API server's 401 Unauthorized.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from npu_operator.kube.objects import utc_now
 from npu_sandbox.apiserver import fields, rbac
 from npu_sandbox.apiserver.store import Store
 
+ADMIN_TOKEN = "sandbox"  # the sandbox's own clients and its kubeconfig (ApiClient.kubeconfig_document)
+
 
 class Access:
     """Tokens issued through `serviceaccounts/{name}/token`, and RBAC for requests that carry one."""
@@ -31,6 +36,10 @@ class Access:
         self.store = store
         # Tokens issued through serviceaccounts/{name}/token: token -> (namespace, ServiceAccount name).
         self.tokens: dict[str, tuple[str, str]] = {}
+        # Unrestricted tokens (kube-apiserver's --token-auth-file): token -> user name.
+        self.static_tokens: dict[str, str] = {ADMIN_TOKEN: "sandbox-admin"}
+        # A request without a known token: served as the admin (True) or refused with a 401 (False).
+        self.anonymous = True
 
     def issue_token(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         """`POST serviceaccounts/{name}/token` (TokenRequest): a token that authenticates as the account,
@@ -65,23 +74,27 @@ class Access:
         }
         return aiohttp.web.json_response(body, status=201)
 
+    @staticmethod
+    def bearer(request: rendering.Request) -> str | None:
+        """The request's bearer token, if it has one."""
+        header = request.headers.get("Authorization", "")
+        return header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else None
+
     def user(self, request: rendering.Request) -> tuple[str, str] | None:
         """The ServiceAccount (namespace, name) a request's bearer token was issued to; None for any other
-        client (unrestricted)."""
-        header = request.headers.get("Authorization", "")
-        return self.tokens.get(header.removeprefix("Bearer ").strip()) if header.startswith("Bearer ") else None
+        client (unrestricted, or refused by `authorize` when anonymous requests are off)."""
+        token = self.bearer(request)
+        return self.tokens.get(token) if token is not None else None
 
     def authorize(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
         """RBAC for ServiceAccount tokens (see `rbac`): None when allowed, else the API server's 401 or 403."""
         found = self.user(request)
         if found is None:
-            return None
+            known = self.bearer(request) in self.static_tokens
+            return None if known or self.anonymous else unauthorized()
         namespace, account = found
         if not self.store.exists(kmock.resource("", "v1", "serviceaccounts"), namespace, account):
-            status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
-            return aiohttp.web.json_response(
-                status | {"message": "Unauthorized", "reason": "Unauthorized", "code": 401}, status=401
-            )
+            return unauthorized()
         resource = request.resource
         if resource is None or not resource.plural:
             return None  # discovery, /version, /openapi: every identity reads them (system:discovery)
@@ -124,6 +137,14 @@ class Access:
             role_bindings=stored.get("rolebindings", []),
             cluster_role_bindings=stored.get("clusterrolebindings", []),
         )
+
+
+def unauthorized() -> aiohttp.web.StreamResponse:
+    """The API server's answer to a request it cannot authenticate."""
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    return aiohttp.web.json_response(
+        status | {"message": "Unauthorized", "reason": "Unauthorized", "code": 401}, status=401
+    )
 
 
 def name_from_field_selector(selector: str) -> str:

@@ -16,6 +16,8 @@ import aiohttp
 from npu_operator.api import crd
 from npu_operator.kube.client import Resource
 
+from npu_sandbox.apiserver.access import ADMIN_TOKEN
+
 # How the tests' and the sandbox's own requests name themselves (the API server's default field manager).
 USER_AGENT = "npu-sandbox"
 
@@ -42,7 +44,7 @@ class ApiClient:
     def url(self) -> str:
         raise NotImplementedError
 
-    def kubeconfig_document(self, token: str = "sandbox") -> dict[str, Any]:
+    def kubeconfig_document(self, token: str = ADMIN_TOKEN) -> dict[str, Any]:
         """A kubeconfig for this API: as the sandbox's admin, or with a ServiceAccount's `token` (`create_token`)."""
         return {
             "apiVersion": "v1",

@@ -22,6 +22,7 @@ import yaml
 from npu_operator.api import crd
 from npu_operator.api.config import OperatorConfig
 
+from npu_sandbox.apiserver.access import ADMIN_TOKEN
 from npu_sandbox.apiserver.emulator import KubeEmulator
 from npu_sandbox.cluster.client import USER_AGENT, ApiClient
 
@@ -104,7 +105,9 @@ class LocalCluster(ApiClient):
     async def __aenter__(self) -> Self:
         await self._stack.enter_async_context(self.emulator)
         await self._stack.enter_async_context(self._server)
-        self._session = await self._stack.enter_async_context(aiohttp.ClientSession(headers={"User-Agent": USER_AGENT}))
+        self._session = await self._stack.enter_async_context(
+            aiohttp.ClientSession(headers={"User-Agent": USER_AGENT, "Authorization": f"Bearer {ADMIN_TOKEN}"})
+        )
         self.kubeconfig.write_text(yaml.safe_dump(self.kubeconfig_document()), encoding="utf-8")
         self._old_kubeconfig = os.environ.get("KUBECONFIG")
         os.environ["KUBECONFIG"] = str(self.kubeconfig)
