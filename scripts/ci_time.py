@@ -28,6 +28,7 @@ used as on any run on this machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -36,7 +37,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,8 +90,14 @@ def run_ci(source: Path, keep: bool) -> Run:
     run.starts["install"] = 0.0
     with open(run.log, "w") as log:
         proc = subprocess.Popen(
-            ["bash", ".ci/run"], cwd=clone, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            ["bash", ".ci/run"],
+            cwd=clone,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
         )
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -101,7 +107,7 @@ def run_ci(source: Path, keep: bool) -> Run:
             if name is not None and name not in run.starts:
                 run.starts[name] = now
                 print(f"  [{now:7.1f}s] {name}", flush=True)
-            run.tail = (run.tail + [line.rstrip()])[-15:]
+            run.tail = [*run.tail[-14:], line.rstrip()]
         run.status = proc.wait()
     run.end = time.monotonic() - start
     if not keep:
@@ -109,29 +115,20 @@ def run_ci(source: Path, keep: bool) -> Run:
     return run
 
 
-@contextmanager
+@contextlib.contextmanager
 def busy_processes(count: int, limit_seconds: float) -> Iterator[None]:
     """count busy loops for at most limit_seconds, always stopped on the way out."""
     procs = [
-        subprocess.Popen(["timeout", str(int(limit_seconds)), sys.executable, "-c", BUSY_LOOP],
-                         start_new_session=True)
+        subprocess.Popen(["timeout", str(int(limit_seconds)), sys.executable, "-c", BUSY_LOOP], start_new_session=True)
         for _ in range(count)
     ]
     try:
         yield
     finally:
         for proc in procs:
-            with _quiet():
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    try:
-        yield
-    except ProcessLookupError:
-        pass
 
 
 def minutes(seconds: float) -> str:
@@ -152,27 +149,40 @@ def table(runs: list[Run]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", type=Path, default=Path(__file__).resolve().parents[1],
-                        help="the checkout whose committed tip is cloned (default: this one)")
+    parser.add_argument(
+        "--source",
+        type=Path,
+        default=Path(__file__).resolve().parents[1],
+        help="the checkout whose committed tip is cloned (default: this one)",
+    )
     parser.add_argument("--runs", type=int, default=1, help="runs one after the other (default 1)")
     parser.add_argument("--load", type=int, default=0, help="busy processes beside the runs (default 0)")
-    parser.add_argument("--load-limit", type=float, default=3 * 3600.0,
-                        help="seconds after which the busy processes stop in any case (default 3 h)")
+    parser.add_argument(
+        "--load-limit",
+        type=float,
+        default=3 * 3600.0,
+        help="seconds after which the busy processes stop in any case (default 3 h)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep each run's clone")
     args = parser.parse_args(argv)
     runs: list[Run] = []
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     with busy_processes(args.load, args.load_limit):
         for index in range(args.runs):
-            print(f"== run {index + 1}/{args.runs} of .ci/run from a fresh clone of {args.source}"
-                  f" ({args.load} busy processes beside it)", flush=True)
+            print(
+                f"== run {index + 1}/{args.runs} of .ci/run from a fresh clone of {args.source}"
+                f" ({args.load} busy processes beside it)",
+                flush=True,
+            )
             run = run_ci(args.source, args.keep)
             runs.append(run)
             print(f"   exit {run.status} after {minutes(run.end)}; log {run.log}", flush=True)
             if run.status != 0:
                 print("\n".join("   | " + line for line in run.tail), flush=True)
-    print(f"\n.ci/run from fresh clones, started {started}, {os.cpu_count()} cores, "
-          f"{args.load} busy processes beside it\n")
+    print(
+        f"\n.ci/run from fresh clones, started {started}, {os.cpu_count()} cores, "
+        f"{args.load} busy processes beside it\n"
+    )
     print(table(runs))
     return 0 if all(r.status == 0 for r in runs) else 1
 
