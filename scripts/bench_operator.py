@@ -5,7 +5,7 @@ For each N, in the same run, on a fresh emulator each time:
   so the same script measures an older checkout too), talking to the emulator over HTTP;
 - `floor`: the smallest kopf operator that creates the same Deployment and Service per resource
   (this script with --serve-floor): the cost of kopf itself on this machine. Both log in through
-  `connection_info` (the kubernetes package, imported by kopf.login_via_client), so both carry it.
+  `connection_info` (through the kubernetes package), so both carry it.
 Printed per run: settle time (from the first of N creates, once the operator watches NPUInferences,
 until all N have `status.observedGeneration` 1, which the floor writes once its handler has applied
 both children), the operator's requests per resource to settle, its

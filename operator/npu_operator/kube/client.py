@@ -6,7 +6,7 @@ when creating a child met someone else's object, the status subresource of the N
 an optional API (PodMonitor) is served, and the lists and watch streams of the children and pods
 (`kube.informer`).
 
-Credentials come from the `kubernetes` package through kopf's `login_via_client` (`connection_info`:
+Credentials come from the `kubernetes` package, as kopf's `login_via_client` takes them (`connection_info`:
 in-cluster service account, else the kubeconfig with exec credential plugins and auth providers, as
 kubectl reads it), turned into kopf's Authorization header and TLS context; on a 401 the login is
 done again (a rotated service-account token is re-read, an exec plugin run again) and the call
@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -115,14 +116,49 @@ class ApiError(Exception):
 
 
 def connection_info(settings: kopf.OperatorSettings, logger: Any = None) -> kopf.ConnectionInfo:
-    """Credentials as the `kubernetes` package finds them (`kopf.login_via_client`): the in-cluster
-    service account, else the kubeconfig (KUBECONFIG or ~/.kube/config) with everything kubectl
-    understands in it: exec credential plugins (EKS, GKE, AKS, CCE...), auth providers, token files,
-    client certificates. Called again after a 401, so a rotated or expired token is fetched anew."""
-    info = kopf.login_via_client(settings=settings, logger=logger or LOGGER)
-    if info is None:  # kopf's answer when the package cannot be imported
-        raise kopf.LoginError("the kubernetes package is missing: install npu-inference[operator]")
-    return info
+    """Credentials as the `kubernetes` package finds them: the in-cluster service account, else the
+    kubeconfig read as kubectl reads it, with exec credential plugins (EKS, GKE, AKS, CCE...), auth
+    providers, token files and client certificates. Called again after a 401, so a rotated token is
+    re-read and an exec plugin run again.
+
+    kopf's `login_via_client` (kopf/_core/intents/piggybacking.py) does the same into the package's
+    global default Configuration and reads KUBECONFIG as it was when the package was first imported
+    (kube_config.KUBE_CONFIG_DEFAULT_LOCATION); here each login reads KUBECONFIG as it is now, into a
+    Configuration of its own, and never writes the kubeconfig back (persist_config off: an operator
+    does not rewrite its user's file)."""
+    try:
+        from kubernetes import client as kube_client
+        from kubernetes import config as kube_config
+    except ImportError as exc:
+        raise kopf.LoginError("the kubernetes package is missing: install npu-inference[operator]") from exc
+    found = kube_client.Configuration()
+    try:
+        kube_config.load_incluster_config(client_configuration=found)  # type: ignore[no-untyped-call]
+    except kube_config.ConfigException:
+        try:
+            kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=os.environ.get("KUBECONFIG", "~/.kube/config"),
+                client_configuration=found,
+                persist_config=False,
+            )
+        except kube_config.ConfigException as exc:
+            raise kopf.LoginError(f"no service account token and no usable kubeconfig: {exc}") from exc
+    (logger or LOGGER).debug(f"logged in to {found.host} through the kubernetes package")
+    # The package keeps the header in api_key["BearerToken"] since 36.0.1, in "authorization" before.
+    header = found.get_api_key_with_prefix("BearerToken") or found.get_api_key_with_prefix("authorization")
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=found.host,
+        ca_path=found.ssl_ca_cert,
+        insecure=not found.verify_ssl,
+        username=found.username or None,
+        password=found.password or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=found.cert_file,
+        private_key_path=found.key_file,
+        trust_env=settings.networking.trust_env,
+    )
 
 
 class KubeClient:
