@@ -42,6 +42,7 @@ from npu_runtime.contract import parse_serve_args
 from npu_runtime.serving import launch
 from npu_runtime.serving.server import engine_healthy
 from npu_sandbox.node.kubelet import free_port
+from npu_sandbox.progress import logs_progress
 
 from tests.runtime.serve_helpers import ServeRun, serve_environment
 
@@ -93,7 +94,10 @@ def serve(model: str, env: dict[str, str], scratch: Path, *, engine: bool = True
     run = ServeRun(model, SMALL, Path(tempfile.mkdtemp(prefix="serve-", dir=scratch)), env=env)
     try:
         before = until_engine_starts(run)
-        return before, run.wait_ready(TIMEOUT_SECONDS, interval=POLL_SECONDS) if engine else 0.0
+        if not engine:
+            return before, 0.0
+        progress = logs_progress(lambda: [run.log_path], ceiling=TIMEOUT_SECONDS)
+        return before, run.wait_ready(progress, interval=POLL_SECONDS)
     finally:
         if run.process.poll() is None:
             run.terminate(60)

@@ -9,6 +9,18 @@ from pathlib import Path
 
 import pytest
 
+# The hard ceiling of one engine test, its engines' start in its fixtures included (pytest-timeout
+# counts setup). The waits inside follow the engines' progress (npu_sandbox.progress) and fail a start
+# that stalls within minutes; this only ends a test that keeps advancing without ever finishing.
+ENGINE_TEST_TIMEOUT = 2400
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Engine tests get ENGINE_TEST_TIMEOUT instead of the suite's 300 s, unless they name their own."""
+    for item in items:
+        if item.get_closest_marker("engine") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(ENGINE_TEST_TIMEOUT))
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:

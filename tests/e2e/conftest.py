@@ -18,6 +18,13 @@ import pytest
 from npu_operator.api import crd
 from npu_operator.kube.objects import is_true
 from npu_sandbox.cluster import LocalCluster
+from npu_sandbox.node.kubelet import LocalKubelet
+from npu_sandbox.progress import Progress, logs_progress
+
+from tests.conftest import ENGINE_TEST_TIMEOUT
+
+# The ceiling of one sandbox run, inside the engine tests' own (tests/conftest.py ENGINE_TEST_TIMEOUT).
+SANDBOX_CEILING = ENGINE_TEST_TIMEOUT - 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,9 +34,10 @@ class SandboxRun:
     workdir: Path
 
 
-def run_sandbox(folder: Path, *args: str, timeout: float) -> SandboxRun:
+def run_sandbox(folder: Path, *args: str, timeout: float = SANDBOX_CEILING) -> SandboxRun:
     """`npu-sandbox ARGS` in `folder` (its stdout kept as stdout.txt, what a user would have seen),
-    judged by its exit status; the run and its JSON summary."""
+    judged by its exit status; the run and its JSON summary. The sandbox's own waits follow its pods'
+    progress (`--stall`); `timeout` is only the ceiling of the whole run."""
     workdir, summary_path = folder / "sandbox", folder / "summary.json"
     began = time.monotonic()
     result = subprocess.run(
@@ -46,7 +54,7 @@ def run_sandbox(folder: Path, *args: str, timeout: float) -> SandboxRun:
 
 @pytest.fixture(scope="session")
 def sandbox_run(tmp_path_factory: pytest.TempPathFactory) -> SandboxRun:
-    return run_sandbox(tmp_path_factory.mktemp("sandbox-run"), timeout=840)
+    return run_sandbox(tmp_path_factory.mktemp("sandbox-run"))
 
 
 async def ready(
@@ -60,19 +68,27 @@ async def ready(
 
 
 async def wait_ready(
-    cluster: LocalCluster, namespace: str, name: str, replicas: int, generation: int, *, within: float
+    cluster: LocalCluster, namespace: str, name: str, replicas: int, generation: int, *, progress: Progress
 ) -> dict[str, Any]:
-    """Wait (polling every second) until `ready`; a TimeoutError after `within` seconds."""
+    """Wait (polling every second) until `ready`; a TimeoutError once `progress` says the start stopped
+    advancing (`engines_progress`: no pod's log grew for a while)."""
     found: dict[str, Any] = await cluster.wait_for(
         lambda: ready(cluster, namespace, name, replicas, generation),
-        within=within,
         interval=1.0,
         what=f"{replicas}/{replicas} Ready",
+        progress=progress,
     )
     return found
 
 
-async def scale(cluster: LocalCluster, namespace: str, name: str, replicas: int, *, within: float) -> dict[str, Any]:
+def engines_progress(kubelet: LocalKubelet) -> Progress:
+    """The progress of the kubelet's pods while their engines start: their logs grow, pods come and go."""
+    return logs_progress(lambda: [pod.log_path for pod in kubelet.pods])
+
+
+async def scale(
+    cluster: LocalCluster, namespace: str, name: str, replicas: int, *, progress: Progress
+) -> dict[str, Any]:
     """Write spec.replicas through the scale subresource, as `kubectl scale` or KEDA's HPA does, then wait
     until that many replicas are Ready."""
     await cluster.patch(
@@ -80,4 +96,4 @@ async def scale(cluster: LocalCluster, namespace: str, name: str, replicas: int,
     )
     scaled = await cluster.get(crd.API_VERSION, crd.PLURAL, namespace, name)
     assert scaled is not None
-    return await wait_ready(cluster, namespace, name, replicas, scaled["metadata"]["generation"], within=within)
+    return await wait_ready(cluster, namespace, name, replicas, scaled["metadata"]["generation"], progress=progress)

@@ -132,7 +132,6 @@ async def _answers(
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(900)
 def test_every_dashboard_panel_answers_from_the_sandboxs_prometheus(sandbox_run: SandboxRun, tmp_path: Path) -> None:
     if prometheus.binary() is None:
         pytest.skip("prometheus not found: install Debian's prometheus package (scripts/bootstrap does it as root)")

@@ -27,12 +27,10 @@ def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> SandboxRun:
         "sandbox-cpu-2node.yaml",
         "--kill-worker",
         "--no-prometheus",
-        timeout=1500,
     )
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(1600)
 def test_a_two_node_replica_serves_recovers_its_group_and_is_deleted_whole(
     two_node_run: SandboxRun,
 ) -> None:
@@ -61,7 +59,6 @@ def test_a_two_node_replica_serves_recovers_its_group_and_is_deleted_whole(
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(1600)
 def test_both_ranks_are_in_status_graph(
     two_node_run: SandboxRun,
 ) -> None:

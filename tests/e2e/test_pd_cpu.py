@@ -29,13 +29,10 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def pd_run(tmp_path_factory: pytest.TempPathFactory) -> SandboxRun:
-    return run_sandbox(
-        tmp_path_factory.mktemp("pd"), "--example", "sandbox-cpu-pd.yaml", "--no-prometheus", timeout=1500
-    )
+    return run_sandbox(tmp_path_factory.mktemp("pd"), "--example", "sandbox-cpu-pd.yaml", "--no-prometheus")
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(1600)
 def test_a_completion_through_the_router_equals_one_engines_greedy_output(
     pd_run: SandboxRun,
 ) -> None:
@@ -54,7 +51,6 @@ def test_a_completion_through_the_router_equals_one_engines_greedy_output(
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(1600)
 def test_each_role_reports_its_connector_and_graph_mode_in_the_resources_status(
     pd_run: SandboxRun,
 ) -> None:

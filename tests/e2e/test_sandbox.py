@@ -27,7 +27,6 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(900)
 def test_the_sandbox_runs_the_whole_chain_and_leaves_nothing_behind(sandbox_run: SandboxRun) -> None:
     result, summary, workdir = sandbox_run.result, sandbox_run.summary, sandbox_run.workdir
 
@@ -53,7 +52,6 @@ def test_the_sandbox_runs_the_whole_chain_and_leaves_nothing_behind(sandbox_run:
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(900)
 def test_the_product_is_installed_upgraded_and_uninstalled_with_the_real_helm(sandbox_run: SandboxRun) -> None:
     """README's cluster commands, run by the sandbox: the operator is the chart's pod under the chart's RBAC."""
     result, summary = sandbox_run.result, sandbox_run.summary
@@ -83,7 +81,6 @@ def test_the_product_is_installed_upgraded_and_uninstalled_with_the_real_helm(sa
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(900)
 def test_a_real_prometheus_scraped_the_sandbox_and_shows_the_plan_downgrade_alert(sandbox_run: SandboxRun) -> None:
     if prometheus.binary() is None:
         pytest.skip("prometheus not found: install Debian's prometheus package (scripts/bootstrap does it as root)")

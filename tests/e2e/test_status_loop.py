@@ -23,6 +23,7 @@ from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.controllers.workloads import replica_set_owner
 from npu_sandbox.node.kubelet import LocalKubelet
 
+from tests.e2e.conftest import engines_progress
 from tests.examples import example
 
 NS = "default"
@@ -35,7 +36,6 @@ CONFIG = OperatorConfig(
     health_port=0,
     allowed_host_paths=(tempfile.gettempdir(),),
 )
-ENGINE_STARTUP = 300.0  # a tiny model takes 35-45 s on 2 cores; leave room for a loaded CI machine
 
 
 def tiny_manifest(model: Path) -> dict[str, Any]:
@@ -101,7 +101,9 @@ async def test_the_status_tells_what_the_engine_did(operator: LocalCluster, tiny
             return obj if condition(obj, "Ready").get("status") == "True" and graph.get("downgrades") else None
 
         try:
-            obj = await operator.wait_for(ready, within=ENGINE_STARTUP, interval=1.0, what="Ready with graph facts")
+            obj = await operator.wait_for(
+                ready, interval=1.0, what="Ready with graph facts", progress=engines_progress(kubelet)
+            )
         except TimeoutError:
             print(kubelet.pods[0].log_tail())
             raise

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from npu_sandbox.node.kubelet import free_port
+from npu_sandbox.progress import Progress, logs_progress
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -120,17 +121,19 @@ class ServeRun:
         self.log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def wait_ready(self, timeout: float, interval: float = 0.5) -> float:
-        """Seconds until /readyz answered 200; fails with the log tail if serve exits or times out."""
-        deadline = self.started + timeout
-        while time.monotonic() < deadline:
+    def wait_ready(self, progress: Progress | None = None, interval: float = 0.5) -> float:
+        """Seconds until /readyz answered 200. Fails with the log tail if serve exits, or once `progress`
+        says the start stopped advancing (by default: its log, serve's and the engine's, stopped growing
+        for STALL_SECONDS, or CEILING_SECONDS passed)."""
+        progress = progress or logs_progress(lambda: [self.log_path])
+        while (why := progress.check()) is None:
             if self.process.poll() is not None:
                 raise AssertionError(f"serve exited with {self.process.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(OSError):
                 if self.get("/readyz", timeout=3)[0] == 200:
                     return time.monotonic() - self.started
             time.sleep(interval)
-        raise AssertionError(f"serve not ready after {timeout} s:\n{self.log_tail()}")
+        raise AssertionError(f"serve not ready: {why}:\n{self.log_tail()}")
 
     def wait_exit(self, timeout: float) -> int:
         try:

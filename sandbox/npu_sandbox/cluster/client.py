@@ -17,6 +17,7 @@ from npu_operator.api import crd
 from npu_operator.kube.client import Resource
 
 from npu_sandbox.apiserver.access import ADMIN_TOKEN
+from npu_sandbox.progress import Progress
 
 # How the tests' and the sandbox's own requests name themselves (the API server's default field manager).
 USER_AGENT = "npu-sandbox"
@@ -140,14 +141,27 @@ class ApiClient:
             return await self.create(manifest, crd.PLURAL)
         return await self.patch(crd.API_VERSION, crd.PLURAL, namespace, meta["name"], {"spec": manifest["spec"]})
 
-    async def wait_for(self, probe: Any, *, within: float = 30.0, interval: float = 0.1, what: str = "") -> Any:
-        """Poll the async callable `probe` until it returns something truthy; that is returned."""
+    async def wait_for(
+        self,
+        probe: Any,
+        *,
+        within: float = 30.0,
+        interval: float = 0.1,
+        what: str = "",
+        progress: Progress | None = None,
+    ) -> Any:
+        """Poll the async callable `probe` until it returns something truthy; that is returned. The wait
+        ends after `within` seconds, or, given `progress`, once that says the awaited thing stopped
+        advancing (an engine start on a busy machine takes as long as it takes)."""
         deadline = asyncio.get_running_loop().time() + within
         last: Any = None
         while True:
             last = await probe()
             if last:
                 return last
-            if asyncio.get_running_loop().time() > deadline:
+            if progress is not None:
+                if (why := progress.check()) is not None:
+                    raise TimeoutError(f"gave up waiting for {what or probe}: {why}; last: {last!r}")
+            elif asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"timed out after {within}s waiting for {what or probe}; last: {last!r}")
             await asyncio.sleep(interval)

@@ -56,11 +56,18 @@ from npu_sandbox.demo.manifests import (
 )
 from npu_sandbox.demo.reports import prometheus_report, report
 from npu_sandbox.demo.repository import CHART, KUBECTL, ROOT
-from npu_sandbox.demo.steps import delete_resource, kill_worker_engine, second_resource, wait_ready, workload_of
+from npu_sandbox.demo.steps import (
+    delete_resource,
+    kill_worker_engine,
+    second_resource,
+    wait_ready,
+    workload_of,
+)
 from npu_sandbox.fixtures.local_hub import LocalHub, Repo
 from npu_sandbox.node.isolation import IsolationUnavailable
 from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LocalKubelet
 from npu_sandbox.node.network import free_port
+from npu_sandbox.progress import CEILING_SECONDS, STALL_SECONDS, logs_progress
 
 DEFAULT_WORKDIR: Final = Path("/tmp/npu-sandbox")
 
@@ -116,7 +123,18 @@ def command_line() -> argparse.ArgumentParser:
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="models, logs, kubeconfig")
     parser.add_argument("--keep-running", action="store_true", help="stay up for exploration until Ctrl-C")
     parser.add_argument("--summary", type=Path, help="write the final JSON summary to this file")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for Ready")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=CEILING_SECONDS,
+        help="the most seconds to wait for Ready (sooner, see --stall, when the pods stop advancing)",
+    )
+    parser.add_argument(
+        "--stall",
+        type=float,
+        default=STALL_SECONDS,
+        help="give up waiting for Ready after this many seconds in which no pod's log grew",
+    )
     parser.add_argument(
         "--prometheus",
         action=argparse.BooleanOptionalAction,
@@ -267,7 +285,8 @@ async def once_ready(sandbox: Sandbox) -> dict[str, Any]:
     cluster, kubelet, namespace, name = sandbox.cluster, sandbox.kubelet, sandbox.namespace, sandbox.name
     prometheus = sandbox.prometheus
     heading("waiting for Ready")
-    obj = await wait_ready(cluster, namespace, name, kubelet, sandbox.args.timeout, sandbox.started)
+    progress = logs_progress(lambda: [p.log_path for p in kubelet.pods], sandbox.args.stall, sandbox.args.timeout)
+    obj = await wait_ready(cluster, namespace, name, kubelet, progress, sandbox.started)
     if prometheus is not None:
         # A scrape of vLLM's counters before the completion, so that its histograms
         # (time to first token: one observation) rise between two samples.
@@ -278,7 +297,8 @@ async def once_ready(sandbox: Sandbox) -> dict[str, Any]:
     if sandbox.hub is not None:
         summary["hub"] = await second_resource(cluster, kubelet, sandbox.manifest, sandbox.hub)
     if sandbox.args.kill_worker:
-        summary["recovery"] = await kill_worker_engine(cluster, kubelet, namespace, name, sandbox.args.timeout)
+        recovery = logs_progress(lambda: [p.log_path for p in kubelet.pods], sandbox.args.stall, sandbox.args.timeout)
+        summary["recovery"] = await kill_worker_engine(cluster, kubelet, namespace, name, recovery)
     return summary
 
 

@@ -26,6 +26,7 @@ from npu_sandbox.demo.console import SandboxFailed, heading, say
 from npu_sandbox.demo.probes import events_of, process_alive, runtime_state
 from npu_sandbox.fixtures.local_hub import LocalHub
 from npu_sandbox.node.kubelet import LocalKubelet
+from npu_sandbox.progress import Progress
 
 # How long a Ready resource may go without status.graph before the sandbox goes on without it.
 GRAPH_GRACE_SECONDS: Final = 30.0
@@ -42,10 +43,10 @@ async def workload_of(
 
 
 async def wait_ready(
-    cluster: LocalCluster, namespace: str, name: str, kubelet: LocalKubelet, within: float, started: float
+    cluster: LocalCluster, namespace: str, name: str, kubelet: LocalKubelet, progress: Progress, started: float
 ) -> dict[str, Any]:
-    """Print each change of phase, condition reason and engine states until Ready (or a failure)."""
-    deadline = time.monotonic() + within
+    """Print each change of phase, condition reason and engine states until Ready (or a failure, or
+    `progress` saying the pods stopped advancing)."""
     last: tuple[Any, ...] = ()
     ready_since: float | None = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
@@ -82,9 +83,9 @@ async def wait_ready(
                     f"the runtime of pod {pod.name} exited (phase {status.get('phase')}, reason "
                     f"{status.get('reason')}).\nLast lines of {pod.log_path}:\n{pod.log_tail(25)}"
                 )
-            if time.monotonic() > deadline:
+            if (why := progress.check()) is not None:
                 tails = "\n".join(f"--- {pod.log_path}\n{pod.log_tail(25)}" for pod in pods)
-                raise SandboxFailed(f"not Ready after {within:.0f}s; last lines of the pods' logs:\n{tails}")
+                raise SandboxFailed(f"not Ready: {why}; last lines of the pods' logs:\n{tails}")
             await asyncio.sleep(1.0)
 
 
@@ -120,7 +121,7 @@ async def second_resource(
 
 
 async def kill_worker_engine(
-    cluster: LocalCluster, kubelet: LocalKubelet, namespace: str, name: str, within: float
+    cluster: LocalCluster, kubelet: LocalKubelet, namespace: str, name: str, progress: Progress
 ) -> dict[str, Any]:
     """Kill the engine of the last worker pod; watch the group come back (RecreateGroupOnPodRestart)."""
     workers = [pod for pod in kubelet.pods if pod.labels.get(LWS_WORKER_INDEX_LABEL, "0") != "0"]
@@ -155,8 +156,8 @@ async def kill_worker_engine(
         renewed = kubelet.pods and not ({pod.uid for pod in kubelet.pods} & before)
         if renewed and is_true(obj, "Ready") and "Progressing" in " ".join(seen) and len(seen) > 1:
             break
-        if time.monotonic() - killed > within:
-            raise SandboxFailed(f"the group was not Ready again {within:.0f}s after its worker's engine died")
+        if (why := progress.check()) is not None:
+            raise SandboxFailed(f"the group was not Ready again after its worker's engine died: {why}")
         await asyncio.sleep(0.5)
     seconds = round(time.monotonic() - killed, 1)
     say(f"Ready again {seconds}s after the worker's engine was killed; new pods: {[p.name for p in kubelet.pods]}")

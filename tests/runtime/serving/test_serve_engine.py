@@ -19,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.runtime.serve_helpers import ServeRun, alive
 
-READY_TIMEOUT = 240.0  # a cold start on 2 busy cores, torch.compile included; below pytest's 300 s timeout
 SMALL = ["--max-num-seqs", "4", "--max-model-len", "512"]
 
 
@@ -41,7 +40,7 @@ def planned(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     run = ServeRun(tiny_model, SMALL, tmp_path_factory.mktemp("serve-planned"))
     pids: list[int] = []
     try:
-        run.wait_ready(READY_TIMEOUT)
+        run.wait_ready()
         pids = run.engine_pids()
         yield run
     finally:
@@ -314,7 +313,7 @@ def test_engine_resolves_mode_and_the_observer_sees_the_downgrade(tiny_model: Pa
     run = ServeRun(tiny_model, [*SMALL, "--engine-resolves-mode"], tmp_path)
     pids: list[int] = []
     try:
-        run.wait_ready(READY_TIMEOUT)
+        run.wait_ready()
         pids = run.engine_pids()
         families = run.metrics()
         assert labels_of(families["npu_graph_mode_info"]) == [{"requested": "FULL_DECODE_ONLY", "effective": "NONE"}]

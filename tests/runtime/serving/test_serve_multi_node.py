@@ -20,13 +20,12 @@ from npu_operator.children import engine_pod as builders
 from npu_runtime import metrics
 from npu_runtime.contract import parse_serve_args
 from npu_sandbox.node.kubelet import free_port
+from npu_sandbox.progress import logs_progress
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.examples import example
 from tests.operator.children.test_workloads import expand
 from tests.runtime.serve_helpers import ServeRun
-
-READY_TIMEOUT = 280.0
 
 
 def rendered_args(index: str, rpc_port: int) -> list[str]:
@@ -47,7 +46,6 @@ def rendered_args(index: str, rpc_port: int) -> list[str]:
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(600)
 def test_a_two_node_replica_serves_through_its_leader(tiny_model: Path, tmp_path: Path) -> None:
     rpc_port = free_port()
     (tmp_path / "leader").mkdir()
@@ -58,8 +56,9 @@ def test_a_two_node_replica_serves_through_its_leader(tiny_model: Path, tmp_path
         tiny_model, [*rendered_args("1", rpc_port), *small, "--port", str(leader.api_port)], tmp_path / "worker"
     )
     try:
-        leader.wait_ready(READY_TIMEOUT)
-        worker.wait_ready(READY_TIMEOUT)  # its readiness follows the leader's engine
+        both = logs_progress(lambda: [leader.log_path, worker.log_path])  # the group starts as one
+        leader.wait_ready(both)
+        worker.wait_ready(both)  # its readiness follows the leader's engine
         answers = [leader.complete(f"Hello {n}", max_tokens=4) for n in range(4)]
         assert all(a["usage"]["completion_tokens"] == 4 for a in answers)
         leader_plan, worker_plan = leader.status()["plan"], worker.status()["plan"]
