@@ -24,7 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from npu_runtime.observer import vllm_hooks
+from npu_runtime.observer.graph_wrappers import CUDA_GRAPH_WRAPPER, hook_graph_wrapper
+from npu_runtime.observer.process_observer import Observer
 
 from tests.runtime.observer.fakes import (
     Descriptor,
@@ -55,11 +56,11 @@ def per_call_us(function: Callable[[], Any], calls: int, repeats: int = 5) -> fl
     return statistics.median(timings)
 
 
-def hooked(observer: vllm_hooks.Observer, cls: type) -> type:
+def hooked(observer: Observer, cls: type) -> type:
     class Hooked(cls):  # type: ignore[misc]
         __call__ = cls.__call__
 
-    assert vllm_hooks.hook_graph_wrapper(observer, Hooked, vllm_hooks.CUDA_GRAPH_WRAPPER, get_context=get_context)
+    assert hook_graph_wrapper(observer, Hooked, CUDA_GRAPH_WRAPPER, get_context=get_context)
     return Hooked
 
 

@@ -10,7 +10,7 @@ What it does: a small decoder step (RMSNorm, attention over a static KV cache, M
 layers) is wrapped in a stand-in with CUDAGraphWrapper's shape (runtime_mode,
 concrete_cudagraph_entries, entry.cudagraph, a forward context giving the runtime mode and the
 batch descriptor), captured with torch.cuda.graph at several batch sizes and replayed, and the
-real hook is put around it as production does (`npu_runtime.observer.vllm_hooks.hook_graph_wrapper`
+real hook is put around it as production does (`npu_runtime.observer.graph_wrappers.hook_graph_wrapper`
 with CUDA_GRAPH_WRAPPER), with torch.cuda as the device module and torch.cuda.Event as the timer. It checks:
 
 1. every size's capture is recorded, with device memory > 0 (each graph has its own pool) and a
@@ -82,8 +82,9 @@ def main() -> int:
         print("no CUDA device: nothing to check")
         return 77
 
+    from npu_runtime.observer.graph_wrappers import CUDA_GRAPH_WRAPPER, hook_graph_wrapper
+    from npu_runtime.observer.process_observer import Observer
     from npu_runtime.observer.recorder import Recorder
-    from npu_runtime.observer.vllm_hooks import CUDA_GRAPH_WRAPPER, Observer, hook_graph_wrapper
 
     @dataclasses.dataclass(frozen=True)
     class RuntimeMode:

@@ -53,6 +53,7 @@ def register() -> None:
             return
         try:
             from npu_runtime.observer import vllm_hooks
+            from npu_runtime.observer.process_observer import Observer
 
             vllm = sys.modules.get("vllm")
             recorder = Recorder(
@@ -61,7 +62,7 @@ def register() -> None:
                 flush_seconds=max(0.05, _float_env(reports.ENV_FLUSH_SECONDS, 1.0)),
                 batch_half_life_seconds=_float_env(reports.ENV_BATCH_HALF_LIFE_SECONDS, HALF_LIFE_SECONDS),
             )
-            observer = vllm_hooks.Observer(recorder, sample_every=int(_float_env(reports.ENV_SAMPLE_EVERY, 1)))
+            observer = Observer(recorder, sample_every=int(_float_env(reports.ENV_SAMPLE_EVERY, 1)))
             _recorder = recorder
             os.register_at_fork(after_in_child=recorder.after_fork_in_child)
             vllm_hooks.install(observer)

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 
 class Observer(Protocol):
-    """What this module needs of `vllm_hooks.Observer` (which installs it): a hook to count its
+    """What this module needs of `process_observer.Observer` (`vllm_hooks.install` installs it): a hook to count its
     failures, the list of what is installed, and the recorder to flush."""
 
     recorder: Recorder

@@ -1,6 +1,7 @@
 """What each observer hook patches and reads in the engine: one table, held to three uses.
 
-- The hooks (`vllm_hooks`) bind from it: at patch time every parameter a hook reads is looked up
+- The hooks (`config_hooks`, `graph_wrappers`, `decode_steps`, `runner_hooks`, `graph_manager`,
+  installed by `vllm_hooks`) bind from it: at patch time every parameter a hook reads is looked up
   by name in the target's signature (`inspect.signature`) and must sit where the hook was written
   to expect it; otherwise the hook refuses to install and is reported unavailable with the name
   (`bind`). Attributes read on the hooked object itself are checked at its first call.

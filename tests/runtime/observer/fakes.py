@@ -11,8 +11,8 @@ import dataclasses
 import enum
 from typing import Any
 
+from npu_runtime.observer.process_observer import Observer
 from npu_runtime.observer.recorder import Recorder
-from npu_runtime.observer.vllm_hooks import Observer
 
 
 class Mode(enum.Enum):

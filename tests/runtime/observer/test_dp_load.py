@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from npu_runtime import metrics, reports
 from npu_runtime.observer import dp_load
+from npu_runtime.observer.process_observer import Observer
 from npu_runtime.observer.recorder import Recorder
-from npu_runtime.observer.vllm_hooks import Observer
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 

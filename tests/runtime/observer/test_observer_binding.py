@@ -14,7 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from npu_runtime.observer import targets, vllm_hooks
+from npu_runtime.observer import targets
+from npu_runtime.observer.config_hooks import patch_config
+from npu_runtime.observer.graph_manager import patch_graph_manager
+from npu_runtime.observer.graph_wrappers import CUDA_GRAPH_WRAPPER, hook_graph_wrapper
+from npu_runtime.observer.process_observer import Observer
+from npu_runtime.observer.runner_hooks import patch_runner
 from npu_runtime.observer.targets import Param, Target
 
 from tests.runtime.observer.fakes import (
@@ -51,16 +56,16 @@ def method_with(target: Target, *, insert: str | None = None, rename: str | None
     return function
 
 
-def patch_site(target: Target, method: Callable[..., Any]) -> tuple[type, Callable[[vllm_hooks.Observer], None]]:
+def patch_site(target: Target, method: Callable[..., Any]) -> tuple[type, Callable[[Observer], None]]:
     """A class of the target's name holding `method`, and the real patch function that hooks it."""
     cls = type(target.class_name, (), {target.method: method, "__module__": target.module})
     module = types.ModuleType(target.module)
     setattr(module, target.class_name, cls)
     if target.module == targets.CONFIG:
-        return cls, lambda observer: vllm_hooks.patch_config(observer, module)
+        return cls, lambda observer: patch_config(observer, module)
     if target.module == targets.GRAPH_MANAGER:
-        return cls, lambda observer: vllm_hooks.patch_graph_manager(observer, module)
-    return cls, lambda observer: vllm_hooks.patch_runner(observer, module, class_name=target.class_name)
+        return cls, lambda observer: patch_graph_manager(observer, module)
+    return cls, lambda observer: patch_runner(observer, module, class_name=target.class_name)
 
 
 POSITIONAL = [t for t in targets.TARGETS if any(p.index is not None for p in t.params)]
@@ -145,7 +150,7 @@ def test_a_graph_wrapper_without_its_entries_refuses_at_first_call() -> None:
         __call__ = FakeGraphWrapper.__call__
 
     observer = make_observer(FakeDevice())
-    assert vllm_hooks.hook_graph_wrapper(observer, Wrapper, vllm_hooks.CUDA_GRAPH_WRAPPER, get_context=get_context)
+    assert hook_graph_wrapper(observer, Wrapper, CUDA_GRAPH_WRAPPER, get_context=get_context)
     wrapper = Wrapper(FakeDevice())
     del wrapper.concrete_cudagraph_entries
     set_context(Mode.FULL, 4)
@@ -184,7 +189,7 @@ def test_an_attribute_missing_deeper_in_the_engine_is_reported_by_name() -> None
             return "ran"
 
     observer = make_observer(FakeDevice())
-    assert vllm_hooks.hook_graph_wrapper(observer, Wrapper, vllm_hooks.CUDA_GRAPH_WRAPPER, get_context=get_context)
+    assert hook_graph_wrapper(observer, Wrapper, CUDA_GRAPH_WRAPPER, get_context=get_context)
     set_context(Mode.FULL, 4)
     assert Wrapper()() == "ran"  # the engine's call is untouched
     assert observer.recorder.errors == {"cuda_graph_wrapper": 1}

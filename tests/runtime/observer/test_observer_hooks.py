@@ -16,9 +16,14 @@ from typing import Any
 
 import pytest
 from npu_runtime import reports
-from npu_runtime.observer import targets, vllm_hooks
+from npu_runtime.observer import targets
+from npu_runtime.observer.config_hooks import config_downgrade_reason
+from npu_runtime.observer.graph_manager import patch_graph_manager
+from npu_runtime.observer.graph_wrappers import CUDA_GRAPH_WRAPPER, hook_graph_wrapper
 from npu_runtime.observer.hooks import Hook, around, when_imported, wrap_method
+from npu_runtime.observer.process_observer import Observer
 from npu_runtime.observer.recorder import Recorder
+from npu_runtime.observer.runner_hooks import patch_runner
 
 from tests.runtime.observer.fakes import (
     Descriptor,
@@ -150,9 +155,9 @@ def test_a_failing_patch_callback_does_not_break_the_import(tmp_path: Path, monk
 # ----- capture and replay around a graph wrapper -----
 
 
-def hook_wrapper(observer: vllm_hooks.Observer, cls: type[FakeGraphWrapper]) -> None:
+def hook_wrapper(observer: Observer, cls: type[FakeGraphWrapper]) -> None:
     """What production does to vLLM's CUDAGraphWrapper, to a stand-in of its shape."""
-    assert vllm_hooks.hook_graph_wrapper(observer, cls, vllm_hooks.CUDA_GRAPH_WRAPPER, get_context=get_context)
+    assert hook_graph_wrapper(observer, cls, CUDA_GRAPH_WRAPPER, get_context=get_context)
 
 
 @pytest.fixture
@@ -319,7 +324,7 @@ def test_config_downgrade_reasons_are_the_planners_where_the_cause_is_the_same(
 ) -> None:
     from npu_runtime.planner import modes
 
-    found, message = vllm_hooks.config_downgrade_reason(config, "FULL_AND_PIECEWISE", final, platform=platform)
+    found, message = config_downgrade_reason(config, "FULL_AND_PIECEWISE", final, platform=platform)
     assert found == reason
     assert f"FULL_AND_PIECEWISE -> {final}" in message
     planner = {rule.reason for rule in modes.RULES}
@@ -377,7 +382,7 @@ class Runner:
         self._determine_batch_execution_and_padding(num_tokens, num_tokens, None, 1, False)
 
 
-def hooked_runner(observer: vllm_hooks.Observer) -> type[Runner]:
+def hooked_runner(observer: Observer) -> type[Runner]:
     """A runner class in a module of its own, hooked by the real patch function."""
     module = types.ModuleType("vllm.v1.worker.gpu_model_runner")  # the name the target table knows
 
@@ -386,7 +391,7 @@ def hooked_runner(observer: vllm_hooks.Observer) -> type[Runner]:
         _dummy_run = Runner._dummy_run
 
     module.GPUModelRunner = GPUModelRunner  # type: ignore[attr-defined]
-    vllm_hooks.patch_runner(observer, module, class_name="GPUModelRunner")
+    patch_runner(observer, module, class_name="GPUModelRunner")
     return GPUModelRunner
 
 
@@ -494,7 +499,7 @@ def test_graph_manager_v2_capture_replay_and_fallbacks() -> None:
     module.ModelCudaGraphManager = Model  # type: ignore[attr-defined]
     device = FakeDevice()
     observer = make_observer(device)
-    vllm_hooks.patch_graph_manager(observer, module)
+    patch_graph_manager(observer, module)
 
     manager = Model(device, [1, 2, 4])
     manager.capture(lambda desc, warmup: lambda mode: None)
@@ -523,17 +528,21 @@ import vllm.config
 from vllm.config import CompilationConfig, CUDAGraphMode, VllmConfig
 from vllm.v1.attention.backend import AttentionCGSupport
 
-from npu_runtime.observer import vllm_hooks
+from npu_runtime.observer.config_hooks import patch_config
+from npu_runtime.observer.graph_manager import patch_graph_manager
+from npu_runtime.observer.graph_wrappers import CUDA_GRAPH_WRAPPER, patch_graph_wrapper
+from npu_runtime.observer.process_observer import Observer
 from npu_runtime.observer.recorder import Recorder
+from npu_runtime.observer.runner_hooks import patch_runner
 
 def observer():
-    found = vllm_hooks.Observer(Recorder(None))
+    found = Observer(Recorder(None))
     found._device = None
     return found
 
 # VllmConfig: the CPU platform turns FULL_DECODE_ONLY into NONE without a word.
 seen = observer()
-vllm_hooks.patch_config(seen, vllm.config)
+patch_config(seen, vllm.config)
 config = VllmConfig(compilation_config=CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY))
 assert config.compilation_config.cudagraph_mode.name == "NONE"
 report = seen.recorder.report()
@@ -554,7 +563,7 @@ assert "TinyBackend" in downgrade["message"] and "NEVER" in downgrade["message"]
 
 # CUDAGraphWrapper: hookable; outside a forward it runs the runnable untouched and unrecorded.
 wrapped = observer()
-vllm_hooks.patch_graph_wrapper(wrapped, cuda_graph, vllm_hooks.CUDA_GRAPH_WRAPPER)
+patch_graph_wrapper(wrapped, cuda_graph, CUDA_GRAPH_WRAPPER)
 wrapper = object.__new__(cuda_graph.CUDAGraphWrapper)
 wrapper.runnable = lambda x: x + 1
 # What CUDAGraphWrapper.__init__ sets (it needs a device graph pool, which the CPU build lacks).
@@ -569,8 +578,8 @@ assert any("CUDAGraphWrapper.__call__" in h for h in wrapped.recorder.hooks_inst
 import vllm.v1.worker.gpu_model_runner as v1
 import vllm.v1.worker.gpu.cudagraph_utils as v2
 runner = observer()
-vllm_hooks.patch_runner(runner, v1, class_name="GPUModelRunner")
-vllm_hooks.patch_graph_manager(runner, v2)
+patch_runner(runner, v1, class_name="GPUModelRunner")
+patch_graph_manager(runner, v2)
 expected = {"_determine_batch_execution_and_padding", "_dummy_run", "capture_model", "load_model",
             "initialize_kv_cache", "capture", "run_fullgraph", "dispatch"}
 assert {h.rsplit(".", 1)[1] for h in runner.recorder.hooks_installed} == expected, runner.recorder.hooks_installed
