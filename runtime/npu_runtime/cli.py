@@ -95,7 +95,7 @@ def plan_parser() -> argparse.ArgumentParser:
 
 def plan_command(argv: list[str]) -> int:
     args = plan_parser().parse_args(argv)
-    from npu_runtime.planner.model import ModelError
+    from npu_runtime.planner.config_fields import ModelError
     from npu_runtime.planner.plan import DoesNotFitError, PlanError, plan_for
 
     try:

@@ -5,7 +5,7 @@ graph. Above it vLLM decodes eagerly, several times slower (vllm-ascend #16049 m
 for an off-grid max_num_seqs), so an autoscaler whose per-replica target lets batches outgrow it
 throws away the graph mode the operator planned.
 
-Source of truth: the plan the runtime makes from the spec (`npu_runtime.planner.plan.
+Source of truth: the plan the runtime makes from the spec (`npu_runtime.planner.capture_candidates.
 largest_decode_batch`), never the pods' reports. The planner always keeps its ceiling when it
 thins capture sizes, so the largest captured batch depends on the spec alone: it is known before
 any pod runs, is the same for every pod, and keeps the builders pure (a manifest that moved with
@@ -33,7 +33,7 @@ With spec.disaggregation each role scales on its own signal, through its own sca
   engines, as the router counts them (npu_router_engine_work{role="prefill"}: a prompt's tokens
   from when it is sent to a prefill engine until its answer), against what a prefill replica takes
   into one step: the plan's max_num_batched_tokens per DP rank x its DP ranks
-  (`npu_runtime.planner.plan.batched_token_budget`). Above it a prompt waits at least a step more
+  (`npu_runtime.planner.capture_candidates.batched_token_budget`). Above it a prompt waits at least a step more
   before its first token.
 """
 
@@ -47,7 +47,7 @@ from typing import Any, Final
 
 from npu_runtime.contract import PlanError, PlanOptions
 from npu_runtime.metrics import ROUTER_ENGINE_WORK
-from npu_runtime.planner.plan import batched_token_budget, largest_decode_batch
+from npu_runtime.planner.capture_candidates import batched_token_budget, largest_decode_batch
 
 from npu_operator.api import crd
 from npu_operator.api.roles import role_spec

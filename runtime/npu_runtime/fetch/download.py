@@ -1386,7 +1386,7 @@ def _planner(flags: list[str]) -> OnConfig:
     def check(snapshot: Path) -> None:
         from npu_runtime.cli import plan_parser, render_plan
         from npu_runtime.contract import option_name, plan_options_from_args
-        from npu_runtime.planner.model import ModelError
+        from npu_runtime.planner.config_fields import ModelError
         from npu_runtime.planner.plan import DoesNotFitError, PlanError, plan_for
 
         args = plan_parser().parse_args(["--model", str(snapshot / CONFIG_FILE), *flags])

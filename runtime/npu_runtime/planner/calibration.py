@@ -48,7 +48,7 @@ from typing import Any, Final
 from npu_runtime import engines, files
 from npu_runtime.contract import CAPTURE_FAILURE_CLASSES, PlanError
 from npu_runtime.planner.layout import Layout
-from npu_runtime.planner.model import MODELSLIM_DESCRIPTION
+from npu_runtime.planner.quant_config import MODELSLIM_DESCRIPTION
 from npu_runtime.planner.traffic_sizes import DecodeBatches, parse_decode_batches
 
 __all__ = [

@@ -336,7 +336,7 @@ def choose_sizes(
 def size_rules(*, query_len: int, full_decode: bool, tensor_parallel: int, flashcomm1: bool) -> SizeRules:
     """The engine release's rules for this plan's sizes: multiples of 1 + k for FULL decode graphs,
     and of TP when vllm-ascend's flashcomm1 splits each batch over TP (the plan's own flashcomm1
-    decision, `plan._flashcomm1`)."""
+    decision, `resolve.resolve_flashcomm1`)."""
     return SizeRules(
         query_len=query_len if full_decode else 1,
         multiple_of=tensor_parallel if flashcomm1 and tensor_parallel > 1 else 1,

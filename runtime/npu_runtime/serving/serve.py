@@ -107,7 +107,7 @@ def make_serve_plan(options: ServeOptions, environ: Mapping[str, str] | None = N
     With --engine-resolves-mode the requested mode goes to the engine unchanged
     (resolve_mode=False): the engine's own downgrades are then seen by the observer.
     """
-    from npu_runtime.planner.model import ModelError
+    from npu_runtime.planner.config_fields import ModelError
     from npu_runtime.planner.plan import DoesNotFitError, plan_for
 
     check_model_path(options.model)

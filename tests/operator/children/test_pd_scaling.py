@@ -18,8 +18,8 @@ from npu_operator.controller.desired import adopted_children, read_spec
 from npu_operator.kube import names
 from npu_operator.status.resource import Observed, compute_status
 from npu_runtime.contract import PlanOptions
+from npu_runtime.planner.capture_candidates import batched_token_budget
 from npu_runtime.planner.model import ModelInfo
-from npu_runtime.planner.plan import batched_token_budget
 from npu_runtime.planner.probe import DeviceInfo
 from npu_runtime.routing.router import DEFAULT_MAX_IN_FLIGHT
 

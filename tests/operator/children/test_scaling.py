@@ -21,8 +21,8 @@ from npu_operator.controller.desired import adopted_children, desired_state, rea
 from npu_operator.kube import names
 from npu_operator.status.resource import Observed, compute_status
 from npu_runtime.contract import PlanOptions
+from npu_runtime.planner.capture_candidates import largest_decode_batch
 from npu_runtime.planner.model import ModelInfo
-from npu_runtime.planner.plan import largest_decode_batch
 from npu_runtime.planner.probe import DeviceInfo
 
 from tests.examples import example

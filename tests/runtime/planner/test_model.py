@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_runtime.planner.model import ModelError, ModelInfo, inspect_model, safetensors_data_bytes
+from npu_runtime.planner.config_fields import ModelError
+from npu_runtime.planner.model import ModelInfo, inspect_model
+from npu_runtime.planner.weight_files import safetensors_data_bytes
 
 from tests.runtime.conftest import FIXTURES
 
