@@ -1,4 +1,4 @@
-"""Fixtures shared by every test folder: the tiny generated model."""
+"""Fixtures shared by every test folder (the tiny generated model) and the engine tests' ceiling."""
 
 from __future__ import annotations
 

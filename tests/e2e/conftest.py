@@ -1,8 +1,9 @@
-"""One sandbox run (README's first command) per test session, shared by the tests that judge it:
-the chain itself (test_sandbox.py) and, when Prometheus is installed, what a real Prometheus
-scraped from it (test_sandbox.py, test_dashboard_queries.py). Starting a real vLLM engine takes
-most of a minute; doing it once keeps the suite short. Also the waits the in-process e2e tests share:
-an NPUInference n/n Ready at a generation, and a scale through its scale subresource."""
+"""One sandbox run (README's first command) per test session, shared by the tests that judge it, all
+in test_sandbox.py (the engine tests run a file per worker: one file, one run): the chain itself and,
+when Prometheus is installed, what a real Prometheus scraped from it (every dashboard panel's query:
+test_dashboard_queries.py says how). Starting the sandbox takes a minute or two; doing it once keeps
+the suite short. Also the waits the in-process e2e tests share: an NPUInference n/n Ready at a
+generation, and a scale through its scale subresource, both following the engines' progress."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Every Grafana panel's queries answered by a real Prometheus holding what the sandbox scraped.
+"""Every Grafana panel's queries answered by a real Prometheus holding what the sandbox scraped: how.
+
+The test itself is in test_sandbox.py, beside the other judges of the one sandbox run (a session
+fixture: in one file, the engine tests' workers, `--dist loadfile`, start it once). Here: how a
+panel is asked, and the Grafana interpolation it follows.
 
 The sandbox run (tests/e2e/conftest.py) leaves Prometheus' TSDB in its workdir: a day in the life
 of one NPUInference on CPU, Ready, serving one completion. A fresh Prometheus opens a copy of it,
@@ -13,20 +17,14 @@ empty, every other panel must answer.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
-import json
 import math
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 from npu_sandbox.demo import prometheus
 from npu_sandbox.node.network import free_port
-
-from tests.e2e.conftest import SandboxRun
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "npu-inference-operator" / "files" / "dashboards" / "npu-inference.json"
@@ -129,41 +127,6 @@ async def _answers(
                 result = await server.api("query_range", params)
             answers[panel["title"]][target["refId"]] = has_numbers(result)
     return answers
-
-
-@pytest.mark.engine
-def test_every_dashboard_panel_answers_from_the_sandboxs_prometheus(sandbox_run: SandboxRun, tmp_path: Path) -> None:
-    if prometheus.binary() is None:
-        pytest.skip("prometheus not found: install Debian's prometheus package (scripts/bootstrap does it as root)")
-    found = sandbox_run.summary["prometheus"]
-    data = tmp_path / "prometheus" / "data"
-    shutil.copytree(found["data"], data)  # the sandbox's own copy stays as it was
-    board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    chosen: Selection = {"namespace": ["default"], "npuinference": ["tiny-llama"]}
-    everything: Selection = {"namespace": "All", "npuinference": "All"}  # the dashboard's default
-
-    (answers, answers_for_all), listed = asyncio.run(
-        answer_panels(board, data, found["window"], [chosen, everything], float(found["scrape_interval_seconds"]))
-    )
-
-    npu_only = generator().NPU_ONLY
-    # The sandbox runs neither KEDA nor kube-state-metrics: the autoscaling panels stay empty too.
-    keda_only = generator().KEDA_ONLY
-    empty_here = npu_only | keda_only
-    report = "\n".join(
-        f"{title:58} {'data' if any(refs.values()) else 'no data':8} "
-        f"{'NPU only' if title in npu_only else 'KEDA only' if title in keda_only else ''}"
-        for title, refs in answers.items()
-    )
-    print("\n" + report)
-    assert listed["namespace"] == ["default"] and listed["npuinference"] == ["tiny-llama"], listed
-    assert npu_only <= answers.keys(), npu_only - answers.keys()
-    for title, refs in answers.items():
-        if title in empty_here:
-            assert not any(refs.values()), f"{title}: data here, yet listed as NPU or KEDA only\n{report}"
-        else:
-            assert all(refs.values()), f"{title}: no data for query {refs} on CPU\n{report}"
-    assert answers_for_all == answers, "with All selected, the panels should answer as for the one resource"
 
 
 def test_grafana_interpolation_of_a_multi_value_variable() -> None:

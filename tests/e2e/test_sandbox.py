@@ -1,14 +1,22 @@
-"""README's first command, end to end: the sandbox in non-interactive mode, judged by its JSON summary."""
+"""README's first command, end to end: the sandbox in non-interactive mode, judged by its JSON summary,
+and by what its Prometheus holds (every dashboard panel answered: test_dashboard_queries.py says how).
+
+Every test that only reads the one sandbox run (`sandbox_run`, a session fixture) is in this file, so
+that the engine tests' workers (`--dist loadfile`) start it once."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 from npu_sandbox.demo import prometheus
 
 from tests.e2e.conftest import SandboxRun
+from tests.e2e.test_dashboard_queries import DASHBOARD, Selection, answer_panels, generator
 from tests.runtime.serve_helpers import alive
 
 
@@ -99,3 +107,38 @@ def test_a_real_prometheus_scraped_the_sandbox_and_shows_the_plan_downgrade_aler
     assert {a["name"] for a in found["alerts"]} == {"NPUGraphModeDowngradedByPlan"}, found["alerts"]
     for heading in ("npu_graph_* series scraped (GET /api/v1/series)", "alerts pending or firing"):
         assert heading in sandbox_run.result.stdout
+
+
+@pytest.mark.engine
+def test_every_dashboard_panel_answers_from_the_sandboxs_prometheus(sandbox_run: SandboxRun, tmp_path: Path) -> None:
+    if prometheus.binary() is None:
+        pytest.skip("prometheus not found: install Debian's prometheus package (scripts/bootstrap does it as root)")
+    found = sandbox_run.summary["prometheus"]
+    data = tmp_path / "prometheus" / "data"
+    shutil.copytree(found["data"], data)  # the sandbox's own copy stays as it was
+    board = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    chosen: Selection = {"namespace": ["default"], "npuinference": ["tiny-llama"]}
+    everything: Selection = {"namespace": "All", "npuinference": "All"}  # the dashboard's default
+
+    (answers, answers_for_all), listed = asyncio.run(
+        answer_panels(board, data, found["window"], [chosen, everything], float(found["scrape_interval_seconds"]))
+    )
+
+    npu_only = generator().NPU_ONLY
+    # The sandbox runs neither KEDA nor kube-state-metrics: the autoscaling panels stay empty too.
+    keda_only = generator().KEDA_ONLY
+    empty_here = npu_only | keda_only
+    report = "\n".join(
+        f"{title:58} {'data' if any(refs.values()) else 'no data':8} "
+        f"{'NPU only' if title in npu_only else 'KEDA only' if title in keda_only else ''}"
+        for title, refs in answers.items()
+    )
+    print("\n" + report)
+    assert listed["namespace"] == ["default"] and listed["npuinference"] == ["tiny-llama"], listed
+    assert npu_only <= answers.keys(), npu_only - answers.keys()
+    for title, refs in answers.items():
+        if title in empty_here:
+            assert not any(refs.values()), f"{title}: data here, yet listed as NPU or KEDA only\n{report}"
+        else:
+            assert all(refs.values()), f"{title}: no data for query {refs} on CPU\n{report}"
+    assert answers_for_all == answers, "with All selected, the panels should answer as for the one resource"

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from npu_sandbox.node.kubelet import free_port
+from npu_sandbox.node.kubelet import SHARED_CORES_ENV, free_port
 from npu_sandbox.progress import Progress, logs_progress
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -37,6 +37,7 @@ def serve_environment(env: dict[str, str] | None = None) -> dict[str, str]:
     """Ours without the engine's own settings, a small KV cache, then `env` on top."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HCCL_", "ASCEND_"))}
     environment["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB: a small KV cache on the test machine
+    environment.update(SHARED_CORES_ENV)  # engines started at once share the cores, as the kubelet's pods do
     environment.update(env or {})
     return environment
 

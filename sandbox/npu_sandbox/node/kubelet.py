@@ -74,6 +74,13 @@ from npu_sandbox.node.network import free_port as free_port  # where tests and s
 PR_SET_PDEATHSIG = 1
 logger = logging.getLogger(__name__)
 
+# This machine's pods share its cores, as containers do on a node without a CPU manager policy.
+# vLLM's CPU build binds each engine's worker to the cores it does not keep for its engine core
+# process (vllm/utils/ompmultiprocessing.py `_get_autobind_cpu_ids`, VLLM_CPU_OMP_THREADS_BIND=auto):
+# core 0 of two, for every engine at once. A third engine then started in 4 minutes beside two
+# serving ones (66 s unbound); the pod's own env may still ask for a binding.
+SHARED_CORES_ENV: Final = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
 
 def die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the sandbox dies, however it dies (Linux prctl)."""
@@ -611,7 +618,7 @@ class Kubelet:
         self.workload = workload
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.environ = environ or {}
+        self.environ = {**SHARED_CORES_ENV, **(environ or {})}
         self.runners = list(runners)
         self.interval = interval
         self.running: dict[str, LocalPod] = {}  # by pod uid
