@@ -60,7 +60,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from npu_runtime.routing.router import Router, RouterOptions, app_runners
+from npu_runtime.routing.options import RouterOptions
+from npu_runtime.routing.router import Router
+from npu_runtime.routing.serve import app_runners
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM_DIR = ROOT / ".cache" / "bench-upstream"

@@ -120,7 +120,7 @@ RUNTIME_METRICS: Final[tuple[MetricSpec, ...]] = (
     DECODE_BATCHES,
 )
 
-# The PD router's own series (`npu-runtime route`, routing/router.py), in a registry of their own;
+# The PD router's own series (`npu-runtime route`, routing/series.py), in a registry of their own;
 # kept apart from RUNTIME_METRICS, which lists what `serve` exports.
 ROUTER_REQUESTS: Final = MetricSpec(
     "npu_router_requests_total",

@@ -30,7 +30,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from npu_runtime.routing.router import RouterOptions, route_argv
+from npu_runtime.routing.options import RouterOptions, route_argv
 
 from npu_operator.api.config import OperatorConfig
 from npu_operator.api.roles import POD_NAME_ENV, ROLES, kv_transfer, role_spec

@@ -55,7 +55,7 @@ from typing import Any, Final
 import yaml
 from npu_runtime.contract import DEFAULT_PORT as HTTP_PORT
 from npu_runtime.metrics import ENGINE_KV_CACHE_USAGE, ENGINE_REQUESTS_RUNNING, ENGINE_REQUESTS_WAITING
-from npu_runtime.routing.router import DEFAULT_MAX_IN_FLIGHT
+from npu_runtime.routing.options import DEFAULT_MAX_IN_FLIGHT
 
 from npu_operator.api import crd
 from npu_operator.api.spec import GatewayRef, NPUInferenceSpec

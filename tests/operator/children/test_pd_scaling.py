@@ -21,7 +21,7 @@ from npu_runtime.contract import PlanOptions
 from npu_runtime.planner.capture_candidates import batched_token_budget
 from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.probe import DeviceInfo
-from npu_runtime.routing.router import DEFAULT_MAX_IN_FLIGHT
+from npu_runtime.routing.options import DEFAULT_MAX_IN_FLIGHT
 
 from tests.examples import TEST_CONFIG, example
 from tests.operator import ds_schema, traffic_schemas

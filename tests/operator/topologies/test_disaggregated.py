@@ -38,7 +38,7 @@ from npu_operator.topologies import disaggregated as topologies_disaggregated
 from npu_runtime import kv_transfer
 from npu_runtime.contract import parse_serve_args
 from npu_runtime.planner.plan import make_plan
-from npu_runtime.routing.router import parse_route_args
+from npu_runtime.routing.options import parse_route_args
 
 from tests.examples import TEST_CONFIG, example
 from tests.operator import ds_schema

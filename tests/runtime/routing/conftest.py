@@ -18,7 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from npu_runtime.routing.router import Router, RouterOptions, app_runners
+from npu_runtime.routing.options import RouterOptions
+from npu_runtime.routing.router import Router
+from npu_runtime.routing.serve import app_runners
 
 # Mooncake's request_finished shape (vllm-ascend v0.23.0), pointing at the fake prefill engine.
 KV_PARAMS: dict[str, Any] = {

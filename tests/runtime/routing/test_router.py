@@ -12,12 +12,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from npu_runtime.routing.router import (
-    PREFILL_KV_PARAMS,
-    RouterOptions,
-    parse_route_args,
-    route_argv,
-)
+from npu_runtime.routing.options import RouterOptions, parse_route_args, route_argv
+from npu_runtime.routing.router import PREFILL_KV_PARAMS
 
 from tests.runtime.routing.conftest import KV_PARAMS, FakeEngine, RouterUnderTest, streamer
 

@@ -1,0 +1,39 @@
+"""The router's own Prometheus series, in a registry of their own (the specs are in `npu_runtime.metrics`).
+
+`npu_router_requests_total` {endpoint, code}, `npu_router_request_seconds` {endpoint},
+`npu_router_backend_seconds` {role}, `npu_router_backend_errors_total` {role, reason},
+`npu_router_retries_total` {role}, and, collected from the pools (`engines.EngineCollector`),
+`npu_router_in_flight` and per engine {role, engine} `npu_router_engine_in_flight`, `_work`,
+`_seconds_per_unit`, `_requests_total`, `_out`, `_ejections_total`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+
+class Metrics:
+    """The router's own series, in a registry of their own."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        from npu_runtime import metrics
+
+        self.registry: CollectorRegistry = CollectorRegistry()
+
+        def counter(spec: metrics.MetricSpec) -> Counter:
+            return Counter(spec.family_name, spec.help, spec.labels, registry=self.registry)
+
+        def histogram(spec: metrics.MetricSpec) -> Histogram:
+            buckets = metrics.ROUTER_SECONDS_BUCKETS
+            return Histogram(spec.family_name, spec.help, spec.labels, buckets=buckets, registry=self.registry)
+
+        self.requests = counter(metrics.ROUTER_REQUESTS)
+        self.request_seconds = histogram(metrics.ROUTER_REQUEST_SECONDS)
+        self.backend_seconds = histogram(metrics.ROUTER_BACKEND_SECONDS)
+        self.backend_errors = counter(metrics.ROUTER_BACKEND_ERRORS)
+        self.retries = counter(metrics.ROUTER_RETRIES)
