@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from npu_runtime.contract import parse_serve_args
 from npu_runtime.serving import launch
 from npu_runtime.serving.server import engine_healthy
-from npu_sandbox.node.kubelet import free_port
+from npu_sandbox.node.network import free_port
 from npu_sandbox.progress import logs_progress
 
 from tests.runtime.serve_helpers import ServeRun, serve_environment

@@ -36,7 +36,9 @@ from npu_operator.api.config import OperatorConfig
 from npu_sandbox.apiserver.emulator import KubeEmulator
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.controllers import disaggregated
-from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LocalKubelet, LocalPod, ServeRunner
+from npu_sandbox.node.kubelet import LocalKubelet
+from npu_sandbox.node.pod import LocalPod
+from npu_sandbox.node.runners import DEFAULT_RUNNERS, ServeRunner
 
 from tests.e2e.conftest import engines_progress, scale, wait_ready
 from tests.examples import example

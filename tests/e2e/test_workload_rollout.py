@@ -38,8 +38,9 @@ from npu_operator.api import crd
 from npu_sandbox.apiserver.emulator import KubeEmulator
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.demo import prometheus
-from npu_sandbox.node.kubelet import LocalKubelet, LocalPod
+from npu_sandbox.node.kubelet import LocalKubelet
 from npu_sandbox.node.network import free_port
+from npu_sandbox.node.pod import LocalPod
 
 from tests.e2e.conftest import engines_progress, ready, scale, wait_ready
 from tests.e2e.test_status_loop import CONFIG, NAME, NS, tiny_manifest

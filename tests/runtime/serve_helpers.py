@@ -14,7 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from npu_sandbox.node.kubelet import SHARED_CORES_ENV, free_port
+from npu_sandbox.node.kubelet import SHARED_CORES_ENV
+from npu_sandbox.node.network import free_port
 from npu_sandbox.progress import Progress, logs_progress
 from prometheus_client.parser import text_string_to_metric_families
 

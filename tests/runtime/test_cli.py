@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from npu_runtime import cli
-from npu_sandbox.node.kubelet import free_port
+from npu_sandbox.node.network import free_port
 
 from .conftest import FIXTURES, MODEL_NAMES
 

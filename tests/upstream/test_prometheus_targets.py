@@ -32,7 +32,7 @@ from npu_operator.kube.names import (
     pod_label_meta,
     selector_labels,
 )
-from npu_sandbox.node.kubelet import free_port
+from npu_sandbox.node.network import free_port
 
 from tests.examples import example
 

@@ -65,8 +65,9 @@ from npu_sandbox.demo.steps import (
 )
 from npu_sandbox.fixtures.local_hub import LocalHub, Repo
 from npu_sandbox.node.isolation import IsolationUnavailable
-from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, LocalKubelet
+from npu_sandbox.node.kubelet import LocalKubelet
 from npu_sandbox.node.network import free_port
+from npu_sandbox.node.runners import DEFAULT_RUNNERS
 from npu_sandbox.progress import CEILING_SECONDS, STALL_SECONDS, logs_progress
 
 DEFAULT_WORKDIR: Final = Path("/tmp/npu-sandbox")

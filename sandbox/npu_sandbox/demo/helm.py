@@ -33,7 +33,9 @@ from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.demo.console import SandboxFailed, heading, say
 from npu_sandbox.demo.probes import behind_service, completion, kubectl_get, ready_resource
 from npu_sandbox.demo.repository import CHART, ROOT, TOOLS
-from npu_sandbox.node.kubelet import LocalKubelet, LocalPod, mounts
+from npu_sandbox.node.container import mounts
+from npu_sandbox.node.kubelet import LocalKubelet
+from npu_sandbox.node.pod import LocalPod
 
 OPERATOR_IMAGE: Final = "npu-operator"  # the repository's last path segment (values.yaml image.repository)
 # The operator's ports come from its env (values.yaml operator.healthPort / metricsPort).

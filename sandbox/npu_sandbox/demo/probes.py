@@ -21,7 +21,8 @@ from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.demo import printer
 from npu_sandbox.demo.console import SandboxFailed
 from npu_sandbox.demo.repository import KUBECTL
-from npu_sandbox.node.kubelet import LocalKubelet, LocalPod
+from npu_sandbox.node.kubelet import LocalKubelet
+from npu_sandbox.node.pod import LocalPod
 
 
 async def kubectl_get(cluster: LocalCluster, namespace: str, kinds: str = "npuinf") -> str:

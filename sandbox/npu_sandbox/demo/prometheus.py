@@ -32,7 +32,7 @@ from npu_operator.kube import names as builders
 
 from npu_sandbox.demo.helm import HelmFailed, helm_binary
 from npu_sandbox.demo.repository import CHART
-from npu_sandbox.node.kubelet import die_with_parent
+from npu_sandbox.node.process import die_with_parent
 
 SCRAPE_INTERVAL_SECONDS: Final = 1
 POD_MONITOR_JOB: Final = "npu-system/npu-inference-operator-inference"

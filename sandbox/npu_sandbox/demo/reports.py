@@ -22,7 +22,8 @@ from npu_sandbox.demo import printer
 from npu_sandbox.demo import prometheus as prom
 from npu_sandbox.demo.console import heading, say
 from npu_sandbox.demo.probes import behind_service, events_of, kubectl_get
-from npu_sandbox.node.kubelet import LocalKubelet, LocalPod
+from npu_sandbox.node.kubelet import LocalKubelet
+from npu_sandbox.node.pod import LocalPod
 
 
 async def report(

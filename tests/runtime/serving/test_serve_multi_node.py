@@ -19,7 +19,7 @@ from npu_operator.api.spec import parse_spec
 from npu_operator.children import engine_pod as builders
 from npu_runtime import metrics
 from npu_runtime.contract import parse_serve_args
-from npu_sandbox.node.kubelet import free_port
+from npu_sandbox.node.network import free_port
 from npu_sandbox.progress import logs_progress
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -31,7 +31,9 @@ from npu_operator.kube import names
 from npu_sandbox.cluster import LocalCluster
 from npu_sandbox.controllers import lws
 from npu_sandbox.controllers.workloads import POD_TEMPLATE_HASH, pod_ready
-from npu_sandbox.node.kubelet import DEFAULT_RUNNERS, Kubelet, LocalKubelet, LocalPod, ServeRunner
+from npu_sandbox.node.kubelet import Kubelet, LocalKubelet
+from npu_sandbox.node.pod import LocalPod
+from npu_sandbox.node.runners import DEFAULT_RUNNERS, ServeRunner
 
 from tests.examples import example
 from tests.runtime.serve_helpers import alive
