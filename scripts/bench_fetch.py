@@ -12,13 +12,13 @@ rollout's first asks for: the operator pins the commit the first pod resolved):
 
 - plain:  `huggingface_hub.snapshot_download(repo, cache_dir=..., endpoint=...)` (or ModelScope's),
           nothing else;
-- fetch:  `npu_runtime.fetch.download.fetch(...)`, the init container's work in process: resolve the
+- fetch:  `npu_runtime.fetch.driver.fetch(...)`, the init container's work in process: resolve the
           revision, take the cache's lock, download with the library (config.json first), every
           file verified (hashed while it streams, or by the client against the listing, else from
           disk after), write the marker and progress file;
 - cached: `fetch` again on the complete cache (what every other replica and resource pays);
 - plain, 1 MiB (huggingface_hub only): the library's download with the read chunk fetch sets for
-          it (download.py says why), which prices the hash by itself.
+          it (huggingface.py says why), which prices the hash by itself.
 
 It prints the median seconds, MB/s and CPU seconds (the process's: the client and the local hub
 in it) of each; fetch's speed relative to plain (the ratio of the medians, and the median of each
@@ -44,7 +44,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "runtime"), str(ROOT / "sandbox")]
 
+from npu_runtime.fetch import disk, driver, huggingface  # noqa: E402
 from npu_runtime.fetch import download as fetch  # noqa: E402
+from npu_runtime.fetch.hub import HUBS, HUGGING_FACE, FetchOptions  # noqa: E402
+from npu_runtime.fetch.progress import Progress  # noqa: E402
 from npu_sandbox.fixtures import local_hub  # noqa: E402
 from npu_sandbox.fixtures.local_hub import LocalHub, Repo  # noqa: E402
 
@@ -62,7 +65,7 @@ def make_repo(directory: Path, size_mib: int, shards: int) -> None:
 
 
 def plain(hub: str, endpoint: str, cache: Path, revision: str | None, chunk: int | None = None) -> None:
-    if hub == fetch.HUGGING_FACE:
+    if hub == HUGGING_FACE:
         from huggingface_hub import constants, snapshot_download
 
         # fetch sets the library's write chunk for the process; plain gets the library's own (or `chunk`).
@@ -76,9 +79,9 @@ def plain(hub: str, endpoint: str, cache: Path, revision: str | None, chunk: int
 
 
 def fetched(hub: str, endpoint: str, cache: Path, revision: str | None) -> Path:
-    options = fetch.FetchOptions(hub=hub, repo=REPO, revision=revision, cache=cache, endpoint=endpoint)
-    progress = fetch.Progress(source=hub, repository=REPO)
-    return fetch.fetch(options, fetch.hub_for(hub), progress, on_config=lambda _: None)
+    options = FetchOptions(hub=hub, repo=REPO, revision=revision, cache=cache, endpoint=endpoint)
+    progress = Progress(source=hub, repository=REPO)
+    return driver.fetch(options, fetch.hub_for(hub), progress, on_config=lambda _: None)
 
 
 CPU: dict[str, list[float]] = {}  # name -> CPU seconds of the process (client and in-process hub) per run
@@ -103,7 +106,7 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=512)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--hub", choices=fetch.HUBS, default=fetch.HUGGING_FACE)
+    parser.add_argument("--hub", choices=HUBS, default=HUGGING_FACE)
     parser.add_argument("--pinned", action="store_true", help="download the commit, not the default branch")
     parser.add_argument(
         "--hub-nagle", action="store_true", help="leave Nagle's algorithm on the local hub's sockets (40 ms a request)"
@@ -118,13 +121,13 @@ def main() -> int:
 
     LIBRARY_CHUNK.append(constants.DOWNLOAD_CHUNK_SIZE)
     hashed_from_disk: list[int] = []
-    from_disk = fetch._hash_one
+    from_disk = disk._hash_one
 
     def counted(snapshot: Path, remote: Any, verification: Any) -> bool:
         hashed_from_disk.append(remote.size)
         return from_disk(snapshot, remote, verification)
 
-    fetch._hash_one = counted
+    disk._hash_one = counted
     work = Path(tempfile.mkdtemp(prefix="bench-fetch-"))
     load_before = load()
     try:
@@ -132,10 +135,10 @@ def main() -> int:
         repo = Repo.from_directory(REPO, work / "repo")
         total = sum(f.size for f in repo.files.values())
         times: dict[str, list[float]] = {"plain": [], "fetch": [], "cached": []}
-        # huggingface_hub: also its own download with the write chunk fetch sets (download.py says why),
+        # huggingface_hub: also its own download with the write chunk fetch sets (huggingface.py says why),
         # which prices the hash alone.
-        same_chunk = f"plain, {fetch._HF_WRITE_CHUNK >> 20} MiB"
-        if args.hub == fetch.HUGGING_FACE:
+        same_chunk = f"plain, {huggingface._HF_WRITE_CHUNK >> 20} MiB"
+        if args.hub == HUGGING_FACE:
             times[same_chunk] = []
         revision = repo.commit if args.pinned else None
         with LocalHub([repo]) as hub:
@@ -151,7 +154,7 @@ def main() -> int:
                         times["plain"].append(timed(lambda c=plain_cache: plain(args.hub, hub.url, c, revision), name))
                     elif name == same_chunk:
                         other = work / f"chunked-{run}"
-                        chunk = fetch._HF_WRITE_CHUNK
+                        chunk = huggingface._HF_WRITE_CHUNK
                         times[name].append(
                             timed(lambda c=other, n=chunk: plain(args.hub, hub.url, c, revision, n), name)
                         )
@@ -188,7 +191,7 @@ def main() -> int:
         per_file = sorted(set(served.values()))
         print(f"file bodies served per file over all runs: {per_file} (one per download and run; cached: 0)")
     finally:
-        fetch._hash_one = from_disk
+        disk._hash_one = from_disk
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

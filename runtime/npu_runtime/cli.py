@@ -5,7 +5,7 @@
     npu-runtime fetch --hub H --repo ID --cache DIR [...] [--plan planner options]   (npu_runtime.fetch.download)
     npu-runtime serve --model PATH [serve and planner options] [-- engine args]   (npu_runtime.serving.serve)
     npu-runtime doctor [--json] [--no-device]   (npu_runtime.doctor; exit 4: the observer would be blind)
-    npu-runtime route --prefill URL --decode URL [...]   (npu_runtime.routing.router: prefill/decode pairs)
+    npu-runtime route --prefill URL --decode URL [...]   (npu_runtime.routing.serve: prefill/decode pairs)
 
 Exit status: 0 on success, 2 on invalid input (the message on stderr names the field), 3 when
 the model cannot fit the device. Subcommands are looked up in `COMMANDS` (name -> "module:function",
@@ -36,7 +36,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "fetch": ("npu_runtime.fetch.download:fetch_command", "download a model repository into the shared cache, once"),
     "serve": ("npu_runtime.serving.serve:serve_command", "plan, start vLLM with the plan, report what the engine did"),
     "doctor": ("npu_runtime.doctor:doctor_command", "engine versions, CANN, observer hooks, plugin, device"),
-    "route": ("npu_runtime.routing.router:route_command", "send each completion to a prefill, then a decode engine"),
+    "route": ("npu_runtime.routing.serve:route_command", "send each completion to a prefill, then a decode engine"),
 }
 
 

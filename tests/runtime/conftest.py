@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from npu_runtime.fetch import download as fetch
+from npu_runtime.fetch.hub import HUGGING_FACE, MODEL_SCOPE
 from npu_runtime.planner.model import ModelInfo, inspect_model
 from npu_runtime.planner.probe import DeviceInfo
 from npu_sandbox.fixtures.local_hub import LocalHub, Repo
@@ -56,7 +57,7 @@ def models() -> dict[str, ModelInfo]:
 
 # The fetch tests' hub: the tiny model as one repository, in both hubs' API shapes.
 REPO = "org/tiny-llama"
-HUBS = [fetch.HUGGING_FACE, fetch.MODEL_SCOPE]
+HUBS = [HUGGING_FACE, MODEL_SCOPE]
 WEIGHTS = "model.safetensors"
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from npu_runtime.fetch import download as fetch
+from npu_runtime.fetch import hub as fetch_hub
 from npu_runtime.serving import failures
 
 from npu_operator.kube.names import CONTAINER_NAME, FETCH_CONTAINER_NAME
@@ -43,12 +44,12 @@ FAILURE_CONDITIONS: Final = {
 # themselves: ModelAccessDenied, ModelNotFound, ModelCacheFull, ModelHashMismatch, ModelDownloadFailed.
 # A model planned from its config.json before the weights come fails like the server would.
 FETCH_CONDITIONS: Final = {
-    **{reason: reason for reason in fetch.REASONS},
+    **{reason: reason for reason in fetch_hub.REASONS},
     **{reason: FAILURE_CONDITIONS[reason] for reason in fetch.PLAN_REASONS},
 }
 # When several pods fail differently, the most specific cause is reported first.
 DEGRADED_PRIORITY: Final = (
-    *fetch.REASONS,
+    *fetch_hub.REASONS,
     "GraphCaptureFailed",
     "ModelLoadFailed",
     "InvalidConfiguration",

@@ -12,7 +12,7 @@ applies:
   starts where the hash is, which is where the library's file ends (`StreamHash`), so the hash
   covers the resumed prefix too.
 - **by the hub's client itself** (ModelScope): modelscope_hub hashes each file while it streams
-  and compares against the sha256 and size this fetch's listing hands it (`download.py` says
+  and compares against the sha256 and size this fetch's listing hands it (`modelscope.py` says
   where), renaming the file into the snapshot only when they match.
 - **from disk after the download**, for everything else: a file the library did not stream this
   time (already in the cache), a body that could not be hashed as it came (compressed, resumed
@@ -217,7 +217,7 @@ class StreamHash:
     """The hash of one file's bytes as a library reads them, body after body: `position` is how many
     bytes of the file it covers. A body that resumes a cut one continues it only when it starts
     exactly there, which is where the library's file ends when the library writes every byte it is
-    handed (the Hugging Face check hands huggingface_hub whole read chunks, download.py says how)."""
+    handed (the Hugging Face check hands huggingface_hub whole read chunks, huggingface.py says how)."""
 
     def __init__(self, remote: RemoteFile, hasher: Any) -> None:
         self.remote = remote

@@ -20,7 +20,20 @@ from pathlib import Path
 
 import pytest
 from npu_runtime.fetch import download as fetch
-from npu_runtime.fetch.download import FetchError, FetchOptions, Progress
+from npu_runtime.fetch import driver
+from npu_runtime.fetch.disk import file_matches
+from npu_runtime.fetch.hub import (
+    ACCESS_DENIED,
+    CACHE_FULL,
+    HASH_MISMATCH,
+    HUGGING_FACE,
+    MODEL_SCOPE,
+    NOT_FOUND,
+    FetchError,
+    FetchOptions,
+)
+from npu_runtime.fetch.listing import RemoteFile
+from npu_runtime.fetch.progress import Progress, StatusServer
 from npu_sandbox.fixtures.local_hub import LocalHub, Repo
 
 from tests.runtime.conftest import HUBS, REPO, WEIGHTS
@@ -37,7 +50,7 @@ def options(hub: LocalHub, cache: Path, which: str, **changes: object) -> FetchO
 
 def run_fetch(opts: FetchOptions) -> tuple[Path, Progress]:
     progress = Progress(source=opts.hub, repository=opts.repo)
-    return fetch.fetch(opts, fetch.hub_for(opts.hub), progress), progress
+    return driver.fetch(opts, fetch.hub_for(opts.hub), progress), progress
 
 
 @pytest.mark.parametrize("which", HUBS)
@@ -96,14 +109,14 @@ def test_wrong_bytes_are_never_marked_complete(which: str, hub: LocalHub, tmp_pa
     cache = tmp_path / "cache"
     with pytest.raises(FetchError) as failure:
         run_fetch(options(hub, cache, which))
-    assert failure.value.reason == fetch.HASH_MISMATCH
+    assert failure.value.reason == HASH_MISMATCH
     assert REPO in failure.value.message
     assert not list(cache.rglob(".npu-complete/*.json"))
     hub.faults.corrupt.clear()  # the hub is right again: the next start completes
     snapshot, progress = run_fetch(options(hub, cache, which))
     entry = hub.repos[REPO].files[WEIGHTS]
     assert progress.phase == "Ready"
-    assert fetch.file_matches(snapshot / WEIGHTS, fetch.RemoteFile(WEIGHTS, entry.size, entry.sha256, None))
+    assert file_matches(snapshot / WEIGHTS, RemoteFile(WEIGHTS, entry.size, entry.sha256, None))
 
 
 @pytest.mark.parametrize("which", HUBS)
@@ -111,7 +124,7 @@ def test_a_token_the_hub_refuses_is_access_denied(which: str, hub: LocalHub, tmp
     hub.faults.token = "s3cret-token"
     with pytest.raises(FetchError) as failure:
         run_fetch(options(hub, tmp_path / "cache", which, token="wrong"))
-    assert failure.value.reason == fetch.ACCESS_DENIED
+    assert failure.value.reason == ACCESS_DENIED
     assert REPO in failure.value.message and "s3cret" not in failure.value.message
     _, progress = run_fetch(options(hub, tmp_path / "cache", which, token="s3cret-token"))
     assert progress.phase == "Ready"
@@ -124,7 +137,7 @@ def test_a_missing_repository_or_revision_is_not_found(
 ) -> None:
     with pytest.raises(FetchError) as failure:
         run_fetch(options(hub, tmp_path / "cache", which, repo=repo_id, revision=revision))
-    assert failure.value.reason == fetch.NOT_FOUND
+    assert failure.value.reason == NOT_FOUND
     assert repo_id in failure.value.message
 
 
@@ -134,13 +147,13 @@ def test_config_json_arrives_before_the_weights(which: str, hub: LocalHub, repo:
     opts = options(hub, tmp_path / "cache", which)
     progress = Progress(source=opts.hub, repository=opts.repo)
     plan = lambda s: seen.append(({p.name for p in s.iterdir()}, dict(hub.served)))  # noqa: E731
-    fetch.fetch(opts, fetch.hub_for(opts.hub), progress, on_config=plan)
+    driver.fetch(opts, fetch.hub_for(opts.hub), progress, on_config=plan)
     assert seen == [({"config.json"}, {f"{REPO}/config.json": 1})]  # planned before any other body was asked for
     assert dict(hub.served) == {f"{REPO}/{name}": 1 for name in repo.files}  # config.json was not fetched again
 
 
 def _cli(
-    hub: LocalHub, cache: Path, *extra: str, token: str | None = None, hub_name: str = fetch.HUGGING_FACE
+    hub: LocalHub, cache: Path, *extra: str, token: str | None = None, hub_name: str = HUGGING_FACE
 ) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     if token is not None:
@@ -171,7 +184,7 @@ def test_the_command_names_the_reason_and_never_prints_the_token(hub: LocalHub, 
     out, err = replica.communicate(timeout=120)
     assert replica.returncode == fetch.EXIT_INVALID
     line = message.read_text().strip()
-    assert line.startswith(f"{fetch.ACCESS_DENIED}: huggingface {REPO}@main")
+    assert line.startswith(f"{ACCESS_DENIED}: huggingface {REPO}@main")
     assert "s3cret" not in out + err + line
 
 
@@ -187,7 +200,7 @@ def test_a_token_goes_to_a_plain_http_endpoint_only_when_asked(hub: LocalHub, tm
 def test_status_serves_the_progress(tmp_path: Path) -> None:
     progress = Progress(source="huggingface", repository=REPO, revision="abc", phase="Downloading")
     progress.bytes_done, progress.bytes_total = 41, 100
-    server = fetch.StatusServer(progress, 0, host="127.0.0.1")
+    server = StatusServer(progress, 0, host="127.0.0.1")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/status", timeout=5) as answer:
             body = json.load(answer)
@@ -234,9 +247,9 @@ def test_no_space_left_anywhere_in_the_library_is_cache_full(which: str, hub: Lo
     # A full disk cannot be provoked here without privileges; the library's wrapped OSError stands in for it.
     wrapped = RuntimeError("download failed")
     wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
-    failure = fetch._failure(fetch.hub_for(which), wrapped, options(hub, tmp_path, which))
+    failure = driver._failure(fetch.hub_for(which), wrapped, options(hub, tmp_path, which))
     assert (failure.reason, failure.message) == (
-        fetch.CACHE_FULL,
+        CACHE_FULL,
         f"{which} {REPO}@{fetch.hub_for(which).default_revision}: no space left on the cache volume",
     )
 
@@ -274,7 +287,7 @@ def test_a_killed_download_is_taken_over_by_the_next_pod(which: str, big_repo: R
         _, err = second.communicate(timeout=120)
         assert second.returncode == 0, err
         resumed = [start for path, start in hub.ranges if path == BIG]
-        if which == fetch.MODEL_SCOPE:
+        if which == MODEL_SCOPE:
             assert resumed and resumed[-1] > 0  # the next pod asked for the rest only
         else:
             assert resumed == [] and hub.served[f"{REPO}/{BIG}"] == 1  # the body the killed pod cut is not counted

@@ -32,9 +32,10 @@ from npu_operator.status.findings import PodReport
 from npu_operator.status.reports import parse_report
 from npu_runtime.fetch import download as fetch
 from npu_runtime.fetch import layout
+from npu_runtime.fetch.hub import DOWNLOAD_FAILED, HASH_MISMATCH, HUGGING_FACE, MODEL_SCOPE
 from npu_runtime.serving import failures
 from npu_sandbox.fixtures.local_hub import LocalHub, Repo, RepoFile
-from npu_sandbox.node.kubelet import free_port
+from npu_sandbox.node.network import free_port
 
 from tests.examples import example
 from tests.runtime.conftest import HUBS, REPO, WEIGHTS
@@ -121,7 +122,7 @@ def test_a_commit_that_is_a_path_is_refused(which: str, hub: LocalHub, tmp_path:
     hub.faults.commit = "../../../../../outside/x"
     code, message = run(volume, hub, which)
     assert code == fetch.EXIT_FAILED
-    assert message.startswith(f"{fetch.DOWNLOAD_FAILED}: ") and "not a commit id" in message, message
+    assert message.startswith(f"{DOWNLOAD_FAILED}: ") and "not a commit id" in message, message
     assert not hub.served
     volume.assert_untouched()
 
@@ -158,7 +159,7 @@ def test_a_body_stops_at_its_listed_size(which: str, fault: str, hub: LocalHub, 
         hub.faults.listed_sizes[WEIGHTS] = size - 4096
     code, message = run(volume, hub, which)
     assert code == fetch.EXIT_FAILED
-    assert message.startswith(fetch.HASH_MISMATCH), message
+    assert message.startswith(HASH_MISMATCH), message
     # What the client read before stopping: the listed size plus what the sockets had buffered,
     # never the 256 MiB an endless body offers.
     assert hub.bytes_served < size + (16 << 20)
@@ -242,7 +243,7 @@ def test_other_bytes_under_a_commit_the_snapshot_holds_never_rewrite_it(
     hub.push(dataclasses.replace(forged, commit=repo.commit))  # same commit, other bytes
     code, message = run(volume, hub, which, "--link", str(second))
     assert code != fetch.EXIT_OK
-    assert message.startswith(fetch.HASH_MISMATCH) and repo.commit in message and WEIGHTS in message, message
+    assert message.startswith(HASH_MISMATCH) and repo.commit in message and WEIGHTS in message, message
     assert (first / WEIGHTS).read_bytes() == repo.files[WEIGHTS].data  # pod0's files did not change
     assert hub.served.get(f"{REPO}/{WEIGHTS}") == 1  # nothing was downloaded again
     assert not second.exists()
@@ -299,7 +300,7 @@ def test_a_branch_that_moves_between_replicas_of_a_rollout_is_served_at_one_comm
 def hub_spec(which: str) -> NPUInferenceSpec:
     """An NPUInference spec whose source is the repository on `which` (its main branch)."""
     manifest = example("qwen2.5-7b-modelscope.yaml")
-    field = {fetch.HUGGING_FACE: "huggingFace", fetch.MODEL_SCOPE: "modelScope"}[which]
+    field = {HUGGING_FACE: "huggingFace", MODEL_SCOPE: "modelScope"}[which]
     manifest["spec"]["model"]["source"] = {field: {"repository": REPO}}
     return parse_spec(manifest["spec"])
 
@@ -411,4 +412,4 @@ def test_a_waiter_gives_up_when_the_lock_holder_makes_no_progress(which: str, hu
     finally:
         holder.release()
     assert code == fetch.EXIT_FAILED
-    assert message.startswith(fetch.DOWNLOAD_FAILED) and "has not progressed for 2s" in message, message
+    assert message.startswith(DOWNLOAD_FAILED) and "has not progressed for 2s" in message, message

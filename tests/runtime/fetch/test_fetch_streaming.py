@@ -23,10 +23,12 @@ from typing import Any
 import huggingface_hub
 import modelscope_hub
 import pytest
+from npu_runtime.fetch import disk, driver, verify
 from npu_runtime.fetch import download as fetch
-from npu_runtime.fetch import verify
-from npu_runtime.fetch.download import FetchError, FetchOptions, Progress
+from npu_runtime.fetch.hub import HASH_MISMATCH, HUGGING_FACE, MODEL_SCOPE, FetchError, FetchOptions
+from npu_runtime.fetch.huggingface import HuggingFaceHub
 from npu_runtime.fetch.listing import Listing, RemoteFile
+from npu_runtime.fetch.progress import Progress
 from npu_sandbox.fixtures.local_hub import LocalHub, Repo, RepoFile
 
 from tests.runtime.conftest import HUBS
@@ -66,20 +68,20 @@ def options(hub: LocalHub, cache: Path, which: str) -> FetchOptions:
 
 def run_fetch(opts: FetchOptions, progress: Progress | None = None) -> tuple[Path, Progress]:
     progress = progress or Progress(source=opts.hub, repository=opts.repo)
-    return fetch.fetch(opts, fetch.hub_for(opts.hub), progress), progress
+    return driver.fetch(opts, fetch.hub_for(opts.hub), progress), progress
 
 
 @pytest.fixture
 def hashed_from_disk(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The paths the fetch hashed from disk (the fallback: as they landed, or after the download)."""
     seen: list[str] = []
-    original = fetch._hash_one
+    original = disk._hash_one
 
     def recording(snapshot: Path, remote: RemoteFile, verification: Any) -> bool:
         seen.append(remote.path)
         return original(snapshot, remote, verification)
 
-    monkeypatch.setattr(fetch, "_hash_one", recording)
+    monkeypatch.setattr(disk, "_hash_one", recording)
     return seen
 
 
@@ -149,8 +151,8 @@ def test_a_streamed_file_counts_only_as_the_blob_its_listed_hash_names_while_eve
     """huggingface_hub writes a body to `blobs/<the ETag the hub answered>` and links the snapshot entry
     there: a streamed body is the file's only when the entry leads to the blob named by the file's
     listed hash, and no ETag of the fetch names a blob another file's body could have gone to."""
-    hub = fetch.HuggingFaceHub()
-    opts = FetchOptions(hub=fetch.HUGGING_FACE, repo=REPO, revision=None, cache=tmp_path, endpoint="http://127.0.0.1:1")
+    hub = HuggingFaceHub()
+    opts = FetchOptions(hub=HUGGING_FACE, repo=REPO, revision=None, cache=tmp_path, endpoint="http://127.0.0.1:1")
     data = random.Random(5).randbytes(MIB)
     a, b = remote_of(data, "a.safetensors"), remote_of(data[::-1], "b.safetensors")
     listing = Listing("1" * 40, (a, b))
@@ -200,9 +202,9 @@ def test_a_corrupted_config_json_is_never_planned_and_no_weight_is_asked_for(
     with LocalHub([corrupted]) as hub:
         opts = options(hub, cache, which)
         with pytest.raises(FetchError) as failure:
-            fetch.fetch(opts, fetch.hub_for(which), Progress(source=which, repository=REPO), on_config=planned.append)
+            driver.fetch(opts, fetch.hub_for(which), Progress(source=which, repository=REPO), on_config=planned.append)
         served = dict(hub.served)
-    assert failure.value.reason == fetch.HASH_MISMATCH and "config.json" in failure.value.message
+    assert failure.value.reason == HASH_MISMATCH and "config.json" in failure.value.message
     assert planned == [] and hashed_from_disk == []  # caught while it streamed, never planned
     assert served == {f"{REPO}/config.json": 2}  # fetched again once, then given up; no weight was asked for
     assert not list(cache.rglob("config.json")) and not list(cache.rglob(".npu-complete/*.json"))
@@ -220,12 +222,12 @@ def test_a_config_json_past_its_listed_size_is_a_hash_mismatch_and_never_planned
         else:
             hub.faults.listed_sizes["config.json"] = streamed_repo.files["config.json"].size - 8
         with pytest.raises(FetchError) as failure:
-            fetch.fetch(
+            driver.fetch(
                 options(hub, cache, which), fetch.hub_for(which), Progress(source=which, repository=REPO),
                 on_config=planned.append,
             )  # fmt: skip
         served = hub.bytes_served
-    assert failure.value.reason == fetch.HASH_MISMATCH and "config.json" in failure.value.message
+    assert failure.value.reason == HASH_MISMATCH and "config.json" in failure.value.message
     assert planned == [] and served < 16 * MIB  # stopped past the listed size, never the endless body
     assert not list(cache.rglob("config.json")) and not list(cache.rglob(".npu-complete/*.json"))
 
@@ -237,7 +239,7 @@ def test_a_cut_config_json_is_fetched_again_and_planned_whole(which: str, stream
         hub.faults.cut_after["config.json"] = config.size // 3  # once
         opts = options(hub, tmp_path / "cache", which)
         plan = lambda snapshot: planned.append((snapshot / "config.json").read_bytes())  # noqa: E731
-        snapshot = fetch.fetch(opts, fetch.hub_for(which), Progress(source=which, repository=REPO), on_config=plan)
+        snapshot = driver.fetch(opts, fetch.hub_for(which), Progress(source=which, repository=REPO), on_config=plan)
         served = hub.served[f"{REPO}/config.json"]
     assert planned == [config.data] and (snapshot / "config.json").read_bytes() == config.data
     assert served == 2  # the cut body, then the whole one
@@ -248,7 +250,7 @@ def test_the_modelscope_clients_route_probe_runs_beside_the_listing(streamed_rep
     download: the fetch starts that probe beside the file listing, so no download waits for it."""
     with LocalHub([streamed_repo]) as hub:
         hub.faults.listing_waits_for_probe = True  # the listing is answered once the probe arrived (or in 5 s)
-        snapshot, _ = run_fetch(options(hub, tmp_path / "cache", fetch.MODEL_SCOPE))
+        snapshot, _ = run_fetch(options(hub, tmp_path / "cache", MODEL_SCOPE))
     assert hub.listings_after_probe == [True]
     assert (snapshot / BIG).read_bytes() == streamed_repo.files[BIG].data
 
@@ -264,14 +266,14 @@ def test_a_corrupted_byte_in_the_middle_is_caught_before_the_file_is_linked(
         with pytest.raises(FetchError) as failure:
             run_fetch(options(hub, cache, which))
         served = hub.served[f"{REPO}/{BIG}"]
-    assert failure.value.reason == fetch.HASH_MISMATCH and BIG in failure.value.message
+    assert failure.value.reason == HASH_MISMATCH and BIG in failure.value.message
     # Caught in the stream (Hugging Face) or by the client (ModelScope): never hashed from disk, and
     # neither a snapshot entry, nor a blob, nor a partial file of it is left; no marker.
     assert BIG not in hashed_from_disk
     assert not list(cache.rglob(BIG)) and not larger_than(cache, streamed_repo.files[SMALL].size)
     assert not list(cache.rglob(".npu-complete/*.json"))
     # Fetched again before giving up: once by this fetch (Hugging Face), by the library's own retries (ModelScope).
-    assert served == (2 if which == fetch.HUGGING_FACE else 3)
+    assert served == (2 if which == HUGGING_FACE else 3)
     with LocalHub([streamed_repo]) as hub:  # the hub is right again: the next start completes
         snapshot, _ = run_fetch(options(hub, cache, which))
     assert (snapshot / BIG).read_bytes() == streamed_repo.files[BIG].data
@@ -324,8 +326,8 @@ def test_a_partial_file_a_killed_pod_left_is_resumed_and_verified_over_its_prefi
     that prefix is caught (modelscope_hub hashes the prefix from disk before it appends)."""
     cache, data = tmp_path / "cache", streamed_repo.files[BIG].data
     with LocalHub([streamed_repo]) as hub:
-        opts = options(hub, cache, fetch.MODEL_SCOPE)
-        hub_ = fetch.hub_for(fetch.MODEL_SCOPE)
+        opts = options(hub, cache, MODEL_SCOPE)
+        hub_ = fetch.hub_for(MODEL_SCOPE)
         partial = hub_.repo_folder(opts) / "snapshots" / streamed_repo.commit / (BIG + ".incomplete")
         partial.parent.mkdir(parents=True)
         partial.write_bytes(flipped(data[: 10 * MIB], 5 * MIB))
@@ -359,7 +361,7 @@ def test_progress_counts_verified_bytes(which: str, streamed_repo: Repo, tmp_pat
         finally:
             stop.set()
             sampler.join()
-    assert failure.value.reason == fetch.HASH_MISMATCH
+    assert failure.value.reason == HASH_MISMATCH
     # While it streamed, the body's hashed bytes counted; once its hash failed, they did not.
     downloading = [done for phase, done in seen if phase == "Downloading"]
     assert any(total - size < done < total for done in downloading)
@@ -397,13 +399,13 @@ def test_an_etag_that_names_another_files_blob_never_makes_a_snapshot(tmp_path: 
     cache = tmp_path / "cache"
     planned: list[bytes] = []
     with LocalHub([forged]) as hub:
-        opts = options(hub, cache, fetch.HUGGING_FACE)
+        opts = options(hub, cache, HUGGING_FACE)
         progress = Progress(source=opts.hub, repository=REPO)
         plan = lambda snapshot: planned.append((snapshot / "config.json").read_bytes())  # noqa: E731
         with pytest.raises(FetchError) as failure:
-            fetch.fetch(opts, fetch.hub_for(opts.hub), progress, on_config=plan)
+            driver.fetch(opts, fetch.hub_for(opts.hub), progress, on_config=plan)
     assert planned == [config.data]
-    assert failure.value.reason == fetch.HASH_MISMATCH
+    assert failure.value.reason == HASH_MISMATCH
     assert not list(cache.rglob(".npu-complete/*.json"))
 
 
@@ -427,7 +429,7 @@ def test_without_the_seams_every_file_is_hashed_from_disk(
     corrupted = serving(streamed_repo, BIG, flipped(streamed_repo.files[BIG].data, MIB))
     with LocalHub([corrupted]) as hub, pytest.raises(FetchError) as failure:
         run_fetch(options(hub, tmp_path / "other", which))
-    assert failure.value.reason == fetch.HASH_MISMATCH
+    assert failure.value.reason == HASH_MISMATCH
 
 
 @pytest.mark.parametrize("which", HUBS)
@@ -438,14 +440,14 @@ def test_a_file_left_to_the_disk_hash_is_hashed_as_soon_as_it_lands(
     """What nothing verified as it arrived (here: no seams; in a pod: hf_xet's downloads, files already in
     the cache) is hashed while the rest still downloads, so only the last files wait for the hash."""
     seen: list[tuple[str, bool]] = []  # (the file hashed, whether the big shard had landed then)
-    original = fetch._hash_one
+    original = disk._hash_one
     with LocalHub([streamed_repo]) as hub:
 
         def recording(snapshot: Path, remote: RemoteFile, verification: Any) -> bool:
             seen.append((remote.path, (snapshot / BIG).exists()))
             return original(snapshot, remote, verification)
 
-        monkeypatch.setattr(fetch, "_hash_one", recording)
+        monkeypatch.setattr(disk, "_hash_one", recording)
         hub.rate = 12 * MIB  # the big shard streams for two seconds
         _, progress = run_fetch(options(hub, tmp_path / "cache", which))
     assert progress.phase == "Ready"
@@ -533,11 +535,11 @@ def test_a_body_the_hub_redirects_to_another_host_is_verified_as_it_streams_ther
     with LocalHub([served]) as hub:
         front = CdnFront(hub)
         try:
-            opts = FetchOptions(hub=fetch.HUGGING_FACE, repo=REPO, revision=None, cache=tmp_path, endpoint=front.url)
+            opts = FetchOptions(hub=HUGGING_FACE, repo=REPO, revision=None, cache=tmp_path, endpoint=front.url)
             if wrong:
                 with pytest.raises(FetchError) as failure:
                     run_fetch(opts)
-                assert failure.value.reason == fetch.HASH_MISMATCH
+                assert failure.value.reason == HASH_MISMATCH
             else:
                 snapshot, _ = run_fetch(opts)
                 assert (snapshot / BIG).read_bytes() == streamed_repo.files[BIG].data
