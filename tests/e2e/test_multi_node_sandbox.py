@@ -19,6 +19,7 @@ from tests.runtime.serve_helpers import alive
 NAME = "tiny-llama-2node"
 
 
+# Its own sandbox run: another example (a two-node group), and its worker is killed on the way.
 @pytest.fixture(scope="module")
 def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> SandboxRun:
     return run_sandbox(

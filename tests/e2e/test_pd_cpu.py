@@ -27,6 +27,7 @@ NAME = "tiny-llama-pd"
 MAX_TOKENS = 12
 
 
+# Its own sandbox run: another example (prefill and decode engines behind the router).
 @pytest.fixture(scope="module")
 def pd_run(tmp_path_factory: pytest.TempPathFactory) -> SandboxRun:
     return run_sandbox(tmp_path_factory.mktemp("pd"), "--example", "sandbox-cpu-pd.yaml", "--no-prometheus")

@@ -144,6 +144,7 @@ async def test_a_p_d_resource_scales_per_role_while_it_serves(tmp_path: Path) ->
     await scale_while_serving(tmp_path, models / "tiny-llama", [FakeEngineRunner(), *DEFAULT_RUNNERS], prefill=True)
 
 
+# Its own engines: a P/D resource scaled while it serves, from the in-process operator (not the CLI).
 @pytest.mark.engine
 async def test_real_cpu_engines_keep_serving_while_decode_scales_out(tiny_model: Path, tmp_path: Path) -> None:
     """Real vLLM CPU engines (the tiny model; their Mooncake connector mapped to vLLM's file-based

@@ -90,6 +90,7 @@ async def kubelet_for(cluster: LocalCluster, workdir: Path) -> AsyncIterator[Loc
         print(f"kubelet: pods exited with {codes}")
 
 
+# Its own engine: the in-process operator reads a pod it has not seen before (no earlier report).
 @pytest.mark.engine
 async def test_the_status_tells_what_the_engine_did(operator: LocalCluster, tiny_model: Path, tmp_path: Path) -> None:
     await operator.apply_npu_inference(tiny_manifest(tiny_model))

@@ -63,6 +63,7 @@ class Serving:
     workdir: Path
 
 
+# Its own engines: a resource with autoscaling, rolled out and scaled (three starts by design).
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def serving(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serving]:
     """The operator, and the resource's first replica Ready (max_num_seqs 8, one engine)."""

@@ -308,6 +308,7 @@ def test_sigterm_exits_zero_within_the_grace_period_and_leaves_no_engine_process
     assert not planned.termination.exists()  # a requested stop is not a failure
 
 
+# Its own engine: --engine-resolves-mode is another engine configuration than `planned`.
 @pytest.mark.engine
 def test_engine_resolves_mode_and_the_observer_sees_the_downgrade(tiny_model: Path, tmp_path: Path) -> None:
     run = ServeRun(tiny_model, [*SMALL, "--engine-resolves-mode"], tmp_path)

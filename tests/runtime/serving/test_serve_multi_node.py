@@ -45,6 +45,7 @@ def rendered_args(index: str, rpc_port: int) -> list[str]:
     return rest[: rest.index("--")] if "--" in rest else rest
 
 
+# Its own engines: two serve processes as one LeaderWorkerSet group, without the operator.
 @pytest.mark.engine
 def test_a_two_node_replica_serves_through_its_leader(tiny_model: Path, tmp_path: Path) -> None:
     rpc_port = free_port()
