@@ -106,6 +106,28 @@ IMAGE_VARIANTS: Final[tuple[ImageVariant, ...]] = (
 )
 
 
+def npu_family(name: str) -> str:
+    """The NPU family of a chip or device name ("910B3", "Ascend910_9392", "310P3", "950"), as
+    vllm-ascend's AscendDeviceType tells them apart (vllm_ascend/device/hardware.py: 910B* -> A2,
+    910_93xx / 910C -> A3, 310P* -> 310P, 950 -> A5); "unknown" for any other name. The one rule
+    for the planner (the device it probes) and the operator (a spec's chip, for its image)."""
+    lowered = name.lower().replace(" ", "")
+    if "310p" in lowered:
+        return "310P"
+    if "950" in lowered:
+        return "A5"
+    if "910b" in lowered:
+        return "A2"
+    if any(tag in lowered for tag in ("910_93", "910c", "9392", "9382", "9362")):
+        return "A3"
+    return "unknown"
+
+
+def image_variant(family: str, os: str = "Ubuntu") -> ImageVariant | None:
+    """The vllm-ascend image flavour built for an NPU family on `os`; None for a family without one."""
+    return next((v for v in IMAGE_VARIANTS if v.soc == family and v.os == os), None)
+
+
 def base_image(variant: ImageVariant, release: EngineRelease | None = None) -> str:
     """The vllm-ascend image a runtime image is built FROM, e.g. quay.io/ascend/vllm-ascend:v0.23.0-a3."""
     release = release or default_release()

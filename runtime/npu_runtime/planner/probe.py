@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from npu_runtime.contract import MIB, PlanError, PlanOptions
+from npu_runtime.engines import npu_family
 
 _NPU_SMI_TIMEOUT_S: Final = 10.0
 _TORCH_PROBE_TIMEOUT_S: Final = 180.0  # importing torch_npu and initialising CANN can take a while
@@ -299,23 +300,14 @@ _SOURCES: Final[dict[str, tuple[Callable[[], DeviceInfo | None], ...]]] = {
 def device_family(device: DeviceInfo) -> str:
     """The hardware family the engine's rules depend on, from the device name.
 
-    NPU families follow vllm-ascend's AscendDeviceType (vllm_ascend/device/hardware.py:
-    910B* -> A2, 910_93xx / 910C -> A3, 310P* -> 310P, 950 -> A5). CUDA families matter for the
+    NPU families: `engines.npu_family`. CUDA families matter for the
     attention backend's graph support (FlashAttention 3 on Hopper, 2 elsewhere).
     """
     name = device.name.lower().replace(" ", "")
     if device.kind == "cpu":
         return "cpu"
     if device.kind == "npu":
-        if "310p" in name:
-            return "310P"
-        if "950" in name:
-            return "A5"
-        if "910b" in name:
-            return "A2"
-        if "910_93" in name or "910c" in name or "9392" in name or "9382" in name or "9362" in name:
-            return "A3"
-        return "unknown"
+        return npu_family(device.name)
     if any(tag in name for tag in ("h100", "h200", "h800", "h20", "gh200")):
         return "hopper"
     if any(tag in name for tag in ("b200", "b300", "gb200", "gb300")):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -149,7 +150,34 @@ def engine_env(base: Mapping[str, str], *, observer_dir: str, prometheus_dir: st
         env[PROMETHEUS_ENV] = prometheus_dir
     for name, value in ASCEND_RECOMMENDED_ENV.items():
         env.setdefault(name, value)
-    return env
+    return image_shell_env(env)
+
+
+# What vllm-ascend's images write into ~/.bashrc (Dockerfile, Dockerfile.a3, Dockerfile.a5,
+# Dockerfile.310p, v0.23.0: `RUN echo "export LD_PRELOAD=/usr/lib/$(uname -m)-linux-gnu/libjemalloc.so.2:$LD_PRELOAD"`
+# and `... LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/usr/local/lib`): only an interactive bash reads it, and
+# a pod's container execs `npu-runtime` directly, so the runtime adds both itself, in a CANN image only.
+CANN_HOME: Final = "/usr/local/Ascend"
+JEMALLOC: Final = "/usr/lib/{machine}-linux-gnu/libjemalloc.so.2"
+IMAGE_LIBRARY_DIR: Final = "/usr/local/lib"
+
+
+def image_shell_env(
+    env: Mapping[str, str], *, exists: Callable[[str], bool] = os.path.exists, machine: str | None = None
+) -> dict[str, str]:
+    """`env` with the image's shell setup: jemalloc first in LD_PRELOAD and /usr/local/lib last in
+    LD_LIBRARY_PATH, where the image has them and `env` does not already; unchanged outside a CANN image."""
+    result = dict(env)
+    if not exists(CANN_HOME):
+        return result
+    jemalloc = JEMALLOC.format(machine=machine or platform.machine())
+    preload = [item for item in result.get("LD_PRELOAD", "").split(":") if item]
+    if exists(jemalloc) and not any(item.endswith("/libjemalloc.so.2") for item in preload):
+        result["LD_PRELOAD"] = ":".join([jemalloc, *preload])
+    libraries = [item for item in result.get("LD_LIBRARY_PATH", "").split(":") if item]
+    if exists(IMAGE_LIBRARY_DIR) and IMAGE_LIBRARY_DIR not in libraries:
+        result["LD_LIBRARY_PATH"] = ":".join([*libraries, IMAGE_LIBRARY_DIR])
+    return result
 
 
 class RunDirs:

@@ -372,3 +372,23 @@ def test_a_capture_failure_is_served_until_it_was_read_once() -> None:
         assert time.monotonic() - began < 10  # not the 30 s bound (a margin for a loaded machine)
     finally:
         run.close()
+
+
+def test_the_image_shell_setup_reaches_the_engine_in_a_cann_image_only() -> None:
+    jemalloc = "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"
+    image = {launch.CANN_HOME, jemalloc, launch.IMAGE_LIBRARY_DIR}
+    env = launch.image_shell_env(
+        {"LD_PRELOAD": "/opt/x.so", "LD_LIBRARY_PATH": "/usr/local/Ascend/driver/lib64"},
+        exists=image.__contains__,
+        machine="aarch64",
+    )
+    assert env["LD_PRELOAD"] == f"{jemalloc}:/opt/x.so"
+    assert env["LD_LIBRARY_PATH"] == "/usr/local/Ascend/driver/lib64:/usr/local/lib"
+    # Already there (the user's own, or a second run): nothing added twice.
+    assert launch.image_shell_env(env, exists=image.__contains__, machine="aarch64") == env
+    # Not a CANN image (this machine's CPU engine): unchanged.
+    outside = {jemalloc, launch.IMAGE_LIBRARY_DIR}
+    assert launch.image_shell_env({"A": "1"}, exists=outside.__contains__, machine="aarch64") == {"A": "1"}
+    # No jemalloc in the image: LD_PRELOAD is left alone.
+    bare = {launch.CANN_HOME}
+    assert "LD_PRELOAD" not in launch.image_shell_env({}, exists=bare.__contains__, machine="x86_64")
