@@ -49,7 +49,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "cluster": CLUSTER,
     "monitoring-on": MONITORING_ON,
     "namespaced": NAMESPACED,
-    "namespaced-release-namespace": {"watch": {"scope": "namespaced"}, "rbac": {"namespacedDiscovery": False}},
+    "namespaced-release-namespace": {
+        "watch": {"scope": "namespaced"},
+        "rbac": {"namespacedDiscovery": False},
+        "npu": {"nodeDiscovery": False},
+    },
+    "nodes-only": {"watch": {"scope": "namespaced"}, "rbac": {"namespacedDiscovery": False}},
     "crds-off": {"crds": {"install": False}, "peering": {"installCRDs": False}},
     "standalone": {"operator": {"standalone": True}},
     "everything": {
@@ -160,7 +165,9 @@ def test_the_operator_accepts_the_settings_the_chart_gives_it(name: str, tmp_pat
     objects = render(VALUE_SETS[name], tmp_path)
     config = load_config({k: v for k, v in env_of(objects).items() if k.startswith("NPU_OPERATOR_")})
     assert config.runtime_image == "ghcr.io/npu-inference/npu-runtime:0.1.0"
-    assert config.npu_resource_name == "huawei.com/Ascend910"
+    assert config.npu_resource_name == ""  # the cluster profile's for each spec's NPU family
+    assert config.cluster_profile == "ascend-docker-runtime"
+    assert config.node_discovery is VALUE_SETS[name].get("npu", {}).get("nodeDiscovery", True)
     scope = VALUE_SETS[name].get("watch", {})
     if scope.get("scope", "namespaced") == "namespaced":  # the default
         assert config.namespaces == tuple(scope.get("namespaces") or [NAMESPACE])
@@ -243,12 +250,14 @@ def grants(role: JSON) -> dict[tuple[str, str], set[str]]:
     return result
 
 
+# npu.nodeDiscovery (on by default): the operator reads which NPUs the nodes offer.
+NODE_RULE: dict[tuple[str, str], set[str]] = {("", "nodes"): {"get", "list", "watch"}}
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection", "escalate", "bind", "impersonate"})
 
 
 def test_the_default_grants_write_rights_only_in_the_namespaces_it_serves(defaults: list[JSON]) -> None:
     """Issue 33 item 8: by default nothing cluster-wide that a namespaced grant can do. The only
-    ClusterRole reads CRDs and namespace names (kopf's discovery); every write right is in a Role of
+    ClusterRole reads CRDs and namespace names (kopf's discovery) and Nodes; every write right is in a Role of
     the release namespace, the one the operator serves (NPU_OPERATOR_NAMESPACES), so a compromised
     operator can write nothing in kube-system or any other namespace."""
     for role in by_kind(defaults, "ClusterRole"):
@@ -256,6 +265,7 @@ def test_the_default_grants_write_rights_only_in_the_namespaces_it_serves(defaul
         assert grants(role) == {
             ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
             ("", "namespaces"): {"list", "watch"},
+            **NODE_RULE,
         }
     (role,) = by_kind(defaults, "Role")
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -270,6 +280,7 @@ def test_cluster_scope_grants_exactly_what_is_used(tmp_path: Path) -> None:
         **NAMESPACED_RULES,
         ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        **NODE_RULE,
     }
     binding = one(defaults, "ClusterRoleBinding")
     account = one(defaults, "ServiceAccount")
@@ -382,10 +393,11 @@ def test_namespaced_scope_grants_roles_in_each_namespace_only(tmp_path: Path) ->
         ("llm", NAMESPACE),
         ("research", NAMESPACE),
     ]
-    # The only cluster-wide grant: kopf's read-only watch of CRDs and namespace names.
+    # The only cluster-wide grant: kopf's read-only watch of CRDs and namespace names, and the Nodes read.
     assert grants(one(objects, "ClusterRole")) == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"list", "watch"},
+        **NODE_RULE,
     }
     assert env_of(objects)["NPU_OPERATOR_NAMESPACES"] == "llm,research"
 
@@ -396,7 +408,32 @@ def test_namespaced_scope_without_discovery_has_no_cluster_grant(tmp_path: Path)
     assert [role["metadata"]["namespace"] for role in by_kind(objects, "Role")] == [NAMESPACE]
 
 
-@pytest.mark.parametrize("name", ["defaults", "cluster", "namespaced"])
+@pytest.mark.parametrize("scope", [NAMESPACED, CLUSTER])
+def test_the_nodes_are_read_only_with_node_discovery(scope: dict[str, Any], tmp_path: Path) -> None:
+    """npu.nodeDiscovery (on by default) grants get/list/watch of Nodes, cluster-wide (a ClusterRole and
+    its binding even in namespaced scope: Nodes are not namespaced); off, no rule names Nodes, and the
+    operator is told not to ask (NPU_OPERATOR_NODE_DISCOVERY)."""
+    on = render(scope, tmp_path)
+    roles = by_kind(on, "ClusterRole")
+    assert [grants(role)[("", "nodes")] for role in roles if ("", "nodes") in grants(role)] == [
+        {"get", "list", "watch"}
+    ]
+    bound = {b["roleRef"]["name"] for b in by_kind(on, "ClusterRoleBinding")}
+    assert {role["metadata"]["name"] for role in roles if ("", "nodes") in grants(role)} <= bound
+    assert env_of(on)["NPU_OPERATOR_NODE_DISCOVERY"] == "true"
+    off = render({**scope, "npu": {"nodeDiscovery": False}}, tmp_path)
+    for role in [*by_kind(off, "ClusterRole"), *by_kind(off, "Role")]:
+        assert ("", "nodes") not in grants(role)
+    assert env_of(off)["NPU_OPERATOR_NODE_DISCOVERY"] == "false"
+
+
+def test_node_discovery_alone_is_the_only_cluster_grant_in_namespaced_scope(tmp_path: Path) -> None:
+    objects = render(VALUE_SETS["nodes-only"], tmp_path)
+    assert grants(one(objects, "ClusterRole")) == NODE_RULE
+    assert one(objects, "ClusterRoleBinding")["roleRef"]["name"] == one(objects, "ClusterRole")["metadata"]["name"]
+
+
+@pytest.mark.parametrize("name", ["defaults", "cluster", "namespaced", "nodes-only"])
 def test_every_rbac_rule_says_who_needs_it(name: str, tmp_path: Path) -> None:
     text = template(VALUE_SETS[name], tmp_path, "--show-only", "templates/rbac.yaml")
     lines = text.splitlines()

@@ -9,17 +9,16 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 from npu_operator import cli
-from npu_operator.api.config import SETTINGS
 from npu_runtime.files import MAX_TEXT_BYTES
 
 from tests.examples import EXAMPLES
+from tests.operator.conftest import Render
 
 
 def render(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
@@ -161,28 +160,6 @@ DEEPSEEK = EXAMPLES / "deepseek-r1-w8a8-2node.yaml"
 
 def kinds_and_names(stdout: str) -> list[tuple[str, str]]:
     return [(c["kind"], c["metadata"]["name"]) for c in yaml.safe_load_all(stdout) if c]
-
-
-Render = Callable[..., "subprocess.CompletedProcess[str]"]
-
-
-@pytest.fixture
-def no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No NPU_OPERATOR_* variable: render decides with the defaults and what its flags give."""
-    for variable in [*(setting.variable for setting in SETTINGS.values()), "NPU_OPERATOR_CONFIG"]:
-        monkeypatch.delenv(variable, raising=False)
-
-
-@pytest.fixture
-def render_here(no_settings: None, capsys: pytest.CaptureFixture[str]) -> Render:
-    """`render` as `render()` runs it, in this process (no interpreter to start)."""
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        code = cli.main(["render", *args])
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["render", *args], code, out, err)
-
-    return run
 
 
 def test_dash_reads_standard_input_as_the_file_would_be_read(render_here: Render) -> None:

@@ -24,6 +24,9 @@ from npu_runtime.files import FileProblem, read_text
 from npu_operator.api.validation import extended_resource_problem
 
 CONFIG_FILE_VARIABLE: Final = "NPU_OPERATOR_CONFIG"
+# npu_operator.api.clusters checks that these are its profiles' names and the families it maps.
+CLUSTER_PROFILES: Final = ("ascend-docker-runtime", "device-plugin", "volcano", "cce")
+CHIP_FAMILIES: Final = ("A2", "A3", "A5", "310P")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -35,8 +38,19 @@ class ConfigError(ValueError):
 class OperatorConfig:
     # The runtime image for resources that do not set spec.engine.image.
     runtime_image: str = "ghcr.io/npu-inference/npu-runtime:0.1.0"
-    # The extended resource for resources that do not set spec.npu.resourceName.
-    npu_resource_name: str = "huawei.com/Ascend910"
+    # The runtime image per NPU family ("A3=registry/npu-runtime:0.1.0-a3"); a family not listed
+    # gets runtime_image with vllm-ascend's tag suffix for it (npu_operator.api.clusters.runtime_image).
+    chip_runtime_images: tuple[str, ...] = ()
+    # The extended resource for resources that do not set spec.npu.resourceName; empty: the
+    # cluster profile's name for the spec's chip (npu_operator.api.clusters.npu_resource).
+    npu_resource_name: str = ""
+    # How the cluster's nodes get NPUs and their driver (npu_operator.api.clusters.PROFILES).
+    cluster_profile: str = "ascend-docker-runtime"
+    # The RuntimeClass of the inference pods (empty: the node's default container runtime).
+    runtime_class_name: str = ""
+    # Read the Nodes (list/watch, cluster-wide, read-only) to say which NPU resources and chips
+    # they offer when a spec asks for one no node has; off: the pods' FailedScheduling Events only.
+    node_discovery: bool = True
     # Namespaces to watch; empty means the whole cluster.
     namespaces: tuple[str, ...] = ()
     log_level: str = "INFO"
@@ -126,8 +140,8 @@ def _urls(value: Any) -> tuple[str, ...]:
 
 
 def _resource_name(text: Any) -> str:
-    value = _non_empty(text)
-    if problem := extended_resource_problem(value):
+    value = str(text).strip()
+    if value and (problem := extended_resource_problem(value)):
         raise ValueError(problem)
     return value
 
@@ -162,6 +176,29 @@ def _host_paths(value: Any) -> tuple[str, ...]:
     return paths
 
 
+def _chip_images(value: Any) -> tuple[str, ...]:
+    entries = _strings(value)
+    for entry in entries:
+        family, equals, image = entry.partition("=")
+        if not equals or family not in CHIP_FAMILIES or not image.strip():
+            raise ValueError(f"{entry!r} must be FAMILY=IMAGE with FAMILY one of {', '.join(CHIP_FAMILIES)}")
+    return entries
+
+
+def _cluster_profile(text: Any) -> str:
+    value = str(text).strip()
+    if value not in CLUSTER_PROFILES:
+        raise ValueError(f"must be one of {', '.join(CLUSTER_PROFILES)}, got {text!r}")
+    return value
+
+
+def _runtime_class(text: Any) -> str:
+    value = str(text).strip()
+    if (value and not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", value)) or len(value) > 253:
+        raise ValueError(f"{text!r} is not a RuntimeClass name (a DNS subdomain)")
+    return value
+
+
 def _policy(text: Any) -> str:
     value = str(text).strip()
     if value not in ("Restricted", "Permissive"):
@@ -178,7 +215,11 @@ def _log_level(text: Any) -> str:
 
 _PARSERS: Final[dict[str, Callable[[Any], Any]]] = {
     "runtime_image": _non_empty,
+    "chip_runtime_images": _chip_images,
     "npu_resource_name": _resource_name,
+    "cluster_profile": _cluster_profile,
+    "runtime_class_name": _runtime_class,
+    "node_discovery": _boolean,
     "namespaces": _namespaces,
     "log_level": _log_level,
     "resync_seconds": _positive_float,
@@ -232,7 +273,11 @@ class Setting:
 
 _CHART_VALUES: Final = {
     "runtime_image": "operator.runtimeImage",  # repository and tag
+    "chip_runtime_images": "operator.chipRuntimeImages",
     "npu_resource_name": "operator.npuResourceName",
+    "cluster_profile": "npu.clusterProfile",
+    "runtime_class_name": "npu.runtimeClassName",
+    "node_discovery": "npu.nodeDiscovery",
     "namespaces": "watch.namespaces",
     "log_level": "operator.logLevel",
     "resync_seconds": "operator.resyncSeconds",

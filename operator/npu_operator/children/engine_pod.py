@@ -15,7 +15,9 @@ from typing import Any, Final
 
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, ServeOptions, plan_argv, serve_argv
 
+from npu_operator.api import clusters
 from npu_operator.api.config import OperatorConfig
+from npu_operator.api.host_mounts import HostMount
 from npu_operator.api.spec import HUB_MODEL_DIR, HUB_MODEL_PATH, SHM_MOUNT, NPUInferenceSpec, plan_options
 from npu_operator.children.kinds import CALIBRATION_RECORD
 from npu_operator.kube.names import (
@@ -47,8 +49,6 @@ CALIBRATION_VOLUME: Final = "calibration"
 
 TOKEN_ENV: Final = "NPU_MODEL_TOKEN"  # npu_runtime.fetch.download.TOKEN_ENV (the runtime is not imported for it)
 
-CHIP_LABEL: Final = "node.kubernetes.io/npu.chip.name"
-
 # The runtime drains in-flight requests on SIGTERM; the kubelet's grace period must cover it.
 TERMINATION_GRACE_SECONDS: Final = 120
 
@@ -60,6 +60,11 @@ PROBE_PERIOD_SECONDS: Final = 10
 POD_INTERFACE: Final = "eth0"
 
 SOCKET_IFNAME_ENV: Final = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
+
+# What vllm-ascend's multi-node and P/D tutorials export on every node besides the network (30 of
+# its tutorials, e.g. docs/source/tutorials/models/DeepSeek-R1.md): OpenMP threads not pinned, so
+# that the engine's own CPU binding decides.
+SPREAD_NODES_ENV: Final = {"OMP_PROC_BIND": "false"}
 
 
 class KubeletReference(str):
@@ -141,14 +146,22 @@ def pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> J
         "automountServiceAccountToken": template.service_account_name is not None,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
+    cluster = clusters.profile(config)
     node_selector = dict(template.node_selector)
     if spec.npu.chip_name:
-        node_selector[CHIP_LABEL] = spec.npu.chip_name
+        node_selector[clusters.CHIP_LABEL] = spec.npu.chip_name
+    scheduler_name = template.scheduler_name
+    if spec.npu.count > 0:
+        pod_spec["volumes"] += [host_volume(mount) for mount in cluster.host_mounts]
+        scheduler_name = scheduler_name or cluster.scheduler_name
+        if accelerator_type := cluster.accelerator_types.get(clusters.spec_family(spec)):
+            node_selector.setdefault(clusters.ACCELERATOR_TYPE_LABEL, accelerator_type)
     optional: JSON = {
         "nodeSelector": sorted_mapping(node_selector) if node_selector else None,
         "tolerations": list(template.tolerations) or None,
         "affinity": template.affinity,
-        "schedulerName": template.scheduler_name,
+        "schedulerName": scheduler_name,
+        "runtimeClassName": (config.runtime_class_name or None) if spec.npu.count > 0 else None,
         "priorityClassName": template.priority_class_name,
         "serviceAccountName": template.service_account_name,
         "imagePullSecrets": [{"name": secret} for secret in template.image_pull_secrets] or None,
@@ -166,7 +179,7 @@ def _container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
     startup_checks = math.ceil(spec.engine.startup_timeout_seconds / PROBE_PERIOD_SECONDS)
     container: JSON = {
         "name": CONTAINER_NAME,
-        "image": spec.engine.image or config.runtime_image,
+        "image": clusters.runtime_image(spec, config),
         # args, never command: the vllm-ascend images' entrypoint sources the CANN environment
         # and then execs its arguments.
         "args": runtime_args(spec),
@@ -174,9 +187,9 @@ def _container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "env": _env(spec),
+        "env": _env(spec, config),
         "resources": _resources(spec, config),
-        "volumeMounts": _volume_mounts(spec),
+        "volumeMounts": _volume_mounts(spec, config),
         # Weight loading plus graph capture: readiness of the engine, for as long as the spec allows.
         "startupProbe": probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=startup_checks),
         "readinessProbe": probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=3),
@@ -228,7 +241,7 @@ def _fetch_container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
         env.append({"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": hub.token.name, "key": hub.token.key}}})
     container: JSON = {
         "name": FETCH_CONTAINER_NAME,
-        "image": spec.engine.image or config.runtime_image,
+        "image": clusters.runtime_image(spec, config),
         "args": fetch_args(spec),
         "env": sorted(env, key=lambda var: var["name"]),
         # The same NPUs as the serving container (the device plugin hands them on): the early plan
@@ -256,20 +269,29 @@ def probe(path: str, *, period: int, failures: int) -> JSON:
 
 
 def host_network_env() -> dict[str, JSON]:
-    """HCCL_IF_IP (the pod's IP) and the *_SOCKET_IFNAME variables (the pod's interface), by name:
-    what multi-node engines and vllm-ascend's P/D roles export to find each other."""
+    """HCCL_IF_IP (the pod's IP), the *_SOCKET_IFNAME variables (the pod's interface) and
+    OMP_PROC_BIND, by name: what multi-node engines and vllm-ascend's P/D roles export."""
     env: dict[str, JSON] = {
         "HCCL_IF_IP": {"name": "HCCL_IF_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     }
     for key in SOCKET_IFNAME_ENV:
         env[key] = {"name": key, "value": POD_INTERFACE}
+    for key, value in SPREAD_NODES_ENV.items():
+        env[key] = {"name": key, "value": value}
     return env
 
 
-def _env(spec: NPUInferenceSpec) -> list[JSON]:
+def _env(spec: NPUInferenceSpec, config: OperatorConfig) -> list[JSON]:
     env: dict[str, JSON] = {key: {"name": key, "value": value} for key, value in ASCEND_RECOMMENDED_ENV.items()}
     if spec.npu.nodes > 1:
         env.update(host_network_env())
+    device_env = clusters.profile(config).device_annotation_env
+    if device_env and spec.npu.count > 0:
+        annotation = clusters.npu_resource(spec, config)
+        env[device_env] = {
+            "name": device_env,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{annotation}']"}},
+        }
     for var in spec.engine.env:
         env[var["name"]] = dict(var)
     return [env[key] for key in sorted(env)]
@@ -280,7 +302,7 @@ def _resources(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
     limits = dict(spec.resources.get("limits", {}))
     if spec.npu.count > 0:
         # Extended resources cannot be overcommitted: the request must equal the limit.
-        resource = spec.npu.resource_name or config.npu_resource_name
+        resource = clusters.npu_resource(spec, config)
         requests[resource] = limits[resource] = spec.npu.count
     result: JSON = {}
     if limits:
@@ -313,7 +335,15 @@ def _volumes(spec: NPUInferenceSpec) -> list[JSON]:
     return [{"name": MODEL_VOLUME, **source}, shm]
 
 
-def _volume_mounts(spec: NPUInferenceSpec) -> list[JSON]:
+def host_volume(mount: HostMount) -> JSON:
+    return {"name": mount.volume, "hostPath": {"path": mount.path, "type": mount.type}}
+
+
+def host_volume_mount(mount: HostMount) -> JSON:
+    return {"name": mount.volume, "mountPath": mount.path, "readOnly": True}
+
+
+def _volume_mounts(spec: NPUInferenceSpec, config: OperatorConfig) -> list[JSON]:
     model_mount: JSON = {"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True}
     if spec.model.claim is not None and spec.model.claim.sub_path:
         model_mount["subPath"] = spec.model.claim.sub_path
@@ -324,6 +354,8 @@ def _volume_mounts(spec: NPUInferenceSpec) -> list[JSON]:
     ]
     if spec.model.hub is not None:
         mounts.append({"name": MODEL_LINK_VOLUME, "mountPath": HUB_MODEL_DIR, "readOnly": True})
+    if spec.npu.count > 0:
+        mounts += [host_volume_mount(mount) for mount in clusters.profile(config).host_mounts]
     return mounts
 
 

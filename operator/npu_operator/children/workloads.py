@@ -30,6 +30,9 @@ from npu_operator.kube.names import (
 
 JSON = dict[str, Any]
 
+# Volcano's queue for a pod group (volcano-sh/apis pkg/apis/scheduling/v1beta1/labels.go QueueNameAnnotationKey).
+VOLCANO_QUEUE_ANNOTATION: Final = "scheduling.volcano.sh/queue-name"
+
 
 def build_deployment(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
     return {
@@ -71,10 +74,17 @@ def build_leader_worker_set(name: str, namespace: str, spec: NPUInferenceSpec, c
     resource's own ClusterIP Service `<name>` (the endpoint clients use) takes that name: no DNS
     record for any pod, and the workers never reach their leader.
     """
+    metadata: JSON = {"name": name, "namespace": namespace, "labels": labels(name)}
+    if queue := spec.template.annotations.get(VOLCANO_QUEUE_ANNOTATION):
+        # Gang scheduling through Volcano (LeaderWorkerSet >= v0.7 with gangSchedulingManagement
+        # schedulerProvider volcano) makes one PodGroup per group, of minMember size, in the queue
+        # that this annotation of the LeaderWorkerSet names (pkg/schedulerprovider/volcano_provider.go,
+        # CreatePodGroupIfNotExists); Volcano reads the same annotation off a Deployment's pods.
+        metadata["annotations"] = {VOLCANO_QUEUE_ANNOTATION: queue}
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
-        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "metadata": metadata,
         "spec": {
             "replicas": spec.replicas,
             "startupPolicy": "LeaderCreated",

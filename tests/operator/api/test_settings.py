@@ -17,7 +17,11 @@ from tests.chart.helm import render as helm_render
 # Per setting: a value as values.yaml writes it, and what the operator reads from it.
 SAMPLES: dict[str, tuple[Any, Any]] = {
     "runtime_image": ({"repository": "registry.example/rt", "tag": "2"}, "registry.example/rt:2"),
+    "chip_runtime_images": (["A3=registry.example/rt:2-a3"], ("A3=registry.example/rt:2-a3",)),
     "npu_resource_name": ("huawei.com/Ascend310P", "huawei.com/Ascend310P"),
+    "cluster_profile": ("volcano", "volcano"),
+    "runtime_class_name": ("ascend", "ascend"),
+    "node_discovery": (False, False),
     "namespaces": (["llm", "batch"], ("llm", "batch")),
     "log_level": ("DEBUG", "DEBUG"),
     "resync_seconds": (7, 7.0),
