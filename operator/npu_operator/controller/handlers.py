@@ -2,7 +2,8 @@
 kopf registry for one run of the operator:
 
 - startup: every kopf setting in one place, the API client, the informers of children and pods
-  (`watches.Informers`), the workers (`worker.Workers`), the metrics endpoint;
+  (`watches.Informers`; of Nodes too with `node_discovery`), the workers (`worker.Workers`), the
+  metrics endpoint;
 - login: the same credentials for kopf and for our client (kopf's session with a watch throttle);
 - resource events: the workers learn of each NPUInference from its raw events (`Workers.saw`): a new
   one is ticked at once, a change a tick reads (a new generation, labels, annotations) wakes it, a
@@ -107,8 +108,16 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, logger: Logger, 
         timeout=config.status_timeout_seconds,
         poll_seconds=config.status_poll_seconds,
     )
-    memo.workers = worker.Workers(memo.client, watches.WatchedView(memo.informers), config, memo.collector, settings)
-    memo.informers.start(memo.client, config.namespaces)
+    nodes = memo.informers.nodes
+    memo.workers = worker.Workers(
+        memo.client,
+        watches.WatchedView(memo.informers),
+        config,
+        memo.collector,
+        settings,
+        nodes=lambda: nodes.offer if config.node_discovery else None,
+    )
+    memo.informers.start(memo.client, config.namespaces, nodes=config.node_discovery)
     memo.standalone = StandaloneWorkers() if config.standalone else None
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port)

@@ -40,7 +40,7 @@ from npu_operator.controller.desired import Desired, DesiredCache, adopt
 from npu_operator.kube.client import ApiError, KubeClient
 from npu_operator.kube.names import labels
 from npu_operator.kube.ownership import rank_of
-from npu_operator.status import calibration, decode_batches, findings, resource, revisions
+from npu_operator.status import calibration, decode_batches, findings, placement, resource, revisions
 from npu_operator.status.collector import ReportCollector
 from npu_operator.status.findings import PodReport
 from npu_operator.status.graph import role_graphs
@@ -81,7 +81,9 @@ async def reconcile(
     now: str,
     collector: ReportCollector | None = None,
     cache: DesiredCache | None = None,
+    offer: placement.Offer | None = None,
 ) -> Result:
+    """One reconcile of the resource `body`; `offer`: what the Nodes offer of NPUs, when known."""
     meta = body["metadata"]
     generation = int(meta.get("generation", 1))
     previous = body.get("status") or {}
@@ -95,7 +97,9 @@ async def reconcile(
     written = await apply_children(body, client, view, desired, served, topology, cache)
     seen = Seen.of(body.get("status") or {})
     found = topology.find(view, meta["namespace"], meta["name"], written.workload, seen)
-    observed = await observe(body, client, view, config, desired, topology, found, written, now, collector, cache)
+    observed = await observe(
+        body, client, view, config, desired, topology, found, written, now, collector, cache, offer
+    )
     new = resource.compute_status(meta["name"], meta["namespace"], generation, desired.spec, observed, previous, now)
     return _result(previous, new, tuple(written.steps))
 
@@ -179,6 +183,7 @@ async def observe(
     now: str,
     collector: ReportCollector | None,
     cache: DesiredCache,
+    offer: placement.Offer | None = None,
 ) -> resource.Observed:
     """What the cluster and the pods' runtimes say of the resource, for its status."""
     assert desired.spec is not None
@@ -220,7 +225,7 @@ async def observe(
         conflicts=tuple(written.conflicts),
         rejected=tuple(written.rejected),
         notes=tuple(written.notes),
-        findings=findings.pod_findings(pods, reports, spec.npu.resource_name or config.npu_resource_name),
+        findings=findings.pod_findings(pods, reports, placement.asks(spec, config), offer),
         graph=graph,
         blocked=desired.blocked or written.held or resolution.problem,
         model=model,

@@ -18,6 +18,13 @@ constructWorkerStatefulSetApplyConfiguration: mergeMetadata(lws.Labels, ...)).
 The workers start once every required kind has been listed (`Informers.ready`); a kind whose API is not
 installed or that RBAC refuses is empty (its informer asks again every minute), so an optional API
 never holds the required children back.
+With the setting `node_discovery`, one more informer lists and watches every Node (cluster-wide,
+read-only, no selector) into `NodeOffers`: of each Node only what `status.placement.node_npus`
+keeps (its NPU resources' allocatable counts and chip labels), projected page by page while listing,
+folded into the few distinct node shapes the reconcile reads (`NodeOffers.offer`). It wakes nobody
+(a resource whose pods wait for a node ticks every interval anyway: `worker.quiet_inputs`) and
+holds nobody back: until the first list, or where RBAC refuses Nodes (logged once), the offer is
+unknown and the pods' scheduling verdicts speak alone (`status.findings`).
 
 Why not kopf's own watching, as before: kopf runs every object of every watched kind through its
 per-object machinery (a memory per object, an event queue and its task per object, the invocation of
@@ -29,16 +36,19 @@ objects are listed and streamed, in pages.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from npu_operator.children import kinds as children
 from npu_operator.children.kinds import ChildKind
 from npu_operator.kube import names as builders
-from npu_operator.kube.client import PODS, REPLICA_SETS, STATEFUL_SETS, KubeClient, Resource
+from npu_operator.kube.client import NODES, PODS, REPLICA_SETS, STATEFUL_SETS, ApiError, KubeClient, Resource
 from npu_operator.kube.informer import Watched, inform
 from npu_operator.kube.objects import shared_strings
-from npu_operator.status import calibration
+from npu_operator.status import calibration, placement
+
+logger = logging.getLogger(__name__)
 
 OwnerKey = tuple[str, str]  # (namespace, NPUInference name)
 OURS: Final = f"{builders.NAME_LABEL},app.kubernetes.io/managed-by=npu-operator"
@@ -122,6 +132,62 @@ class OwnedObjects:
         return key
 
 
+class NodeOffers:
+    """What the Nodes offer of NPUs (an informer's `Sink`): each Node's `placement.NodeNPUs` by name,
+    and their `placement.Offer`, folded again only when a node's shape changed. `offer` is None
+    until the first list, and while Nodes may not be listed (403: logged once per process)."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, placement.NodeNPUs] = {}
+        self._offer: placement.Offer | None = None
+        self._known = False
+        self._refused_logged = False
+
+    @property
+    def offer(self) -> placement.Offer | None:
+        if not self._known:
+            return None
+        if self._offer is None:
+            self._offer = placement.Offer.of(self._nodes.values())
+        return self._offer
+
+    def replace(self, namespace: str | None, objects: Sequence[Mapping[str, Any]]) -> None:
+        self._nodes = {name: placement.node_npus(obj) for obj in objects if (name := _node_name(obj))}
+        self._offer, self._known = None, True
+
+    def put(self, obj: Mapping[str, Any]) -> None:
+        if (name := _node_name(obj)) and self._nodes.get(name) != (shape := placement.node_npus(obj)):
+            self._nodes[name] = shape
+            self._offer = None
+
+    def remove(self, obj: Mapping[str, Any]) -> None:
+        if self._nodes.pop(_node_name(obj), None) is not None:
+            self._offer = None
+
+    def absent(self, exc: ApiError) -> None:
+        """The Nodes may not be listed (or are not served): unknown, and said once (asked again every minute)."""
+        self._known = False
+        if not self._refused_logged:
+            self._refused_logged = True
+            logger.warning(
+                f"cannot list Nodes ({exc}): conditions say what the scheduler says of the pods, not which NPUs "
+                "the nodes offer (the chart grants Nodes with npu.nodeDiscovery; turn it off to stop asking)"
+            )
+
+
+def _node_name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def node_essentials(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What `NodeOffers` keeps of a listed Node, as a Node (its name, NPU allocatable, chip labels)."""
+    npus = placement.node_npus(node)
+    return {
+        "metadata": {"name": _node_name(node), "labels": dict(npus.labels)},
+        "status": {"allocatable": {name: str(count) for name, count in npus.resources}},
+    }
+
+
 class Informers:
     """The caches of every watched kind and the informers that fill them (in the memo)."""
 
@@ -132,14 +198,16 @@ class Informers:
         self.pods = OwnedObjects(pod_essentials, wake)
         # One cache per kind: a fresh list of one kind replaces only that kind's objects.
         self.links = {resource: OwnedObjects(link_essentials) for resource in LINKS}
+        self.nodes = NodeOffers()
         self._synced: list[asyncio.Event] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     def sinks(self) -> dict[Resource, OwnedObjects]:
         return self.children | {PODS: self.pods} | self.links
 
-    def start(self, client: KubeClient, namespaces: Sequence[str]) -> None:
-        """An informer per kind and namespace (one per kind, cluster-wide, when `namespaces` is empty)."""
+    def start(self, client: KubeClient, namespaces: Sequence[str], *, nodes: bool = False) -> None:
+        """An informer per kind and namespace (one per kind, cluster-wide, when `namespaces` is empty);
+        with `nodes` (the setting node_discovery), one on every Node, which holds no worker back."""
         required = {kind.resource for kind in children.KINDS if not kind.optional} | {PODS, *LINKS}
         sinks = self.sinks()
         for resource, selector in server_selectors().items():
@@ -149,6 +217,11 @@ class Informers:
                     self._synced.append(synced)
                 watched = Watched(resource, namespace, selector)
                 self._tasks.append(asyncio.create_task(inform(client, watched, sinks[resource], synced)))
+        if nodes:
+            watched = Watched(NODES, None, "")
+            offers = self.nodes
+            informer = inform(client, watched, offers, asyncio.Event(), absent=offers.absent, keep=node_essentials)
+            self._tasks.append(asyncio.create_task(informer))
 
     async def ready(self) -> None:
         """Until every required kind has been listed once."""

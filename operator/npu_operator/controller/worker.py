@@ -42,6 +42,7 @@ from npu_operator.controller.workqueue import WorkQueue
 from npu_operator.kube.client import NPU_INFERENCES, ApiError, KubeClient
 from npu_operator.kube.objects import SharedDocuments, shared_strings, utc_now
 from npu_operator.status.collector import ReportCollector
+from npu_operator.status.placement import Offer
 from npu_operator.topologies.base import LiveView
 
 logger = logging.getLogger(__name__)
@@ -140,8 +141,10 @@ class Workers:
         *,
         workers: int = WORKERS,
         clock: Callable[[], float] | None = None,
+        nodes: Callable[[], Offer | None] = lambda: None,
     ) -> None:
         self._client, self._view, self._config, self._collector = client, view, config, collector
+        self._nodes = nodes  # what the Nodes offer of NPUs, when known (`watches.NodeOffers`)
         self._settings = settings
         self._workers = workers
         self._interval = tick_seconds(config)
@@ -303,7 +306,7 @@ class Workers:
         body = state.body
         snapshot = {**body, "status": state.known_status}
         result = await reconcile.reconcile(
-            snapshot, self._client, self._view, self._config, utc_now(), self._collector, state.cache
+            snapshot, self._client, self._view, self._config, utc_now(), self._collector, state.cache, self._nodes()
         )
         if result.status_patch:
             state.known_status = await _patch_status(self._client, body, result.status_patch)

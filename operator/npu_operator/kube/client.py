@@ -85,6 +85,8 @@ REPLICA_SETS: Final = Resource("apps", "v1", "replicasets", "ReplicaSet")
 STATEFUL_SETS: Final = Resource("apps", "v1", "statefulsets", "StatefulSet")
 PERSISTENT_VOLUME_CLAIMS: Final = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 EVENTS: Final = Resource("", "v1", "events", "Event")
+# Read-only, cluster-wide, with the setting node_discovery: which NPUs the nodes offer (status.placement).
+NODES: Final = Resource("", "v1", "nodes", "Node")
 
 
 class ApiError(Exception):

@@ -12,7 +12,7 @@ client-go's reflector (k8s.io/client-go/tools/cache/reflector.go, ListAndWatch):
   that cuts every stream must not be answered with a reconnect storm);
 - 403 or 404 on the list (RBAC refuses the kind, its API is not installed): the sink is emptied,
   the sync counts as done (nothing of that kind can be seen) and the list is asked again every
-  `absent_seconds`.
+  `absent_seconds`; logged each time, or told to `absent` instead (the Nodes' informer logs once).
 `synced` is set once the first list is in the sink (or the kind is known to be absent), so that
 nothing acts on a half-known cluster.
 """
@@ -80,8 +80,13 @@ async def inform(
     watch_seconds: int = 300,
     absent_seconds: float = 60.0,
     page: int = PAGE,
+    absent: Callable[[ApiError], None] | None = None,
+    keep: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
 ) -> None:
-    """Keep `sink` equal to the API server's objects of `watched`, until cancelled."""
+    """Keep `sink` equal to the API server's objects of `watched`, until cancelled. `absent`: called
+    after the sink is emptied because the list was refused (403) or not found (404), in place of the
+    log. `keep`: what of each listed object the sink needs (the sink takes its own projection too),
+    applied page by page, so that a list of large objects (Nodes) is never held whole."""
     failures = 0
     what = f"{watched.resource.plural} ({watched.selector}) in {watched.namespace or 'all namespaces'}"
 
@@ -97,13 +102,16 @@ async def inform(
 
     while True:
         try:
-            version = await _list(client, watched, sink, page)
+            version = await _list(client, watched, sink, page, keep)
         except ApiError as exc:
             if exc.status not in (403, 404):
                 await back_off("listing", exc)
                 continue
-            logger.warning(f"cannot list {what} ({exc}): none are seen; asking again in {absent_seconds:.0f} s")
             sink.replace(watched.namespace, ())
+            if absent is not None:
+                absent(exc)
+            else:
+                logger.warning(f"cannot list {what} ({exc}): none are seen; asking again in {absent_seconds:.0f} s")
             synced.set()
             await asyncio.sleep(absent_seconds)
             continue
@@ -125,15 +133,22 @@ async def inform(
             await back_off("watching", exc)
 
 
-async def _list(client: KubeClient, watched: Watched, sink: Sink, page_size: int) -> str:
-    """Every object of `watched` into the sink at once; the list's resourceVersion."""
+async def _list(
+    client: KubeClient,
+    watched: Watched,
+    sink: Sink,
+    page_size: int,
+    keep: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+) -> str:
+    """Every object of `watched` into the sink at once (each as `keep` projects it); the list's resourceVersion."""
     objects: list[Mapping[str, Any]] = []
     token: str | None = None
     while True:
         page = await client.list_page(
             watched.resource, watched.namespace, selector=watched.selector, limit=page_size, token=token
         )
-        objects += page.get("items") or ()
+        items = page.get("items") or ()
+        objects += [keep(item) for item in items] if keep is not None else items
         meta = page.get("metadata") or {}
         token = meta.get("continue") or None
         if token is None:

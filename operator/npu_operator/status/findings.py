@@ -1,11 +1,22 @@
 """Why pods do not serve: the Pod objects and their runtimes' reports folded into findings. Pure.
 
 Two inputs: the Pod objects (scheduling, restarts, termination messages) and the runtimes'
-`/status` reports, already checked and bounded by `reports` (failures, startup phases). Outputs:
+`/status` reports, already checked and bounded by `reports` (failures, startup phases); and, given
+what the Nodes offer, whether any node can run the pods at all (`placement`). Outputs:
 `PodFindings` (why pods are not serving) and `GroupFindings` (the groups of a multi-node replica
 that are being recreated or have a rank that does not serve), which `resource.assess` turns into
 conditions. A message names at most MAX_PODS_NAMED pods, so the status stays small whatever the
 pods report. What the engines did with graphs is `graph`'s.
+
+A pod the scheduler refused is never silent: its PodScheduled condition (False, reason
+Unschedulable) carries the scheduler's message, the same text kube-scheduler posts as the pod's
+FailedScheduling Event (kubernetes/kubernetes pkg/scheduler/schedule_one.go,
+handleSchedulingFailure: the Event and the condition get one message; "0/3 nodes are available: 3
+Insufficient huawei.com/Ascend910." from the NodeResourcesFit filter,
+pkg/scheduler/framework/plugins/noderesources/fit.go, "node(s) didn't match Pod's node
+affinity/selector" from NodeAffinity), so the condition is read and no Event is watched:
+InsufficientNPU when it names an NPU resource asked, Unschedulable otherwise, each with the ask.
+With the Nodes known, NoNodeOffersNPUs comes first: no node has the resource, count and chip.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from npu_runtime.serving import failures
 from npu_operator.kube.names import CONTAINER_NAME, FETCH_CONTAINER_NAME
 from npu_operator.kube.objects import condition, is_true
 from npu_operator.kube.ownership import rank_of
+from npu_operator.status.placement import Ask, Offer, first_unmet
 from npu_operator.status.reports import RuntimeReport, one_line
 
 JSON = dict[str, Any]
@@ -47,13 +59,20 @@ FETCH_CONDITIONS: Final = {
     **{reason: reason for reason in fetch_hub.REASONS},
     **{reason: FAILURE_CONDITIONS[reason] for reason in fetch.PLAN_REASONS},
 }
+# Scheduling: no listed node offers the NPUs asked (`placement`); the scheduler refused a pod for
+# an NPU resource asked; it refused it for anything else (its message says what).
+NO_NODE_OFFERS_NPUS: Final = "NoNodeOffersNPUs"
+INSUFFICIENT_NPU: Final = "InsufficientNPU"
+UNSCHEDULABLE: Final = "Unschedulable"
 # When several pods fail differently, the most specific cause is reported first.
 DEGRADED_PRIORITY: Final = (
     *fetch_hub.REASONS,
     "GraphCaptureFailed",
     "ModelLoadFailed",
     "InvalidConfiguration",
-    "InsufficientNPU",
+    NO_NODE_OFFERS_NPUS,
+    INSUFFICIENT_NPU,
+    UNSCHEDULABLE,
     "CrashLoop",
 )
 
@@ -228,14 +247,23 @@ def fetch_finished(entry: Mapping[str, Any]) -> bool:
 
 
 def pod_findings(
-    pods: Sequence[Mapping[str, Any]], reports: Sequence[PodReport], npu_resource: str | None
+    pods: Sequence[Mapping[str, Any]],
+    reports: Sequence[PodReport],
+    npu_resource: str | Sequence[Ask] | None,
+    offer: Offer | None = None,
 ) -> PodFindings:
+    """Why the pods do not serve. `npu_resource`: what each role's pods ask (`placement.asks`; a
+    resource name alone for an ask of unknown count); `offer`: what the Nodes offer, when they are
+    known (node discovery on and listed), to say so when no node can run a pod still unscheduled."""
+    asks = (Ask(npu_resource, 0),) if isinstance(npu_resource, str) else tuple(npu_resource or ())
     by_pod = {r.pod: r.current for r in reports if r.current is not None}
     problems: dict[str, list[str]] = {}
     starting: Counter[str] = Counter()
+    waiting = False  # a pod no node runs yet
     for pod in pods:
         name = pod["metadata"]["name"]
         report = by_pod.get(name)
+        waiting = waiting or _unscheduled(pod)
         # While the model download fails, the server never starts: its cause comes first.
         if (cause := fetch_cause(pod)) is not None:
             problems.setdefault(FETCH_CONDITIONS[cause[0]], []).append(f"{name}: {cause[0]}: {cause[1]}")
@@ -244,8 +272,8 @@ def pod_findings(
         if cause is not None:
             problems.setdefault(FAILURE_CONDITIONS[cause[0]], []).append(f"{name}: {cause[0]}: {cause[1]}")
             continue
-        if (why := _unschedulable_for_npus(pod, npu_resource)) is not None:
-            problems.setdefault("InsufficientNPU", []).append(f"{name}: {why}")
+        if (verdict := unschedulable(pod, asks)) is not None:
+            problems.setdefault(verdict[0], []).append(f"{name}: {verdict[1]}")
             continue
         if (why := _crash_looping(pod)) is not None:
             problems.setdefault("CrashLoop", []).append(f"{name}: {why}")
@@ -253,8 +281,12 @@ def pod_findings(
         starting_states = ("fetching", "starting", "loading", "capturing")
         if not is_true(pod, "Ready") and report is not None and report.state in starting_states:
             starting[report.state] += 1
-    findings = tuple(Finding(reason, _pods_message(messages)) for reason, messages in sorted(problems.items()))
-    return PodFindings(problems=findings, starting=dict(sorted(starting.items())))
+        elif _unscheduled(pod) and pod.get("status", {}).get("phase") == "Pending":
+            starting["unscheduled"] += 1  # no verdict of a scheduler yet
+    found = [Finding(reason, _pods_message(messages)) for reason, messages in sorted(problems.items())]
+    if waiting and (why := first_unmet(asks, offer)) is not None:
+        found.insert(0, Finding(NO_NODE_OFFERS_NPUS, why))
+    return PodFindings(problems=tuple(found), starting=dict(sorted(starting.items())))
 
 
 def _pods_message(messages: Sequence[str]) -> str:
@@ -262,12 +294,28 @@ def _pods_message(messages: Sequence[str]) -> str:
     return shown + (f"; and {len(messages) - MAX_PODS_NAMED} more pods" if len(messages) > MAX_PODS_NAMED else "")
 
 
-def _unschedulable_for_npus(pod: Mapping[str, Any], npu_resource: str | None) -> str | None:
+def unschedulable(pod: Mapping[str, Any], asks: Sequence[Ask]) -> tuple[str, str] | None:
+    """The scheduler's verdict on a pod it could not place (PodScheduled False, Unschedulable), with
+    what the pod asks: (InsufficientNPU when it names an NPU resource asked, else Unschedulable, message)."""
     scheduled = condition(pod, "PodScheduled")
-    text = str(scheduled.get("message", ""))
-    if scheduled.get("reason") == "Unschedulable" and npu_resource and f"Insufficient {npu_resource}" in text:
-        return one_line(text)
-    return None
+    if scheduled.get("status") != "False" or scheduled.get("reason") != "Unschedulable":
+        return None
+    said = one_line(str(scheduled.get("message") or "")) or "(no message)"
+    short = next((ask for ask in asks if ask.resource and f"Insufficient {ask.resource}" in said), None)
+    if short is not None:
+        return INSUFFICIENT_NPU, f"{short.text}; the scheduler: {said}"
+    asked = "; ".join(ask.text for ask in asks if ask.resource)
+    return UNSCHEDULABLE, (f"{asked}; " if asked else "") + f"the scheduler: {said}"
+
+
+def _unscheduled(pod: Mapping[str, Any]) -> bool:
+    """Not placed on a node yet (no PodScheduled True), and not on its way out."""
+    phase = pod.get("status", {}).get("phase")
+    return (
+        phase in (None, "", "Pending")
+        and not is_true(pod, "PodScheduled")
+        and not pod["metadata"].get("deletionTimestamp")
+    )
 
 
 def _crash_looping(pod: Mapping[str, Any]) -> str | None:

@@ -56,6 +56,8 @@ RESOURCES: dict[str, Any] = {
     "v1/events": _api("Event", shortnames={"ev"}),
     # kopf looks the namespaces resource up even when it watches the whole cluster.
     "v1/namespaces": _api("Namespace", shortnames={"ns"}, namespaced=False),
+    # What the nodes offer (the operator's node discovery; the kubelet's scheduling, node/scheduler.py).
+    "v1/nodes": _api("Node", shortnames={"no"}, namespaced=False, subresources={"status"}),
     "policy/v1/poddisruptionbudgets": _api("PodDisruptionBudget", shortnames={"pdb"}, subresources={"status"}),
     # What a Helm chart installs, and Helm's own release storage (Secrets).
     "apiextensions.k8s.io/v1/customresourcedefinitions": _api(

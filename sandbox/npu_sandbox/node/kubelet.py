@@ -24,6 +24,13 @@ paths are rewritten to where the volumes lie on this machine (`npu_sandbox.node.
 as is, a claim under volumes/, an emptyDir per pod, a configMap's keys as files per pod, projected
 when the pod starts).
 
+Where a cluster has Node objects, a pod runs only where one of them could run it
+(`npu_sandbox.node.scheduler`: kube-scheduler's NodeAffinity and NodeResourcesFit filters on the
+extended resources, such as huawei.com/Ascend910, and the nodeSelector, such as the chip label);
+a pod no node can run stays Pending with PodScheduled False/Unschedulable and kube-scheduler's
+message, and a FailedScheduling Event, as kube-scheduler leaves it. Without Node objects every pod
+runs here.
+
 The network, as a cluster's (`npu_sandbox.node.network`, `npu_sandbox.node.dns`): each pod has its
 own address, 127.N.x.y on this machine's loopback (status.podIP says so), and its processes bind it
 (the runners give `npu-runtime serve`, `route` and `fetch` the pod's address as their host) on the
@@ -55,7 +62,7 @@ from npu_sandbox.cluster.client import ApiClient, ApiRejected
 from npu_sandbox.controllers import disaggregated, lws, workloads
 from npu_sandbox.controllers.manager import KINDS, ControllerManager
 from npu_sandbox.controllers.workloads import JSON, Snapshot
-from npu_sandbox.node import isolation
+from npu_sandbox.node import isolation, scheduler
 from npu_sandbox.node.container import NotYet
 from npu_sandbox.node.network import PodNetwork
 from npu_sandbox.node.pod import LocalPod, Runner
@@ -105,6 +112,8 @@ class Kubelet:
         self.stopped: list[LocalPod] = []
         self.snapshot = Snapshot(namespace, {})
         self._stops: set[asyncio.Task[int | None]] = set()
+        self.nodes: list[JSON] = []  # the Node objects, as of the last round (none: every pod runs here)
+        self._refused: dict[str, str] = {}  # pod uid -> the scheduler's message it was refused with
         self._loop: asyncio.Task[None] | None = None
         self._synced = asyncio.Event()
 
@@ -117,6 +126,7 @@ class Kubelet:
         """One round: read the namespace (the pods, and the Services and workloads they belong to), then
         match the processes to the Pod objects, then bring each pod's hosts file up to date."""
         self.snapshot = await workloads.read_snapshot(self.cluster, self.namespace, KINDS)
+        self.nodes = await scheduler.list_nodes(self.cluster)
         self.network.publish(self.namespace, self.snapshot.of("services"), self.snapshot.of("pods"))
         await self._sync_pods(self.snapshot.of("pods"))
         cluster_dns = self.network.dns()
@@ -126,6 +136,7 @@ class Kubelet:
 
     async def _sync_pods(self, pods: list[JSON]) -> None:
         live = {pod["metadata"]["uid"]: pod for pod in pods if not pod["metadata"].get("deletionTimestamp")}
+        self._refused = {uid: message for uid, message in self._refused.items() if uid in live}
         for uid in [uid for uid in self.running if uid not in live]:
             local = self.running.pop(uid)
             self.stopped.append(local)
@@ -144,6 +155,9 @@ class Kubelet:
             uid = pod["metadata"]["uid"]
             if uid in self.running or pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                 continue
+            if (refused := scheduler.refusal(pod, self.nodes)) is not None:
+                await self._refuse(pod, refused)
+                continue
             local = LocalPod(self, pod)
             try:
                 await local.start()
@@ -156,6 +170,18 @@ class Kubelet:
                 logger.warning("pod %s cannot start: %s", local.name, exc)
                 await local.fail_to_start(f"{type(exc).__name__}: {exc}")
             self.running[uid] = local
+
+    async def _refuse(self, pod: JSON, message: str) -> None:
+        """No node can run `pod`: say so as kube-scheduler does, once per message (it is tried each round)."""
+        uid = pod["metadata"]["uid"]
+        if self._refused.get(uid) == message:
+            return
+        try:
+            await scheduler.refuse(self.cluster, pod, message)
+        except ApiRejected:
+            return  # deleted meanwhile
+        self._refused[uid] = message
+        logger.info("pod %s is unschedulable: %s", pod["metadata"]["name"], message)
 
     async def _run(self) -> None:
         while True:

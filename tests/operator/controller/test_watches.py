@@ -18,9 +18,10 @@ from npu_operator.controller import watches
 from npu_operator.controller.watches import OwnedObjects, OwnerKey
 from npu_operator.kube import informer
 from npu_operator.kube import names as builders
-from npu_operator.kube.client import REPLICA_SETS, STATEFUL_SETS, KubeClient
+from npu_operator.kube.client import REPLICA_SETS, STATEFUL_SETS, ApiError, KubeClient
 from npu_operator.kube.informer import Watched, inform
 from npu_sandbox.cluster import LocalCluster
+from npu_sandbox.node.scheduler import register_nodes
 
 OWNER = ("default", "m")
 NS = "default"
@@ -178,3 +179,64 @@ def test_each_watched_kind_has_a_cache_of_its_own() -> None:
     sinks[STATEFUL_SETS].replace(None, [])
     view = watches.WatchedView(informers)
     assert [link["metadata"]["uid"] for link in view.owner_links(NS, "m")] == ["rs"]
+
+
+# --- the Nodes (node discovery) ------------------------------------------------------------------
+
+
+def _node(name: str, npus: int, chip: str = "910B3") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"node.kubernetes.io/npu.chip.name": chip, "zone": "a"}},
+        "status": {"allocatable": {"cpu": "192", "huawei.com/Ascend910": str(npus)}, "images": [{"names": ["x"]}]},
+    }
+
+
+def test_the_nodes_are_kept_as_the_few_shapes_they_have_and_refusal_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    offers = watches.NodeOffers()
+    assert offers.offer is None  # not listed yet: unknown, not "no node"
+    offers.replace(None, [watches.node_essentials(_node(f"n{i}", 8)) for i in range(100)])
+    first = offers.offer
+    assert first is not None and first.nodes == 100 and len(first.shapes) == 1
+    offers.put(_node("n0", 8))  # a heartbeat: the same shape, the same offer object
+    assert offers.offer is first
+    offers.put(_node("n1", 4))
+    offers.remove(_node("n2", 8))
+    changed = offers.offer
+    assert changed is not None and changed.nodes == 99 and sorted(n for _, n in changed.shapes) == [1, 98]
+    refused = ApiError(403, "Forbidden", 'nodes is forbidden: cannot list resource "nodes"')
+    for _ in range(3):  # asked again every minute: said once
+        offers.replace(None, ())
+        offers.absent(refused)
+    assert offers.offer is None
+    assert len([r for r in caplog.records if "cannot list Nodes" in r.getMessage()]) == 1
+
+
+async def test_the_node_informer_lists_every_node_and_follows_them() -> None:
+    async with LocalCluster() as cluster:
+        await register_nodes(cluster, [_node("a", 8), _node("b", 8, "910B4")])
+        client = KubeClient(lambda: kopf.ConnectionInfo(server=cluster.url))
+        informers = watches.Informers(lambda _: None)
+        informers.start(client, [NS], nodes=True)
+        try:
+
+            async def listed() -> Any:
+                return (offer := informers.nodes.offer) is not None and offer.nodes == 2 and offer
+
+            offer = await cluster.wait_for(listed, within=10, what="the nodes listed")
+            assert sorted(shape.labels for shape, _ in offer.shapes) == [
+                (("node.kubernetes.io/npu.chip.name", "910B3"),),
+                (("node.kubernetes.io/npu.chip.name", "910B4"),),
+            ]
+            await cluster.delete("v1", "nodes", None, "b")
+
+            async def followed() -> Any:
+                return (offer := informers.nodes.offer) is not None and offer.nodes == 1
+
+            await cluster.wait_for(followed, within=10, what="the deleted node gone")
+        finally:
+            await informers.stop()
+            await client.close()

@@ -212,8 +212,13 @@ def test_unschedulable_for_lack_of_npus_is_insufficient_npu() -> None:
     )
     findings = pod_findings([pending], [], "huawei.com/Ascend910")
     assert findings.worst is not None and findings.worst.reason == "InsufficientNPU"
+    assert findings.worst.message == (
+        "a: asks huawei.com/Ascend910; the scheduler: 0/4 nodes are available: 4 Insufficient huawei.com/Ascend910."
+    )
+    # Refused for something else than the NPUs asked: still said, never silent.
     other = pod_findings([pending], [], "huawei.com/Ascend310P")
-    assert other.worst is None
+    assert other.worst is not None and other.worst.reason == "Unschedulable"
+    assert other.worst.message.startswith("a: asks huawei.com/Ascend310P; the scheduler: 0/4 nodes are available")
 
 
 def test_the_most_specific_problem_comes_first_and_starting_phases_are_counted() -> None:
