@@ -29,11 +29,22 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Built in a child interpreter: it needs torch, and the test process itself must not import
     torch (the probe tests check that probing leaves it unimported).
     """
+    return _build_tiny_model(tmp_path_factory, "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's shape as a Mixtral (4 experts, 2 per token): for what vLLM runs only with a MoE
+    model, such as external data parallelism."""
+    return _build_tiny_model(tmp_path_factory, "tiny-mixtral", "--moe")
+
+
+def _build_tiny_model(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> Path:
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("needs transformers (the sandbox extra)")
-    path = tmp_path_factory.mktemp("models") / "tiny-llama"
+    path = tmp_path_factory.mktemp("models") / name
     subprocess.run(
-        [sys.executable, "-m", "npu_sandbox.fixtures.tiny_model", str(path)],
+        [sys.executable, "-m", "npu_sandbox.fixtures.tiny_model", *flags, str(path)],
         check=True,
         capture_output=True,
         timeout=300,

@@ -61,6 +61,10 @@ DEFAULT_METRICS_PORT: Final = 9090
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 # The data-parallel RPC port of vllm-ascend's multi-node DeepSeek tutorial (--data-parallel-rpc-port 13389).
 DEFAULT_DATA_PARALLEL_RPC_PORT: Final = 13389
+# `serve --data-parallel-external`: one vLLM API server per local data-parallel rank, rank i of the pod
+# on --port + i (`external_rank_ports`), as vllm-ascend's P/D tutorial runs decode
+# (examples/external_online_dp/launch_online_dp.py: `--port vllm_start_port + i`).
+EXTERNAL_DP_FLAG: Final = "--data-parallel-external"
 # How long `serve` waits for the engine after forwarding SIGTERM before it kills it. Below
 # Kubernetes' default terminationGracePeriodSeconds (30) so the runtime, not the kubelet, ends it.
 DEFAULT_SHUTDOWN_TIMEOUT: Final = 25.0
@@ -228,6 +232,16 @@ class ServeOptions:
     node_rank: int = 0
     data_parallel_address: str | None = None
     data_parallel_rpc_port: int = DEFAULT_DATA_PARALLEL_RPC_PORT
+    # External data parallelism: one API server per local data-parallel rank (vLLM's
+    # --data-parallel-rank, external load balancing), each on its own port (`external_rank_ports`).
+    data_parallel_external: bool = False
+
+
+def external_rank_ports(port: int, local_ranks: int) -> tuple[int, ...]:
+    """The API ports of a pod's data-parallel ranks with --data-parallel-external: `port` + the rank's
+    index on the pod. The one rule, shared by the runtime (which binds them) and the operator (which
+    names them in the pod, its Services and the router's URLs)."""
+    return tuple(port + local for local in range(local_ranks))
 
 
 def _positive_int(text: str) -> int:
@@ -417,6 +431,13 @@ def serve_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--node-rank", type=_non_negative_int, default=0, help="this pod's node: 0 runs the API server")
     nodes.add_argument("--data-parallel-address", default=None, help="the leader's address (LWS_LEADER_ADDRESS)")
     nodes.add_argument("--data-parallel-rpc-port", type=_positive_int, default=DEFAULT_DATA_PARALLEL_RPC_PORT)
+    parser.add_argument(
+        EXTERNAL_DP_FLAG,
+        dest="data_parallel_external",
+        action="store_true",
+        help="one vLLM API server per local data-parallel rank (vLLM's --data-parallel-rank), rank i of "
+        "this pod on --port + i",
+    )
     add_plan_arguments(parser)
     return parser
 
@@ -456,6 +477,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeOptions:
         node_rank=args.node_rank,
         data_parallel_address=args.data_parallel_address,
         data_parallel_rpc_port=args.data_parallel_rpc_port,
+        data_parallel_external=args.data_parallel_external,
     )
 
 
@@ -499,6 +521,8 @@ def serve_argv(options: ServeOptions) -> list[str]:
         if options.data_parallel_address is not None:
             argv += ["--data-parallel-address", options.data_parallel_address]
         argv += ["--data-parallel-rpc-port", str(options.data_parallel_rpc_port)]
+    if options.data_parallel_external:
+        argv.append(EXTERNAL_DP_FLAG)
     argv += plan_argv(options.plan)
     if options.extra_engine_args:
         argv += ["--", *options.extra_engine_args]

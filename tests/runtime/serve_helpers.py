@@ -46,9 +46,16 @@ def serve_environment(env: dict[str, str] | None = None) -> dict[str, str]:
 class ServeRun:
     """One `npu-runtime serve` process with its own ports, log and termination file."""
 
-    def __init__(self, model: str | Path, args: list[str], directory: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        args: list[str],
+        directory: Path,
+        env: dict[str, str] | None = None,
+        api_port: int | None = None,
+    ) -> None:
         self.directory = directory
-        self.api_port = free_port()
+        self.api_port = api_port or free_port()
         self.metrics_port = free_port()
         self.termination = directory / "termination-log"
         self.log_path = directory / "serve.log"
@@ -156,8 +163,15 @@ class ServeRun:
             # group (API server or headless launcher, DP coordinator, engine cores, workers) goes
             # first, or a SIGKILL of serve alone would leave it running.
             with contextlib.suppress(OSError, ValueError, AssertionError, KeyError, TypeError):
-                engine = int(self.status()["engine"]["pid"])
-                os.killpg(engine, signal.SIGKILL)
+                document = self.status()
+                # --data-parallel-external: each rank's API server is a process group of its own.
+                groups = {
+                    int(document["engine"]["pid"]),
+                    *(int(r["pid"]) for r in document.get("ranks", []) if r.get("pid")),
+                }
+                for engine in groups:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(engine, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(30)

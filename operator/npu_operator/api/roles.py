@@ -4,6 +4,8 @@ configured from, and the connector's rules both roles must keep. Pure.
 The resource's own workload fields describe the decode role; `spec.disaggregation.prefill` adds a
 prefill role (`role_spec`). Both roles get the same connector settings (`kv_transfer`), whose rules
 are vllm-ascend's (`npu_runtime.kv_transfer.problems`); `validation` refuses a spec that breaks one.
+The decode role's data-parallel ranks run behind one API server per replica or one per rank
+(`spec.disaggregation.decode.dataParallel`, `external_decode`, `decode_rank_ports`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Final
 
+from npu_runtime.contract import external_rank_ports
 from npu_runtime.kv_transfer import KVTransfer, RoleSizes, problems, reserved_port_floor
 
 from npu_operator.api.spec import NPUInferenceSpec
@@ -83,3 +86,18 @@ def connector_problems(spec: NPUInferenceSpec) -> list[tuple[str, str]]:
             if problem not in found:
                 found.append(problem)
     return found
+
+
+def external_decode(spec: NPUInferenceSpec) -> bool:
+    """Whether each decode rank is its own API server (`spec.disaggregation.decode.dataParallel: external`)."""
+    return spec.disaggregation is not None and spec.disaggregation.decode.external
+
+
+def decode_rank_ports(spec: NPUInferenceSpec, base: int) -> tuple[int, ...]:
+    """The API ports of one decode pod: `base` alone (internal: the leader's one API server), or one
+    per data-parallel rank the pod runs, `base` + its index on the pod (external, as vllm-ascend's
+    examples/external_online_dp/launch_online_dp.py numbers them from --vllm-start-port)."""
+    if not external_decode(spec):
+        return (base,)
+    decode = role_spec(spec, "decode")
+    return external_rank_ports(base, decode.parallelism.data // decode.npu.nodes)

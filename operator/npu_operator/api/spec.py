@@ -14,6 +14,7 @@ from typing import Any, Final
 from npu_runtime.contract import PlanOptions
 
 from npu_operator.api import crd
+from npu_operator.api.host_mounts import HOST_MOUNTS
 
 JSON = dict[str, Any]
 
@@ -74,12 +75,11 @@ HUB_SOURCE_FIELDS: Final = {"huggingFace": "huggingface", "modelScope": "modelsc
 # second volume at the same path, which the API server refuses for the whole pod template.
 SHM_MOUNT: Final = "/dev/shm"
 RECORD_MOUNT: Final = "/etc/npu-runtime/calibration"  # the calibration record (a ConfigMap, read-only)
-HCCN_CONF: Final = "/etc/hccn.conf"  # the NPUs' network configuration, for a P/D role's KV connector
 POD_MOUNTS: Final = {
     SHM_MOUNT: "the engine's shared memory",
     RECORD_MOUNT: "the calibration record",
     HUB_MODEL_DIR: "the downloaded revision's link",
-    HCCN_CONF: "the NPUs' network configuration",
+    **{mount.path: f"the host's {mount.path}" for mount in HOST_MOUNTS},
 }
 
 
@@ -100,6 +100,7 @@ class NPUSpec:
     count: int  # per node
     chip_name: str | None
     nodes: int = 1  # per replica: more than one makes a LeaderWorkerSet
+    family: str | None = None  # None: from the chip or the resource (api.clusters.spec_family)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +198,23 @@ class RouterSpec:
     retries: int
 
 
+# spec.disaggregation.decode.dataParallel: one API server over a decode replica's ranks (vLLM's
+# internal load balancing) or one per rank behind the router (external: vllm-ascend's P/D tutorial).
+DATA_PARALLEL_INTERNAL: Final = "internal"
+DATA_PARALLEL_EXTERNAL: Final = "external"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+    """How the decode role lays out its data-parallel ranks (`docs/disaggregation.md`, "Two layouts")."""
+
+    data_parallel: str = DATA_PARALLEL_INTERNAL
+
+    @property
+    def external(self) -> bool:
+        return self.data_parallel == DATA_PARALLEL_EXTERNAL
+
+
 @dataclasses.dataclass(frozen=True)
 class DisaggregationSpec:
     """Prefill/decode disaggregation: the spec's workload is the decode role, this adds the rest."""
@@ -204,6 +222,7 @@ class DisaggregationSpec:
     prefill: PrefillSpec
     connector: ConnectorSpec
     router: RouterSpec
+    decode: DecodeSpec = DecodeSpec()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +330,13 @@ def _parse(s: JSON) -> NPUInferenceSpec:
             cache=_cache(model.get("cache")),
         ),
         replicas=s["replicas"],
-        npu=NPUSpec(s["npu"].get("resourceName"), s["npu"]["count"], s["npu"].get("chipName"), s["npu"]["nodes"]),
+        npu=NPUSpec(
+            s["npu"].get("resourceName"),
+            s["npu"]["count"],
+            s["npu"].get("chipName"),
+            s["npu"]["nodes"],
+            s["npu"].get("family"),
+        ),
         parallelism=ParallelismSpec(
             **{k: s["parallelism"][k] for k in ("tensor", "pipeline", "data")}, expert=s["parallelism"]["expert"]
         ),
@@ -386,6 +411,7 @@ def _disaggregation(d: JSON | None) -> DisaggregationSpec | None:
         ),
         connector=ConnectorSpec(connector["name"], connector.get("port"), dict(connector.get("extraConfig", {}))),
         router=RouterSpec(router["replicas"], router["timeoutSeconds"], router["retries"]),
+        decode=DecodeSpec(d.get("decode", {}).get("dataParallel", DATA_PARALLEL_INTERNAL)),
     )
 
 

@@ -232,6 +232,36 @@ def _disaggregation_problems(spec: NPUInferenceSpec) -> list[SpecError]:
     )
     for setting, why in roles.connector_problems(spec):
         problems.append(SpecError(f"spec.disaggregation.connector.{setting}", why))
+    if roles.external_decode(spec):
+        problems += _external_rank_problems(spec.engine.extra_args)
+    return problems
+
+
+# With external decode ranks the runtime gives each rank's API server its rank (vLLM's
+# --data-parallel-rank, -dpn; --data-parallel-external-lb, -dpe, is implied by it): a user's own
+# would come after and replace it on every rank. Each as argparse reads it: a long option by any
+# prefix that is its own (`--data-parallel-r` is also --data-parallel-rpc-port's, which
+# FLAGS_OWNED_BY_FIELDS has), a short one also with its value attached (`-dpn1`).
+_EXTERNAL_RANK_LONG: Final = {
+    "--data-parallel-rank": "--data-parallel-ra",
+    "--data-parallel-external-lb": "--data-parallel-e",
+}
+_EXTERNAL_RANK_SHORT: Final = ("-dpn", "-dpe")
+
+
+def _external_rank_problems(extra_args: Sequence[str]) -> list[SpecError]:
+    problems: list[SpecError] = []
+    for index, arg in enumerate(extra_args):
+        flag = engine_flag(arg)
+        if flag is None:
+            continue
+        long = any(full.startswith(flag) and flag.startswith(least) for full, least in _EXTERNAL_RANK_LONG.items())
+        if long or flag.startswith(_EXTERNAL_RANK_SHORT):
+            why = (
+                f"{arg.split('=', 1)[0]} is set per rank by spec.disaggregation.decode.dataParallel external "
+                "(each rank's API server gets its own --data-parallel-rank); remove it"
+            )
+            problems.append(SpecError(f"spec.engine.extraArgs[{index}]", why))
     return problems
 
 

@@ -14,7 +14,16 @@ is the LeaderWorkerSet `workloads` makes for a multi-node replica, built from th
 - what the connector needs of the host network, as vllm-ascend's P/D tutorial sets it up: the
   NPUs' `/etc/hccn.conf` (hostPath, read-only; only with NPUs) and HCCL_IF_IP (the pod's IP),
   GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME, HCCL_SOCKET_IFNAME (the pod's interface);
-- a role label, so that `<name>-prefill` and `<name>-decode` Services reach each role's leaders.
+- a role label, so that `<name>-prefill` and `<name>-decode` Services reach each role's engines.
+
+The decode role's data-parallel ranks (`spec.disaggregation.decode.dataParallel`): `internal`, one
+API server on each replica's leader over all its ranks, the other nodes headless (vLLM's internal
+load balancing); `external`, as vllm-ascend v0.23.0's P/D tutorial runs decode
+(docs/source/tutorials/features/pd_disaggregation_mooncake_multi_node.md with
+examples/external_online_dp/launch_online_dp.py and run_dp_template.sh): every pod runs one API
+server per local rank (`npu-runtime serve --data-parallel-external`: vLLM's `--data-parallel-rank`,
+rank i of the pod on port 8000 + i), the decode Service selects every decode pod and the router gets
+one URL per rank port, so that each rank is an engine it chooses by load.
 
 In front of them, the router (`npu-runtime route`) is the resource's Deployment, and the
 resource's Service `<name>` selects it: the endpoint a client uses does not change when a resource
@@ -30,11 +39,13 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
+from npu_runtime.contract import EXTERNAL_DP_FLAG
 from npu_runtime.routing.options import RouterOptions, route_argv
 
+from npu_operator.api import host_mounts
 from npu_operator.api.config import OperatorConfig
-from npu_operator.api.roles import POD_NAME_ENV, ROLES, kv_transfer, role_spec
-from npu_operator.api.spec import HCCN_CONF, NPUInferenceSpec
+from npu_operator.api.roles import POD_NAME_ENV, ROLES, decode_rank_ports, external_decode, kv_transfer, role_spec
+from npu_operator.api.spec import NPUInferenceSpec
 from npu_operator.children import engine_pod, kinds, workloads
 from npu_operator.kube import names
 from npu_operator.kube.names import DS_API_VERSION, DS_KIND, ROLE_LABEL, ROUTER
@@ -42,7 +53,6 @@ from npu_operator.kube.names import DS_API_VERSION, DS_KIND, ROLE_LABEL, ROUTER
 JSON = dict[str, Any]
 
 ROUTER_CONTAINER: Final = "router"
-HCCN_VOLUME: Final = "hccn-conf"
 
 
 def build_children(
@@ -62,15 +72,48 @@ def build_children(
         build_router(name, namespace, spec, config),
         build_disaggregated_set(name, namespace, spec, config),
         _service(name, namespace, ROUTER, name),
-        *(_service(name, namespace, role, role_service_name(name, role), serving_revision) for role in ROLES),
+        *(_service(name, namespace, role, role_service_name(name, role), serving_revision, spec) for role in ROLES),
     ]
     if spec.pod_monitor.enabled and pod_monitor:
         monitor = workloads.build_pod_monitor(name, namespace, spec)
         # Each series also says which role's pod it is from (`inference_npu_dev_role`): the ScaledObjects
         # of the two roles read their own engines (`scaling.running_query`), a dashboard splits them.
         monitor["spec"]["podTargetLabels"].append(ROLE_LABEL)
+        if external_decode(spec):
+            _scrape_every_decode_rank(monitor, spec)
         children.append(monitor)
     return children
+
+
+def rank_port_name(local: int) -> str:
+    """The container port of a decode pod's rank `local` (external data parallel): `http` for the first."""
+    return "http" if local == 0 else f"http-{local}"
+
+
+def _rank_ports(spec: NPUInferenceSpec) -> list[JSON]:
+    """The decode container's API ports past the first, one per further local rank (external)."""
+    ports = decode_rank_ports(spec, names.HTTP_PORT)
+    return [
+        {"name": rank_port_name(local), "containerPort": port, "protocol": "TCP"}
+        for local, port in enumerate(ports)
+        if local > 0
+    ]
+
+
+def _scrape_every_decode_rank(monitor: JSON, spec: NPUInferenceSpec) -> None:
+    """With external decode ranks every decode pod serves vLLM's /metrics on each rank's port (each
+    rank's API server reports its own engine core): scrape them all, workers' pods included, so that
+    the decode role's ScaledObject sums every rank's requests."""
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    api = next(endpoint for endpoint in endpoints if endpoint["port"] == "http")
+    worker_index, role = (names.pod_label_meta(label) for label in (names.LWS_WORKER_INDEX_LABEL, ROLE_LABEL))
+    # Keep a leader (worker index 0 or none) of either role, or any decode pod; the router is dropped after.
+    keep = {"action": "keep", "sourceLabels": [worker_index, role], "separator": ";", "regex": "(0|);.*|[^;]*;decode"}
+    relabelings = [keep if rule["action"] == "keep" else rule for rule in api["relabelings"]]
+    api["relabelings"] = relabelings
+    for port in _rank_ports(spec):
+        only_decode = {"action": "keep", "sourceLabels": [role], "regex": "decode"}
+        endpoints.append({**copy.deepcopy(api), "port": port["name"], "relabelings": [only_decode, *relabelings]})
 
 
 def build_disaggregated_set(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
@@ -97,6 +140,9 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     literal = {**_literal_json(transfer.to_config()), "engine_id": transfer.engine_id}
     arg = json.dumps(literal, sort_keys=True, separators=(",", ":"))
     container["args"] = _with_serve_flags(container["args"], ["--kv-transfer-config", arg])
+    if role == "decode" and external_decode(spec):  # one API server per local rank, on 8000 + its index
+        container["args"] = _with_serve_flags(container["args"], [EXTERNAL_DP_FLAG])
+        container["ports"] = [*container["ports"], *_rank_ports(spec)]
     env = {var["name"]: var for var in container["env"]}
     defaults: dict[str, JSON] = {
         POD_NAME_ENV: {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -105,9 +151,11 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     }
     env = {**defaults, **env}
     container["env"] = [env[key] for key in sorted(env)]
-    if rspec.npu.count > 0:  # the NPUs' network configuration, which Mooncake's Ascend transport reads
-        pod["volumes"].append({"name": HCCN_VOLUME, "hostPath": {"path": HCCN_CONF, "type": "File"}})
-        container["volumeMounts"].append({"name": HCCN_VOLUME, "mountPath": HCCN_CONF, "readOnly": True})
+    if rspec.npu.count > 0:  # the NPUs' network configuration, which Mooncake's Ascend transport reads, and hccn_tool
+        for mount in (host_mounts.HCCN_CONF, host_mounts.DRIVER_TOOLS):
+            if all(volume["name"] != mount.volume for volume in pod["volumes"]):
+                pod["volumes"].append(engine_pod.host_volume(mount))
+                container["volumeMounts"].append(engine_pod.host_volume_mount(mount))
     # The controller puts the role template's metadata on the role's LeaderWorkerSet (lws_manager.go,
     # Create: mergeLabels(config.ObjectMeta.Labels, ...)), and LeaderWorkerSet copies its labels onto
     # its StatefulSets: with ours they are watched, and the status loop follows the chain.
@@ -151,10 +199,12 @@ def _with_serve_flags(args: list[str], flags: list[str]) -> list[str]:
 def router_options(name: str, namespace: str, spec: NPUInferenceSpec) -> RouterOptions:
     assert spec.disaggregation is not None
     router = spec.disaggregation.router
-    url = {role: f"http://{role_service_name(name, role)}.{namespace}.svc:{names.HTTP_PORT}" for role in ROLES}
+    host = {role: f"http://{role_service_name(name, role)}.{namespace}.svc" for role in ROLES}
     return RouterOptions(
-        prefill=(url["prefill"],),
-        decode=(url["decode"],),
+        prefill=(f"{host['prefill']}:{names.HTTP_PORT}",),
+        # External decode ranks: one URL per rank port; each resolves to every decode pod, so each
+        # address and port (a rank's API server) is an engine of its own.
+        decode=tuple(f"{host['decode']}:{port}" for port in decode_rank_ports(spec, names.HTTP_PORT)),
         port=names.HTTP_PORT,
         metrics_port=names.METRICS_PORT,
         first_byte_timeout=float(router.timeout_seconds),
@@ -207,15 +257,30 @@ def build_router(name: str, namespace: str, spec: NPUInferenceSpec, config: Oper
     }
 
 
-def _service(name: str, namespace: str, role: str, service_name: str, revision: str | None = None) -> JSON:
+def _service(
+    name: str,
+    namespace: str,
+    role: str,
+    service_name: str,
+    revision: str | None = None,
+    spec: NPUInferenceSpec | None = None,
+) -> JSON:
     """The router's Service (the resource's endpoint) or a role's: its engines' leaders (worker index 0),
     of `revision` only where one is given (`names.DS_REVISION_LABEL`, on every role pod). A role's
     Service is headless: its name resolves to each ready leader's address, which the router looks
-    up and chooses among by load (`npu_runtime.routing.engines`); a virtual IP would hide them."""
-    service = workloads.build_service(name, namespace, leaders_only=role != ROUTER)
+    up and chooses among by load (`npu_runtime.routing.engines`); a virtual IP would hide them.
+    With external decode ranks the decode Service selects every decode pod (each pod's ranks serve
+    their own API) and names each rank's port."""
+    external = role == "decode" and spec is not None and external_decode(spec)
+    service = workloads.build_service(name, namespace, leaders_only=role != ROUTER and not external)
     service["metadata"]["name"] = service_name
     if role != ROUTER:
         service["spec"]["clusterIP"] = "None"
+    if external and spec is not None:
+        service["spec"]["ports"] += [
+            {"name": port["name"], "port": port["containerPort"], "targetPort": port["name"], "protocol": "TCP"}
+            for port in _rank_ports(spec)
+        ]
     selector = {**service["spec"]["selector"], ROLE_LABEL: role}
     if revision is not None and role != ROUTER:
         selector[names.DS_REVISION_LABEL] = revision

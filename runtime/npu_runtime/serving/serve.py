@@ -48,9 +48,15 @@ from npu_runtime.contract import (
     option_name,
     parse_serve_args,
 )
-from npu_runtime.serving import failures, launch, measured
+from npu_runtime.serving import failures, launch, measured, ranks
 from npu_runtime.serving.failures import Failure
-from npu_runtime.serving.server import MetricsServer, address_family, engine_healthy, listening_socket_options
+from npu_runtime.serving.server import (
+    MetricsServer,
+    address_family,
+    engine_healthy,
+    engines_healthy,
+    listening_socket_options,
+)
 from npu_runtime.serving.status import PlanView, RuntimeStatus
 
 if TYPE_CHECKING:
@@ -274,15 +280,18 @@ class Supervisor:
         self.dirs = launch.RunDirs(self.environ)
         self.status = RuntimeStatus(self.dirs.observer, options.plan.graph_mode)
         self.scanner = failures.FailureScanner()
-        self.engine: launch.EngineProcess | None = None
+        self.engine: launch.EngineProcess | ranks.EngineGroup | None = None
         self.server: MetricsServer | None = None
         self.stop_requested = threading.Event()
         self.signals_received = 0
         address = local_address(options.host)
-        if options.plan.nodes > 1 and options.node_rank > 0 and options.data_parallel_address:
+        worker = options.plan.nodes > 1 and options.node_rank > 0 and options.data_parallel_address
+        if worker and not options.data_parallel_external:
             # A headless worker serves no API: its ranks are serving when the leader's engine is.
-            address = options.data_parallel_address
+            address = str(options.data_parallel_address)
         self.health_url = f"http://{address}:{options.port}/health"
+        # --data-parallel-external: each local rank's API server (`ranks`), once the plan has them.
+        self.ranks: list[ranks.Rank] = []
 
     # signals: the handler only sets a flag; the loop does the work
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -320,7 +329,9 @@ class Supervisor:
             view = plan_view(plan, self.options.node_rank, kv)
             self.status.set_plan(view)
             log("plan:\n" + describe_plan(plan))
-            if "--headless" not in node_args(self.options, plan):  # an invalid layout fails here, early
+            if self.options.data_parallel_external:
+                self.plan_ranks(plan)
+            elif "--headless" not in node_args(self.options, plan):  # an invalid layout fails here, early
                 check_port_free(self.options.host, self.options.port, "API")  # a headless worker serves none
             if self.stop_requested.is_set():
                 return 0
@@ -333,6 +344,26 @@ class Supervisor:
             raise
         finally:
             self.close()
+
+    def plan_ranks(self, plan: Plan) -> None:
+        """--data-parallel-external: this pod's ranks, each port free, /readyz asking every one."""
+        try:
+            ranks.check_external(self.options, plan)
+        except PlanError as exc:
+            message = f"{option_name(exc.field)}: {exc.message}"
+            raise ServeError(Failure(failures.INVALID_CONFIGURATION, message), EXIT_INVALID) from exc
+        self.ranks = ranks.local_ranks(self.options, plan, self.environ)
+        for rank in self.ranks:
+            check_port_free(self.options.host, rank.port, "API")
+        address = local_address(self.options.host)
+        urls = [f"http://{address}:{rank.port}/health" for rank in self.ranks]
+        self.status.set_ranks([{**rank.to_dict(), "ready": False} for rank in self.ranks])
+        if self.server is not None:
+            self.server.health_urls = urls
+        log(
+            f"{len(self.ranks)} data-parallel ranks, one API server each: "
+            + ", ".join(f"rank {rank.rank} on port {rank.port}" for rank in self.ranks)
+        )
 
     def map_kv_transfer(self, device_kind: str) -> dict[str, Any] | None:
         """This engine's role of a prefill/decode pair, with its connector mapped to the device (None: no role)."""
@@ -354,14 +385,37 @@ class Supervisor:
         self.status.fail(failure)
         failures.write_termination_message(failure, self.options.termination_log, default_path=DEFAULT_TERMINATION_LOG)
 
-    def supervise(self, plan: Plan) -> int:
-        argv = launch.engine_argv(self.options, (*plan.vllm_args, *node_args(self.options, plan)))
+    def start_engine(self, plan: Plan) -> launch.EngineProcess | ranks.EngineGroup:
+        """The engine's process tree, or with --data-parallel-external one per local rank (`ranks`)."""
         env = launch.engine_env(self.environ, observer_dir=self.dirs.observer, prometheus_dir=self.dirs.prometheus)
-        log("starting the engine: " + " ".join(argv[1:]))
-        self.engine = launch.EngineProcess(argv, env, on_line=self.scanner.feed)
+        if not self.ranks:
+            argv = launch.engine_argv(self.options, (*plan.vllm_args, *node_args(self.options, plan)))
+            log("starting the engine: " + " ".join(argv[1:]))
+            return launch.EngineProcess(argv, env, on_line=self.scanner.feed)
+        processes = []
+        for rank in self.ranks:
+            options = dataclasses.replace(self.options, port=rank.port)
+            flags = ranks.rank_engine_args(self.options, rank, local_address(self.options.host).strip("[]"))
+            argv = launch.engine_argv(options, (*plan.vllm_args, *flags))
+            rank_env = ranks.rank_env(env, plan, rank)
+            if self.dirs.prometheus is not None:  # each API server's own multiprocess directory
+                rank_env[launch.PROMETHEUS_ENV] = os.path.join(self.dirs.prometheus, f"rank-{rank.rank}")
+                os.makedirs(rank_env[launch.PROMETHEUS_ENV], exist_ok=True)
+            devices = f" ({ranks.DEVICE_ENV[plan.device.kind]}={rank.devices})" if rank.devices is not None else ""
+            log(f"starting rank {rank.rank}{devices}: " + " ".join(argv[1:]))
+            processes.append(launch.EngineProcess(argv, rank_env, on_line=self.scanner.feed))
+        return ranks.EngineGroup(processes)
+
+    def supervise(self, plan: Plan) -> int:
+        self.engine = self.start_engine(plan)
         started = time.monotonic()
         self.engine.start()
         self.status.set_engine(self.engine.pid)
+        if isinstance(self.engine, ranks.EngineGroup):
+            pids = self.engine.pids
+            self.status.set_ranks(
+                [{**rank.to_dict(), "pid": pid, "ready": False} for rank, pid in zip(self.ranks, pids, strict=True)]
+            )
         self.status.set_state("loading")
         next_health = 0.0
         ready = False
@@ -374,13 +428,22 @@ class Supervisor:
             now = time.monotonic()
             if now >= next_health:
                 next_health = now + HEALTH_POLL_SECONDS
-                if not ready and engine_healthy(self.health_url, timeout=1.0):
+                if not ready and self.engine_ready():
                     ready = True
                     self.status.set_state("ready")
                     log(f"engine ready after {now - started:.1f} s")
                 elif not ready:
                     phase = self.status.engine_view().phase
                     self.status.set_state("capturing" if phase == "capturing" else "loading")
+
+    def engine_ready(self) -> bool:
+        """The engine's /health answers 200; with --data-parallel-external every rank's (each one's noted)."""
+        if not self.ranks:
+            return engine_healthy(self.health_url, timeout=1.0)
+        address = local_address(self.options.host)
+        ready = engines_healthy([f"http://{address}:{rank.port}/health" for rank in self.ranks], timeout=1.0)
+        self.status.update_ranks(ready)
+        return all(ready)
 
     def shutdown(self) -> int:
         assert self.engine is not None

@@ -13,7 +13,7 @@ import contextlib
 import json
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -48,6 +48,16 @@ def engine_healthy(url: str, timeout: float = HEALTH_TIMEOUT_SECONDS) -> bool:
             return int(response.status) == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def engines_healthy(urls: Sequence[str], timeout: float = HEALTH_TIMEOUT_SECONDS) -> list[bool]:
+    """`engine_healthy` of each URL (a pod's ranks, each its own API server), asked at once."""
+    if len(urls) <= 1:
+        return [engine_healthy(url, timeout) for url in urls]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(len(urls), 16), thread_name_prefix="health") as pool:
+        return list(pool.map(lambda url: engine_healthy(url, timeout), urls))
 
 
 class _Collector:
@@ -98,6 +108,8 @@ class MetricsServer:
         self.status = status
         self.engine_alive = engine_alive
         self.health_url = health_url
+        # Every URL /readyz asks: the engine's, or each rank's API server (serve --data-parallel-external).
+        self.health_urls = [health_url]
         self.httpd = _HTTPServer(host, port, self._handler_class())
         self._thread: threading.Thread | None = None
         # Set once /status has answered in the failed state: someone (the operator) has read the failure.
@@ -168,9 +180,13 @@ class MetricsServer:
         return HTTPStatus.SERVICE_UNAVAILABLE, "engine process is not running"
 
     def readyz(self) -> tuple[HTTPStatus, str]:
-        """Ready: the engine's own /health answers 200."""
+        """Ready: the engine's own /health answers 200 (every rank's, with one API server per rank)."""
         if self.status.state in ("failed", "stopping", "starting"):
             return HTTPStatus.SERVICE_UNAVAILABLE, self.status.state
-        if engine_healthy(self.health_url):
+        answers = engines_healthy(self.health_urls)
+        waiting = [url for url, healthy in zip(self.health_urls, answers, strict=True) if not healthy]
+        if not waiting:
             return HTTPStatus.OK, "ready"
+        if len(self.health_urls) > 1:
+            return HTTPStatus.SERVICE_UNAVAILABLE, f"{len(waiting)} of {len(self.health_urls)} ranks not ready"
         return HTTPStatus.SERVICE_UNAVAILABLE, f"engine not ready ({self.status.state})"

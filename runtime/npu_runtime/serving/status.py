@@ -200,6 +200,8 @@ class RuntimeStatus:
         self._failure: Failure | None = None
         self._engine_pid: int | None = None
         self._exit_code: int | None = None
+        # serve --data-parallel-external: each local rank's API server (rank, port, devices, pid, ready).
+        self._ranks: list[dict[str, Any]] = []
 
     @property
     def state(self) -> str:
@@ -224,6 +226,16 @@ class RuntimeStatus:
         with self._lock:
             self._exit_code = code
 
+    def set_ranks(self, ranks: Sequence[Mapping[str, Any]]) -> None:
+        with self._lock:
+            self._ranks = [dict(rank) for rank in ranks]
+
+    def update_ranks(self, ready: Sequence[bool]) -> None:
+        """Each rank's readiness, in the order of `set_ranks`."""
+        with self._lock:
+            for rank, answered in zip(self._ranks, ready, strict=False):
+                rank["ready"] = answered
+
     def fail(self, failure: Failure) -> None:
         with self._lock:
             self._failure = failure
@@ -239,6 +251,7 @@ class RuntimeStatus:
         with self._lock:
             plan, state, failure = self._plan, self._state, self._failure
             pid, exit_code = self._engine_pid, self._exit_code
+            ranks = [dict(rank) for rank in self._ranks]
         effective = view.effective_mode or plan.effective_mode
         downgrades = (
             [{**dict(d), "stage": "plan"} for d in plan.downgrades] + view.downgrades + capture_overrides(plan, view)
@@ -260,7 +273,7 @@ class RuntimeStatus:
         memory: dict[str, dict[str, int]] = {}
         for (device, kind), value in sorted(self._memory(plan, view).items()):
             memory.setdefault(device, {})[kind] = value
-        return {
+        document = {
             "schema": STATUS_SCHEMA,
             "runtime_version": runtime_version(),
             "state": state,
@@ -281,6 +294,9 @@ class RuntimeStatus:
             "instrumentation_errors": dict(sorted(view.errors.items())),
             "observer": {"processes": view.processes},
         }
+        if ranks:  # serve --data-parallel-external: one API server per rank, each one's state
+            document["ranks"] = ranks
+        return document
 
     @staticmethod
     def _calibration(plan: PlanView, view: EngineView, failure: Failure | None) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from npu_operator.api import crd
 from npu_operator.api import roles as api_roles
 from npu_operator.api import spec as api_spec
 from npu_operator.api.config import OperatorConfig
+from npu_operator.api.host_mounts import DRIVER_TOOLS
 from npu_operator.api.spec import parse_spec
 from npu_operator.api.validation import validate_spec
 from npu_operator.children import disaggregated, engine_pod
@@ -148,9 +149,14 @@ def test_each_role_gets_the_host_network_settings_the_connector_needs() -> None:
         env = {var["name"]: var for var in container(lws)["env"]}
         assert env["HCCL_IF_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         assert {env[key]["value"] for key in engine_pod.SOCKET_IFNAME_ENV} == {engine_pod.POD_INTERFACE}
-        hccn = {"name": "hccn-conf", "hostPath": {"path": "/etc/hccn.conf", "type": "File"}}
-        assert hccn in pod["spec"]["volumes"]
-        assert {"name": "hccn-conf", "mountPath": "/etc/hccn.conf", "readOnly": True} in container(lws)["volumeMounts"]
+        assert env["OMP_PROC_BIND"]["value"] == "false"
+        # FileOrCreate: a node without hccn.conf gets an empty one, not a pod stuck in FailedMount.
+        hccn = {"name": "hccn-conf", "hostPath": {"path": "/etc/hccn.conf", "type": "FileOrCreate"}}
+        tools = {"name": "ascend-driver-tools", "hostPath": {"path": DRIVER_TOOLS.path, "type": "DirectoryOrCreate"}}
+        assert hccn in pod["spec"]["volumes"] and tools in pod["spec"]["volumes"]
+        mounts = container(lws)["volumeMounts"]
+        assert {"name": "hccn-conf", "mountPath": "/etc/hccn.conf", "readOnly": True} in mounts
+        assert {"name": "ascend-driver-tools", "mountPath": DRIVER_TOOLS.path, "readOnly": True} in mounts
         # The prefill role's own HCCL_BUFFSIZE (256) wins over the decode role's (600), as in the tutorial.
         assert env["HCCL_BUFFSIZE"]["value"] == ("256" if role == "prefill" else "600")
 
