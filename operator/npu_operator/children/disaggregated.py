@@ -152,10 +152,7 @@ def _role(name: str, namespace: str, spec: NPUInferenceSpec, role: str, config: 
     env = {**defaults, **env}
     container["env"] = [env[key] for key in sorted(env)]
     if rspec.npu.count > 0:  # the NPUs' network configuration, which Mooncake's Ascend transport reads, and hccn_tool
-        for mount in (host_mounts.HCCN_CONF, host_mounts.DRIVER_TOOLS):
-            if all(volume["name"] != mount.volume for volume in pod["volumes"]):
-                pod["volumes"].append(engine_pod.host_volume(mount))
-                container["volumeMounts"].append(engine_pod.host_volume_mount(mount))
+        engine_pod.add_host_mounts(pod, (host_mounts.HCCN_CONF, host_mounts.DRIVER_TOOLS))
     # The controller puts the role template's metadata on the role's LeaderWorkerSet (lws_manager.go,
     # Create: mergeLabels(config.ObjectMeta.Labels, ...)), and LeaderWorkerSet copies its labels onto
     # its StatefulSets: with ours they are watched, and the status loop follows the chain.

@@ -152,7 +152,7 @@ def pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> J
         node_selector[clusters.CHIP_LABEL] = spec.npu.chip_name
     scheduler_name = template.scheduler_name
     if spec.npu.count > 0:
-        pod_spec["volumes"] += [host_volume(mount) for mount in cluster.host_mounts]
+        add_host_mounts(pod_spec, cluster.host_mounts)
         scheduler_name = scheduler_name or cluster.scheduler_name
         if accelerator_type := cluster.accelerator_types.get(clusters.spec_family(spec)):
             node_selector.setdefault(clusters.ACCELERATOR_TYPE_LABEL, accelerator_type)
@@ -189,7 +189,7 @@ def _container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
         ],
         "env": _env(spec, config),
         "resources": _resources(spec, config),
-        "volumeMounts": _volume_mounts(spec, config),
+        "volumeMounts": _volume_mounts(spec),
         # Weight loading plus graph capture: readiness of the engine, for as long as the spec allows.
         "startupProbe": probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=startup_checks),
         "readinessProbe": probe("/readyz", period=PROBE_PERIOD_SECONDS, failures=3),
@@ -335,15 +335,17 @@ def _volumes(spec: NPUInferenceSpec) -> list[JSON]:
     return [{"name": MODEL_VOLUME, **source}, shm]
 
 
-def host_volume(mount: HostMount) -> JSON:
-    return {"name": mount.volume, "hostPath": {"path": mount.path, "type": mount.type}}
+def add_host_mounts(pod_spec: JSON, mounts: tuple[HostMount, ...]) -> None:
+    """The operator's own host paths into a pod spec built by `pod_template`: a hostPath volume and a
+    read-only mount in the engine container each, once (a path already there is left as it is)."""
+    container = pod_spec["containers"][0]
+    for mount in mounts:
+        if all(volume["name"] != mount.volume for volume in pod_spec["volumes"]):
+            pod_spec["volumes"].append({"name": mount.volume, "hostPath": {"path": mount.path, "type": mount.type}})
+            container["volumeMounts"].append({"name": mount.volume, "mountPath": mount.path, "readOnly": True})
 
 
-def host_volume_mount(mount: HostMount) -> JSON:
-    return {"name": mount.volume, "mountPath": mount.path, "readOnly": True}
-
-
-def _volume_mounts(spec: NPUInferenceSpec, config: OperatorConfig) -> list[JSON]:
+def _volume_mounts(spec: NPUInferenceSpec) -> list[JSON]:
     model_mount: JSON = {"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True}
     if spec.model.claim is not None and spec.model.claim.sub_path:
         model_mount["subPath"] = spec.model.claim.sub_path
@@ -354,8 +356,6 @@ def _volume_mounts(spec: NPUInferenceSpec, config: OperatorConfig) -> list[JSON]
     ]
     if spec.model.hub is not None:
         mounts.append({"name": MODEL_LINK_VOLUME, "mountPath": HUB_MODEL_DIR, "readOnly": True})
-    if spec.npu.count > 0:
-        mounts += [host_volume_mount(mount) for mount in clusters.profile(config).host_mounts]
     return mounts
 
 
