@@ -206,6 +206,16 @@ class PlanOptions:
     # The prefill/decode role this engine serves (part of the calibration key: a role's record is
     # never another role's); `serve` takes it from --kv-transfer-config. None: no role.
     role: str | None = None
+    # LoRA adapters (vLLM's --enable-lora): on when max_loras is set. vLLM preallocates max_loras
+    # slots of max_lora_rank for every LoRA-capable layer and captures each graph per LoRA case.
+    max_loras: int | None = None
+    # None: vLLM's LoRAConfig default (16).
+    max_lora_rank: int | None = None
+    # Adapters kept in host memory; None: vLLM's default (max_loras).
+    max_cpu_loras: int | None = None
+    # vLLM's --fully-sharded-loras: the LoRA A of column-parallel layers and B of row-parallel ones
+    # are sharded over TP too.
+    fully_sharded_loras: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +245,10 @@ class ServeOptions:
     # External data parallelism: one API server per local data-parallel rank (vLLM's
     # --data-parallel-rank, external load balancing), each on its own port (`external_rank_ports`).
     data_parallel_external: bool = False
+    # The adapter list (`serving/adapters.py` reads it: a JSON file the operator's ConfigMap mounts):
+    # loaded at start as --lora-modules, and kept in step with the engine while it serves (vLLM's
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter). None: no adapters (LoRA may still be on).
+    lora_adapters: str | None = None
 
 
 def external_rank_ports(port: int, local_ranks: int) -> tuple[int, ...]:
@@ -372,6 +386,17 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the prefill/decode role planned for (part of the calibration key; serve: from --kv-transfer-config)",
     )
+    lora = parser.add_argument_group("LoRA adapters (vLLM's --enable-lora; off unless --max-loras is given)")
+    lora.add_argument("--max-loras", type=_positive_int, default=None, help="adapters in one batch (LoRA slots)")
+    lora.add_argument("--max-lora-rank", type=_positive_int, default=None, help="the largest adapter rank (vLLM: 16)")
+    lora.add_argument(
+        "--max-cpu-loras", type=_positive_int, default=None, help="adapters kept in host memory (vLLM: max-loras)"
+    )
+    lora.add_argument(
+        "--fully-sharded-loras",
+        action="store_true",
+        help="shard every LoRA weight over the tensor-parallel ranks (vLLM's --fully-sharded-loras)",
+    )
     device = parser.add_argument_group("device overrides (default: probe the device)")
     device.add_argument("--device-kind", choices=DEVICE_KINDS, default=None)
     device.add_argument("--device-name", default=None)
@@ -438,6 +463,12 @@ def serve_parser() -> argparse.ArgumentParser:
         help="one vLLM API server per local data-parallel rank (vLLM's --data-parallel-rank), rank i of "
         "this pod on --port + i",
     )
+    parser.add_argument(
+        "--lora-adapters",
+        default=None,
+        help="a JSON file listing the LoRA adapters to serve (needs --max-loras); re-read while serving, "
+        "adapters added or removed are loaded or unloaded without a restart",
+    )
     add_plan_arguments(parser)
     return parser
 
@@ -478,6 +509,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeOptions:
         data_parallel_address=args.data_parallel_address,
         data_parallel_rpc_port=args.data_parallel_rpc_port,
         data_parallel_external=args.data_parallel_external,
+        lora_adapters=args.lora_adapters,
     )
 
 
@@ -523,6 +555,8 @@ def serve_argv(options: ServeOptions) -> list[str]:
         argv += ["--data-parallel-rpc-port", str(options.data_parallel_rpc_port)]
     if options.data_parallel_external:
         argv.append(EXTERNAL_DP_FLAG)
+    if options.lora_adapters is not None:
+        argv += ["--lora-adapters", options.lora_adapters]
     argv += plan_argv(options.plan)
     if options.extra_engine_args:
         argv += ["--", *options.extra_engine_args]
