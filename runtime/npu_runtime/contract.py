@@ -387,15 +387,28 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="the prefill/decode role planned for (part of the calibration key; serve: from --kv-transfer-config)",
     )
     lora = parser.add_argument_group("LoRA adapters (vLLM's --enable-lora; off unless --max-loras is given)")
-    lora.add_argument("--max-loras", type=_positive_int, default=None, help="adapters in one batch (LoRA slots)")
-    lora.add_argument("--max-lora-rank", type=_positive_int, default=None, help="the largest adapter rank (vLLM: 16)")
     lora.add_argument(
-        "--max-cpu-loras", type=_positive_int, default=None, help="adapters kept in host memory (vLLM: max-loras)"
+        "--max-loras",
+        type=_positive_int,
+        default=None,
+        help="adapters in one batch: LoRA slots preallocated on every device, taken from the KV cache",
+    )
+    lora.add_argument(
+        "--max-lora-rank",
+        type=_positive_int,
+        default=None,
+        help="the largest adapter rank: 1, 8, 16, 32, 64, 128, 256, 320 or 512 (vLLM: 16)",
+    )
+    lora.add_argument(
+        "--max-cpu-loras",
+        type=_positive_int,
+        default=None,
+        help="adapters kept in host memory, >= --max-loras (vLLM: max-loras)",
     )
     lora.add_argument(
         "--fully-sharded-loras",
         action="store_true",
-        help="shard every LoRA weight over the tensor-parallel ranks (vLLM's --fully-sharded-loras)",
+        help="also shard column-parallel LoRA A and row-parallel LoRA B over TP (vLLM's --fully-sharded-loras)",
     )
     device = parser.add_argument_group("device overrides (default: probe the device)")
     device.add_argument("--device-kind", choices=DEVICE_KINDS, default=None)

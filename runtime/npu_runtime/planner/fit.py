@@ -1,6 +1,6 @@
 """Fitting: the fixed terms, then the graph mode and its sizes, then the KV cache, in that order.
 
-Every term comes from its own module (weights, activation, margin, kv, graphs); this module only
+Every term comes from its own module (weights, activation, margin, kv, graphs, lora); this module only
 adds them up against the budget (total x gpu_memory_utilization) and decides what to drop when they
 do not fit.
 """
@@ -21,6 +21,7 @@ from npu_runtime.planner.communication import Communicator, communicators, hccl_
 from npu_runtime.planner.graphs import StreamPlan, graph_cost, graph_reserved_by, stream_plan
 from npu_runtime.planner.kv import kv_sequence_bytes
 from npu_runtime.planner.layout import Layout, moe_split
+from npu_runtime.planner.lora import LoraMemory, lora_memory
 from npu_runtime.planner.margin import margin_bytes, safety_bytes
 from npu_runtime.planner.model import DTYPE_BYTES, ModelInfo
 from npu_runtime.planner.modes import Downgrade
@@ -78,6 +79,10 @@ class MemoryPlan:
     """HCCL_BUFFSIZE the MC2 group uses (NPU only)."""
     moe_dispatch: dict[str, str | None]
     """The MoE communication vllm-ascend picks for the profile run and for the largest decode graph."""
+    lora_bytes: int = 0
+    """The LoRA adapters' preallocated slots (`lora.lora_memory`); taken from the KV cache."""
+    lora: LoraMemory | None = None
+    """Their breakdown and graph capture cases; None: LoRA is off."""
 
 
 @dataclass(frozen=True)
@@ -145,10 +150,20 @@ class _Budget:
     """One sequence of max_model_len."""
     full_kv: int
     """max_num_seqs sequences of max_model_len."""
+    lora: LoraMemory | None = None
+
+    @property
+    def lora_bytes(self) -> int:
+        return self.lora.bytes if self.lora else 0
+
+    @property
+    def lora_cases(self) -> int:
+        """Graphs captured per capture size (1 without LoRA)."""
+        return self.lora.capture_cases if self.lora else 1
 
     @property
     def fixed(self) -> int:
-        return self.weights + self.activation + self.margin
+        return self.weights + self.activation + self.margin + self.lora_bytes
 
 
 @dataclass(frozen=True)
@@ -169,6 +184,8 @@ def fit_budget(b: _Budget, mode: str, warnings: list[str]) -> Fit:
     choice = _choose_graphs(b, mode)
     chosen, streams, graph_bytes, traffic = _choose_sizes(b, choice, warnings)
     kv_cache, tokens = _kv_cache(b, graph_bytes, warnings)
+    if b.lora is not None:
+        warnings.append(_lora_message(b, b.lora, mode, chosen, graph_bytes))
     memory = _memory_plan(b, choice, graph_bytes, kv_cache, tokens, warnings)
     return Fit(choice.mode, chosen, memory, streams, choice.downgrades, tuple(warnings), traffic)
 
@@ -193,14 +210,16 @@ def make_budget(inputs: BudgetInputs, warnings: list[str]) -> _Budget:
     margin = margin_bytes(inputs.device, sum(c.bytes for c in held))
     kv_per_token = _kv_per_token(inputs, dtype_bytes, mtp)
     min_kv = kv_sequence_bytes(inputs.model, kv_per_token, inputs.max_model_len)
-    fixed = weights + activation + margin
+    lora = lora_memory(options, inputs.model, inputs.layout, dtype_bytes)
+    fixed = weights + activation + margin + (lora.bytes if lora else 0)
     if fixed + min_kv > budget:
         room = budget - fixed
         longest = max(room // kv_per_token, 0) if kv_per_token else 0
         raise DoesNotFitError(
             f"no room for the KV cache of one {inputs.max_model_len}-token sequence: budget {format_gib(budget)} "
             f"({options.gpu_memory_utilization} of {format_gib(total)}) - weights {format_gib(weights)} - activation "
-            f"{format_gib(activation)} - margin {format_gib(margin)} = {format_gib(room)} < {format_gib(min_kv)}; "
+            f"{format_gib(activation)} - margin {format_gib(margin)}{_lora_words(lora)} = {format_gib(room)} < "
+            f"{format_gib(min_kv)}; "
             f"lower --max-model-len (about {longest} tokens fit), add tensor parallel ranks or memory"
         )
     return _Budget(
@@ -217,7 +236,35 @@ def make_budget(inputs: BudgetInputs, warnings: list[str]) -> _Budget:
         kv_per_token=kv_per_token,
         min_kv=min_kv,
         full_kv=min_kv * options.max_num_seqs,
+        lora=lora,
     )
+
+
+def _lora_message(b: _Budget, lora: LoraMemory, mode: str, chosen: tuple[int, ...], graph_bytes: int) -> str:
+    """What the adapters cost: their KV cache (bytes and tokens), the extra graphs, and the capture
+    sizes the same budget keeps without them but not with them."""
+    base = dataclasses.replace(b, lora=None)
+    base_choice = _choose_graphs(base, mode)
+    base_sizes, _, base_graphs, _ = _choose_sizes(base, base_choice, [])
+    dropped = sorted(set(base_sizes) - set(chosen))
+    tokens = lora.bytes // b.kv_per_token if b.kv_per_token else 0
+    words = (
+        f"LoRA adapters ({lora.max_loras} slots of rank {lora.max_lora_rank}, {lora.dtype_bytes}-byte dtype"
+        f"{', fully sharded' if lora.fully_sharded else ''}): {lora.bytes} bytes ({format_gib(lora.bytes)}) "
+        f"preallocated, about {tokens} tokens of KV cache"
+    )
+    if chosen:
+        words += (
+            f"; each capture size is captured {lora.capture_cases} times (LoRA cases), graphs "
+            f"{format_gib(graph_bytes)} instead of {format_gib(base_graphs)}"
+        )
+    if dropped:
+        words += f"; capture sizes dropped for them: {dropped}"
+    return words
+
+
+def _lora_words(lora: LoraMemory | None) -> str:
+    return f" - LoRA adapters {format_gib(lora.bytes)}" if lora else ""
 
 
 def _weights(inputs: BudgetInputs, mtp: bool, budget: int, warnings: list[str]) -> tuple[WeightTerms, int]:
@@ -297,11 +344,27 @@ def _choose_graphs(b: _Budget, mode: str) -> _GraphChoice:
     downgrades: list[Downgrade] = []
     while True:
         streams = stream_plan(
-            options, i.device, i.model, dict(i.env), mode, i.layout, i.rules.stream_budget, i.rules.release
+            options,
+            i.device,
+            i.model,
+            dict(i.env),
+            mode,
+            i.layout,
+            i.rules.stream_budget,
+            i.rules.release,
+            b.lora_cases,
         )
         first, per_size = (
             graph_cost(
-                i.model, mode, max(i.candidates), tp, b.dtype_bytes, i.layout, b.moe_dispatch["decode"], i.flashcomm1
+                i.model,
+                mode,
+                max(i.candidates),
+                tp,
+                b.dtype_bytes,
+                i.layout,
+                b.moe_dispatch["decode"],
+                i.flashcomm1,
+                b.lora_cases,
             )
             if mode != modes.NONE
             else (0, 0)
@@ -474,6 +537,8 @@ def _memory_plan(
         communicators=b.communicators,
         hccl_buffsize_mb=_hccl_buffsize(b) if device.kind == "npu" else None,
         moe_dispatch=b.moe_dispatch,
+        lora_bytes=b.lora_bytes,
+        lora=b.lora,
     )
 
 

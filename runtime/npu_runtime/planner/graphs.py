@@ -8,6 +8,10 @@ Streams: vllm-ascend's update_aclgraph_sizes (vllm_ascend/utils.py before #9962)
 to a stream budget; no release in `releases.RULES` has it (removed before v0.21.0rc1), so the stream
 cap applies only when a release row names a budget or the user sets --stream-budget (our own cap,
 for soft-partitioned NPUs or older driver stacks), and the plan says which.
+
+LoRA: every capture size is captured once per LoRA case (vllm/v1/cudagraph_dispatcher.py
+CudagraphDispatcher.initialize_cudagraph_keys: product(capture sizes, lora cases); `lora.capture_cases`),
+all into the one graph pool, so the cases multiply the per-graph cost and the streams, not the pool.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ def graph_cost(
     layout: Layout,
     moe_mode: str | None = None,
     flashcomm1: bool = False,
+    lora_cases: int = 1,
 ) -> tuple[int, int]:
     """(first capture, each further size), estimated as vLLM's profile_cudagraph_memory measures them.
 
@@ -70,16 +75,20 @@ def graph_cost(
     `largest` tokens (MoE layers dispatched as `moe_mode`, see activation.moe_comm_mode). Each
     further size adds driver/graph bookkeeping: at least 1 MiB per graph (vLLM's floor), a
     sub-graph per layer in piecewise mode. FULL_AND_PIECEWISE keeps both families.
+    With `lora_cases` graphs per size (see the module), the largest size's other cases and each
+    further size's cases each add that increment; the pool is allocated once.
     """
     step = activation_bytes(model, largest, tp, dtype_bytes, layout, moe_mode, flashcomm1)
     first_one = step + _GRAPH_POOL_OVERHEAD
     pieces = model.num_layers + 1
     piecewise = max(_PER_GRAPH_MIN, pieces * _PER_PIECE)
     if mode == modes.FULL_AND_PIECEWISE:
-        return 2 * first_one, piecewise + _PER_GRAPH_MIN
-    if mode == modes.PIECEWISE:
-        return first_one, piecewise
-    return first_one, _PER_GRAPH_MIN
+        first, each = 2 * first_one, piecewise + _PER_GRAPH_MIN
+    elif mode == modes.PIECEWISE:
+        first, each = first_one, piecewise
+    else:
+        first, each = first_one, _PER_GRAPH_MIN
+    return first + (lora_cases - 1) * each, lora_cases * each
 
 
 def stream_plan(
@@ -91,6 +100,7 @@ def stream_plan(
     layout: Layout,
     release_budget: int | None = None,
     release: str = "",
+    lora_cases: int = 1,
 ) -> StreamPlan:
     """ACL graph streams, after vllm-ascend's update_aclgraph_sizes (vllm_ascend/utils.py before #9962).
 
@@ -102,7 +112,8 @@ def stream_plan(
     FULL graph about one; times a communication factor: with HCCL_OP_EXPANSION_MODE=AIV
     1 + groups (+ 1 with expert parallel, + 1 for a MoE model with DP > 1, + a fixed block for
     dense models' all-reduce), otherwise 1 + 2 x groups plus 40 streams per group up front.
-    FULL_AND_PIECEWISE adds one full graph per size.
+    FULL_AND_PIECEWISE adds one full graph per size. LoRA multiplies the per-size streams by its
+    capture cases.
     """
     budget = options.stream_budget or release_budget
     enforced_by = (
@@ -157,6 +168,9 @@ def stream_plan(
     if mode == modes.FULL_AND_PIECEWISE:
         per_size += 1
         formula += " + 1 full graph per size"
+    if lora_cases > 1:
+        per_size *= lora_cases
+        formula = f"({formula}) x {lora_cases} LoRA capture cases"
     max_sizes = max((budget - fixed) // per_size, 0)
     return StreamPlan(
         True, budget, enforced_by, DEVICE_STREAMS, per_size, fixed, 0, max_sizes, expansion, groups, formula

@@ -54,6 +54,7 @@ from npu_runtime.planner.capture_candidates import (
 from npu_runtime.planner.fit import BudgetInputs, DoesNotFitError, Fit, MemoryPlan, fit_budget, make_budget
 from npu_runtime.planner.graphs import StreamPlan
 from npu_runtime.planner.layout import Layout, make_layout, node_engine_args
+from npu_runtime.planner.lora import release_check
 from npu_runtime.planner.model import ModelInfo, inspect_model
 from npu_runtime.planner.modes import Downgrade
 from npu_runtime.planner.probe import DeviceInfo, device_family, device_from_options
@@ -125,10 +126,7 @@ class Plan:
             "max_capture_size": self.max_capture_size,
             "eager_decode_batches": list(self.eager_decode_batches) if self.eager_decode_batches else None,
             "downgrades": [dataclasses.asdict(d) for d in self.downgrades],
-            "memory": {
-                **dataclasses.asdict(self.memory),
-                "communicators": [dataclasses.asdict(c) for c in self.memory.communicators],
-            },
+            "memory": self._memory_dict(),
             "streams": dataclasses.asdict(self.streams),
             "vllm_args": list(self.vllm_args),
             "warnings": list(self.warnings),
@@ -154,7 +152,23 @@ class Plan:
             "model": self.model.summary(),
             # issue 37: only once decode batches were recorded (plans without traffic stay as they were)
             **({"capture_sizes_from": self.capture_sizes_from} if self.capture_sizes_from else {}),
+            **({"graphs": self._lora_graphs()} if self.memory.lora else {}),
         }
+
+    def _memory_dict(self) -> dict[str, Any]:
+        """The memory section; its LoRA keys only with LoRA on (issue 47: plans without it stay as they were)."""
+        memory = {
+            **dataclasses.asdict(self.memory),
+            "communicators": [dataclasses.asdict(c) for c in self.memory.communicators],
+        }
+        if self.memory.lora is None:
+            del memory["lora_bytes"], memory["lora"]
+        return memory
+
+    def _lora_graphs(self) -> dict[str, int]:
+        """Graphs the engine captures: each capture size once per LoRA case (`lora.capture_cases`)."""
+        cases = self.memory.lora.capture_cases if self.memory.lora else 1
+        return {"lora_cases": cases, "captured": len(self.capture_sizes) * cases}
 
 
 def plan_for(
@@ -219,6 +233,10 @@ def make_plan(
     quantization = resolve_quantization(options, model, warnings)
     mode, downgrades = resolve_graph_mode(options, device, model, resolve_mode, warnings)
     rules = releases.select(options.engine_release)
+    fused_mc2 = resolve_fused_mc2(options, env)
+    if device.kind == "npu":
+        mode, lora_downgrade = release_check(options, model, layout, rules, mode, fused_mc2, resolve_mode, warnings)
+        downgrades += [lora_downgrade] if lora_downgrade else []
     flashcomm1 = resolve_flashcomm1(options, device, env)
     q = 1 + options.speculative_tokens
     ceiling, candidates = candidate_sizes(options, mode, q, warnings, flashcomm1)
@@ -246,7 +264,7 @@ def make_plan(
         layout=layout,
         rules=rules,
         flashcomm1=flashcomm1,
-        fused_mc2=resolve_fused_mc2(options, env),
+        fused_mc2=fused_mc2,
     )
     calibrated = matching_record(calibration_record, key, warnings)
     # The estimates first: a record never makes fit what they cannot (DoesNotFitError here), and

@@ -71,6 +71,11 @@ class ReleaseRules:
     """ACL graph streams the release's own update_aclgraph_sizes allows; None: it enforces none."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """step -> the function it comes from in this release."""
+    lora_tp_graphs: bool = False
+    """LoRA with TP > 1 runs in a graph mode (vllm-ascend #11940: the attention replay pairs the
+    per-LoRA-case captures with their layers); False: the plan runs it eagerly."""
+    moe_lora_ep: bool = False
+    """MoE LoRA with expert parallel (vllm-ascend #12451, AlltoAll + EP + LoRA, non-quantized)."""
 
 
 def _sources(ascend: str, vllm: str) -> dict[str, str]:
@@ -86,6 +91,16 @@ def _sources(ascend: str, vllm: str) -> dict[str, str]:
         ", update_pass_config)",
         "decode-range": f"vLLM {vllm} vllm/v1/cudagraph_dispatcher.py CudagraphDispatcher.initialize_cudagraph_keys",
         "streams": f"vllm-ascend {ascend}: no update_aclgraph_sizes (removed before v0.21.0rc1, #9962)",
+        # git log of the tag (github:vllm-project/vllm-ascend): #11940 "Fix Qwen3.5 densemodel LoRA
+        # scenarios with tp, fully_sharded_loras and aclgraph" is on main only (backported to
+        # releases/v0.26.0rc as #14228), not in v0.23.0 nor v0.25.1rc1; issue #10897.
+        "lora-tp-graphs": f"vllm-ascend {ascend}: without #11940 (issue #10897, LoRA + TP > 1 + graph mode fails;"
+        " vllm_ascend/attention/attention_v1.py replay of the cudagraph_specialize_lora captures)",
+        # docs/source/user_guide/feature_guide/lora.md of the tag: "we haven't supported expert-parallel
+        # (EP) or quantization yet when you run MoE models with LoRA"; main's adds "Fused MC2, and
+        # dynamic EPLB are not supported with LoRA".
+        "moe-lora": f"vllm-ascend {ascend} docs/source/user_guide/feature_guide/lora.md (MoE LoRA: "
+        "#10977/#11828, non-quantized; no fused MC2, no dynamic EPLB)",
     }
 
 
@@ -113,6 +128,9 @@ RULES: Final[Mapping[str, ReleaseRules]] = {
         default_ceiling_cap=_DEFAULT_CEILING_CAP,
         stream_budget=None,
         sources=_sources("v0.25.1rc1", "v0.25.1"),
+        # git log v0.25.1rc1 has ce229dc2dd "Support AlltoAll + EP + LoRA in non-quantized mode
+        # (#12451)" (its lora.md was not updated and still says EP is unsupported).
+        moe_lora_ep=True,
     ),
 }
 DEFAULT_RELEASE: Final = "0.23.0"  # the images' default until a final release after it exists

@@ -8,6 +8,7 @@ from typing import Any
 from npu_runtime.contract import PlanOptions
 from npu_runtime.planner import modes
 from npu_runtime.planner.fit import MemoryPlan
+from npu_runtime.planner.lora import DEFAULT_MAX_LORA_RANK
 from npu_runtime.planner.quant_config import ASCEND_QUANTIZATION
 
 __all__ = ["vllm_args"]
@@ -58,6 +59,7 @@ def vllm_args(
         if options.speculative_model:
             spec["model"] = options.speculative_model  # vllm/config/speculative.py SpeculativeConfig.model
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    args += _lora_args(options)
     if mode == modes.NONE:
         args.append("--enforce-eager")
     if quantization is not None and (options.quantization or quantization == ASCEND_QUANTIZATION):
@@ -65,3 +67,18 @@ def vllm_args(
         # vllm-ascend's tutorials do (--quantization ascend).
         args += ["--quantization", quantization]
     return tuple(args)
+
+
+def _lora_args(options: PlanOptions) -> list[str]:
+    """vLLM's LoRA flags (vllm/engine/arg_utils.py EngineArgs.add_cli_args, the LoRAConfig group):
+    --enable-lora turns it on; --max-lora-rank is always written so the engine allocates what the
+    plan counted (vllm/config/lora.py LoRAConfig.max_lora_rank defaults to 16)."""
+    if options.max_loras is None:
+        return []
+    rank = options.max_lora_rank if options.max_lora_rank is not None else DEFAULT_MAX_LORA_RANK
+    args = ["--enable-lora", "--max-loras", str(options.max_loras), "--max-lora-rank", str(rank)]
+    if options.max_cpu_loras is not None:
+        args += ["--max-cpu-loras", str(options.max_cpu_loras)]
+    if options.fully_sharded_loras:
+        args.append("--fully-sharded-loras")
+    return args
