@@ -34,7 +34,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "probe": ("npu_runtime.cli:probe_command", "show the accelerator this pod sees"),
     "plan": ("npu_runtime.cli:plan_command", "plan graph mode, capture sizes and memory for a model"),
     "fetch": ("npu_runtime.fetch.download:fetch_command", "download a model repository into the shared cache, once"),
-    "serve": ("npu_runtime.serving.serve:serve_command", "plan, start vLLM with the plan, report what the engine did"),
+    "serve": ("npu_runtime.fetch.adapters:serve_command", "plan, start vLLM with the plan, report what the engine did"),
     "doctor": ("npu_runtime.doctor:doctor_command", "engine versions, CANN, observer hooks, plugin, device"),
     "route": ("npu_runtime.routing.serve:route_command", "send each completion to a prefill, then a decode engine"),
 }

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.metrics_core import Metric
 
 MetricKind = Literal["gauge", "counter", "histogram"]
@@ -119,6 +120,23 @@ RUNTIME_METRICS: Final[tuple[MetricSpec, ...]] = (
     INSTRUMENTATION_ERRORS,
     DECODE_BATCHES,
 )
+
+# issue 47: serve's LoRA adapter series (port 9090 beside RUNTIME_METRICS; only with --lora-adapters).
+# Kept apart from RUNTIME_METRICS, whose contract is docs/design.md's table and the dashboard.
+LORA_ADAPTER_LOADED: Final = MetricSpec(
+    "npu_lora_adapter_loaded",
+    "gauge",
+    ("adapter",),
+    "1 while a listed LoRA adapter is loaded in the engine, 0 while it is pending or failed (/status adapters).",
+)
+LORA_REQUESTS: Final = MetricSpec(
+    "npu_lora_requests_total",
+    "counter",
+    ("adapter",),
+    "Requests the engine accepted for one LoRA adapter (the API server's OutputProcessor.add_request, "
+    "counted by the observer); the base model's are not counted.",
+)
+LORA_METRICS: Final[tuple[MetricSpec, ...]] = (LORA_ADAPTER_LOADED, LORA_REQUESTS)
 
 # The PD router's own series (`npu-runtime route`, routing/series.py), in a registry of their own;
 # kept apart from RUNTIME_METRICS, which lists what `serve` exports.
@@ -288,6 +306,8 @@ class MetricValues:
     device_memory: Mapping[tuple[str, str], int]  # (device, kind) -> bytes
     instrumentation_errors: Mapping[str, int]
     decode_batches: Mapping[int, int] = dataclasses.field(default_factory=dict)  # tokens -> decode steps
+    lora_loaded: Mapping[str, bool] = dataclasses.field(default_factory=dict)  # adapter -> loaded
+    lora_requests: Mapping[str, int] = dataclasses.field(default_factory=dict)  # adapter -> requests
 
 
 def _sorted(items: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
@@ -348,7 +368,19 @@ def families(values: MetricValues) -> list[Metric]:
     for size, count in _sorted(values.decode_batches.items()):
         batches.add_metric([str(size)], count)
 
-    return [mode_info, downgrades, sizes, memory, seconds, replay, fallbacks, device_memory, errors, batches]
+    families = [mode_info, downgrades, sizes, memory, seconds, replay, fallbacks, device_memory, errors, batches]
+    return families + _lora_families(values, gauge(LORA_ADAPTER_LOADED), counter(LORA_REQUESTS))
+
+
+def _lora_families(values: MetricValues, loaded: GaugeMetricFamily, requests: CounterMetricFamily) -> list[Metric]:
+    """LORA_METRICS' families, none without adapters (serve without --lora-adapters exports as before)."""
+    if not values.lora_loaded and not values.lora_requests:
+        return []
+    for adapter, is_loaded in _sorted(values.lora_loaded.items()):
+        loaded.add_metric([adapter], 1 if is_loaded else 0)
+    for adapter, count in _sorted(values.lora_requests.items()):
+        requests.add_metric([adapter], count)
+    return [loaded, requests]
 
 
 def cumulative_buckets(counts: Sequence[int]) -> list[tuple[str, float]]:

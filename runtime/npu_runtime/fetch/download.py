@@ -3,7 +3,13 @@
 Runs as the pod's init container (the runtime image), before `npu-runtime serve`:
 
     npu-runtime fetch --hub huggingface --repo Qwen/Qwen2.5-7B-Instruct [--revision REV] \
-        --cache /models [--allow PATTERN]... [--ignore PATTERN]... [--endpoint URL] --link /run/npu-model/model
+        --cache /models [--allow PATTERN]... [--ignore PATTERN]... [--endpoint URL] --link /run/npu-model/model \
+        [--adapters FILE]
+    npu-runtime fetch --adapters FILE      (only the LoRA adapters of the list: a model from a claim)
+
+After the model, `--adapters` fetches the hub adapters of a LoRA adapter list (`npu_runtime.adapters`)
+into the list's cache, each as the model is (`fetch.adapters`); one that fails is reported on
+/status (`adapters`) and in the termination line, and does not fail the init container.
 
 The download itself is the hub's own client library (`huggingface_hub.snapshot_download`,
 `modelscope.snapshot_download`): their cache layout, their resume with HTTP Range (both within a
@@ -75,29 +81,27 @@ import time
 from pathlib import Path
 from typing import Final
 
+from npu_runtime.adapters import AdapterListError, read_adapter_list
+from npu_runtime.fetch import adapters as fetch_adapters
 from npu_runtime.fetch.driver import OnConfig, fetch
 from npu_runtime.fetch.hub import (
     ACCESS_DENIED,
     CONFIG_FILE,
     DEFAULT_LOCK_TIMEOUT,
     HUBS,
-    HUGGING_FACE,
-    MODEL_SCOPE,
     NOT_FOUND,
     FetchError,
     FetchOptions,
-    Hub,
-    not_a_hub,
 )
-from npu_runtime.fetch.huggingface import HuggingFaceHub
-from npu_runtime.fetch.modelscope import ModelScopeHub
+from npu_runtime.fetch.hubs import TOKEN_ENV, hub_for
 from npu_runtime.fetch.progress import Progress, StatusServer
 from npu_runtime.serving import failures
 from npu_runtime.serving.failures import Failure, write_termination_message
 
-TOKEN_ENV: Final = "NPU_MODEL_TOKEN"
+__all__ = ["TOKEN_ENV", "fetch_command", "hub_for", "link_snapshot"]
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 READY: Final = "ModelReady"  # the success line: `ModelReady: {progress as JSON}`
+ADAPTERS_READY: Final = "AdaptersReady"  # `fetch --adapters FILE` alone: `AdaptersReady: {"adapters": [...]}`
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -114,23 +118,20 @@ EXIT_CODES: Final = {
 }
 
 
-def hub_for(name: str) -> Hub:
-    if name == HUGGING_FACE:
-        return HuggingFaceHub()
-    if name == MODEL_SCOPE:
-        return ModelScopeHub()
-    raise not_a_hub(name)
-
-
 def fetch_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="npu-runtime fetch",
         description="Download a model repository into the shared cache (once per revision) and link it.",
     )
-    parser.add_argument("--hub", required=True, choices=HUBS)
-    parser.add_argument("--repo", required=True, help="repository id, e.g. Qwen/Qwen2.5-7B-Instruct")
+    parser.add_argument("--hub", choices=HUBS, help="the model's hub (required with --repo)")
+    parser.add_argument("--repo", help="repository id, e.g. Qwen/Qwen2.5-7B-Instruct")
     parser.add_argument("--revision", help="branch, tag or commit (default: the hub's main branch)")
-    parser.add_argument("--cache", required=True, type=Path, help="the cache volume's mount path")
+    parser.add_argument("--cache", type=Path, help="the cache volume's mount path (required with --repo)")
+    parser.add_argument(
+        "--adapters",
+        metavar="FILE",
+        help="then fetch the hub adapters of this LoRA adapter list into its cache; alone: only them",
+    )
     parser.add_argument("--allow", action="append", default=[], metavar="PATTERN", help="only matching files")
     parser.add_argument("--ignore", action="append", default=[], metavar="PATTERN", help="skip matching files")
     parser.add_argument("--endpoint", help="the hub's URL (a mirror); default: the library's")
@@ -165,7 +166,53 @@ def fetch_parser() -> argparse.ArgumentParser:
 
 
 def fetch_command(argv: list[str]) -> int:
-    args = fetch_parser().parse_args(argv)
+    parser = fetch_parser()
+    args = parser.parse_args(argv)
+    if args.repo is None and args.hub is None and args.adapters is None:
+        parser.error("--hub and --repo (a model), --adapters (a LoRA adapter list), or both are required")
+    if (args.repo is None) != (args.hub is None) or (args.repo is not None and args.cache is None):
+        parser.error("--hub, --repo and --cache go together (the model's fetch)")
+    try:
+        adapters = read_adapter_list(args.adapters) if args.adapters is not None else None
+    except AdapterListError as exc:
+        return _invalid(args, f"--adapters: {exc}")
+    listed = [fetch_adapters.adapter_progress(a) for a in fetch_adapters.hub_adapters(adapters)] if adapters else []
+    progress = Progress(source=args.hub, repository=args.repo, revision=args.revision) if args.repo else None
+    server = StatusServer(progress, args.status_port, args.status_host, listed) if args.status_port else None
+    try:
+        if progress is not None:
+            code = _fetch_model(args, progress)
+            if code != EXIT_OK:
+                return code
+        if adapters is not None:
+            fetch_adapters.fetch_listed(adapters, listed)
+    finally:
+        if server is not None and not args.hold:
+            server.close()
+    # The kubelet keeps a finished container's termination message too: the operator learns the
+    # resolved revision and the figures from it even when the download took less than a poll.
+    _write_result(args.termination_message_path, progress, listed)
+    if args.hold:
+        # The serving container must not start on a commit only this pod resolved: /status says which
+        # commit it is, the operator pins it into the pod template, and the pod is replaced (SIGTERM).
+        revision = progress.revision if progress is not None else None
+        print(f"npu-runtime fetch: holding until the pod is replaced (the rollout pins {revision})", flush=True)
+        while True:
+            time.sleep(3600)
+    return EXIT_OK
+
+
+def _invalid(args: argparse.Namespace, message: str) -> int:
+    write_termination_message(
+        Failure(failures.INVALID_CONFIGURATION, message),
+        args.termination_message_path,
+        default_path=DEFAULT_TERMINATION_LOG,
+    )
+    return EXIT_INVALID
+
+
+def _fetch_model(args: argparse.Namespace, progress: Progress) -> int:
+    """The model's fetch (and link, and plan); its exit status."""
     options = FetchOptions(
         hub=args.hub,
         repo=args.repo,
@@ -178,17 +225,9 @@ def fetch_command(argv: list[str]) -> int:
         link=args.link,
         lock_timeout=args.lock_timeout,
     )
-    progress = Progress(source=args.hub, repository=args.repo, revision=args.revision)
     plain = options.endpoint is not None and not options.endpoint.startswith("https://")
     if options.token and plain and not args.send_token_over_http:
-        message = f"--endpoint {options.endpoint} is not https://; the token is not sent in clear text"
-        write_termination_message(
-            Failure(failures.INVALID_CONFIGURATION, message),
-            args.termination_message_path,
-            default_path=DEFAULT_TERMINATION_LOG,
-        )
-        return EXIT_INVALID
-    server = StatusServer(progress, args.status_port, args.status_host) if args.status_port else None
+        return _invalid(args, f"--endpoint {options.endpoint} is not https://; the token is not sent in clear text")
     started = time.monotonic()
     try:
         hub = hub_for(options.hub)
@@ -202,35 +241,27 @@ def fetch_command(argv: list[str]) -> int:
             Failure(exc.reason, exc.message), args.termination_message_path, default_path=DEFAULT_TERMINATION_LOG
         )
         return EXIT_CODES.get(exc.reason, EXIT_FAILED)
-    finally:
-        if server is not None and not args.hold:
-            server.close()
     seconds = time.monotonic() - started
     print(
         f"npu-runtime fetch: {options.repo}@{progress.revision}: {progress.files_total} files, "
         f"{progress.bytes_total} bytes ready in {seconds:.1f}s at {snapshot}",
         flush=True,
     )
-    # The kubelet keeps a finished container's termination message too: the operator learns the
-    # resolved revision and the figures from it even when the download took less than a poll.
-    _write_result(args.termination_message_path, progress)
-    if args.hold:
-        # The serving container must not start on a commit only this pod resolved: /status says which
-        # commit it is, the operator pins it into the pod template, and the pod is replaced (SIGTERM).
-        print(
-            f"npu-runtime fetch: holding until the pod is replaced (the rollout pins {progress.revision})", flush=True
-        )
-        while True:
-            time.sleep(3600)
     return EXIT_OK
 
 
-def _write_result(path: str, progress: Progress) -> None:
+def _write_result(path: str, progress: Progress | None, adapters: list[Progress]) -> None:
+    """`ModelReady: {the model's progress}`, with "adapters" (each one's progress) after --adapters;
+    `AdaptersReady: {"adapters": [...]}` when only adapters were fetched."""
     target = Path(path)
     if path == DEFAULT_TERMINATION_LOG and not target.exists():
         return
+    document = progress.to_dict() if progress is not None else {}
+    if adapters:
+        document["adapters"] = [item.to_dict() for item in adapters]
+    line = f"{READY if progress is not None else ADAPTERS_READY}: {json.dumps(document, sort_keys=True)}\n"
     with contextlib.suppress(OSError):
-        target.write_text(f"{READY}: {json.dumps(progress.to_dict(), sort_keys=True)}\n", encoding="utf-8")
+        target.write_text(line, encoding="utf-8")
 
 
 def link_snapshot(link: Path, snapshot: Path) -> None:

@@ -8,7 +8,7 @@ import http.server
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +92,13 @@ def write_json(path: Path, payload: Any) -> None:
 
 
 class StatusServer:
-    """`/status` -> {"model": progress}: what the operator reads while the init container runs."""
+    """`/status` -> {"model": progress, "adapters": [progress, ...]}: what the operator reads while the init
+    container runs (no "model" when only adapters are fetched, no "adapters" without --adapters)."""
 
-    def __init__(self, progress: Progress, port: int, host: str = "0.0.0.0") -> None:
-        shown = progress
+    def __init__(
+        self, progress: Progress | None, port: int, host: str = "0.0.0.0", adapters: Sequence[Progress] = ()
+    ) -> None:
+        shown, listed = progress, list(adapters)
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: Any) -> None:
@@ -105,7 +108,12 @@ class StatusServer:
                 if self.path.split("?")[0] not in ("/status", "/healthz"):
                     self.send_error(404)
                     return
-                body = json.dumps({"state": "fetching", "model": shown.to_dict()}).encode()
+                document: dict[str, Any] = {"state": "fetching"}
+                if shown is not None:
+                    document["model"] = shown.to_dict()
+                if listed:
+                    document["adapters"] = [item.to_dict() for item in listed]
+                body = json.dumps(document).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

@@ -180,6 +180,7 @@ class Recorder:
         self.decode_batches = batches.DecodeBatchCounter(half_life_seconds=self.batch_half_life_seconds)
         self.errors: dict[str, int] = {}
         self.memory: dict[str, Any] | None = None
+        self.lora_requests: dict[str, int] = {}  # issue 47: adapter -> requests (observer/lora_requests.py)
         self._dirty = True
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
@@ -253,6 +254,12 @@ class Recorder:
         self.memory = memory
         self._dirty = True
 
+    def record_lora_request(self, adapter: str) -> None:
+        if self._flusher is None:
+            self.ensure_flusher()
+        self.lora_requests[adapter] = self.lora_requests.get(adapter, 0) + 1
+        self._dirty = True
+
     def record_hook_error(self, hook: str) -> None:
         self.errors[hook] = self.errors.get(hook, 0) + 1
         self.flush()
@@ -300,6 +307,7 @@ class Recorder:
             "errors": dict(self.errors),
             "hooks": {"installed": list(self.hooks_installed), "unavailable": list(self.hooks_unavailable)},
             "memory": dict(self.memory) if self.memory is not None else None,
+            "lora_requests": dict(self.lora_requests),
         }
 
     def flush(self) -> None:

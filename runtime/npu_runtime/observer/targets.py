@@ -161,6 +161,9 @@ CUDA_GRAPH: Final = "vllm.compilation.cuda_graph"
 ACL_GRAPH: Final = "vllm_ascend.compilation.acl_graph"
 GRAPH_MANAGER: Final = "vllm.v1.worker.gpu.cudagraph_utils"
 KV_CACHE_INTERFACE: Final = "vllm.v1.kv_cache_interface"
+OUTPUT_PROCESSOR: Final = "vllm.v1.engine.output_processor"
+ENGINE_REQUEST: Final = "vllm.v1.engine"
+LORA_REQUEST: Final = "vllm.lora.request"
 
 # (module, class) of the model runners: vLLM's V1 and V2 runners, and vllm-ascend's (which
 # override most methods). The V1 GPU runner is the one every release must have.
@@ -270,6 +273,21 @@ _DESCRIPTOR_READS: Final = (
     Read(GRAPH_MANAGER, "BatchExecutionDescriptor", "num_tokens"),
 )
 
+# issue 47: requests per LoRA adapter, in the frontend (API server) process (observer/lora_requests.py).
+LORA_REQUESTS_TARGET: Final = Target(
+    "lora_requests",
+    OUTPUT_PROCESSOR,
+    "OutputProcessor",
+    "add_request",
+    params=(Param("request", 0),),
+    reads=(
+        Read(OUTPUT_PROCESSOR, "OutputProcessor", "request_states"),
+        Read(ENGINE_REQUEST, "EngineCoreRequest", "request_id"),
+        Read(ENGINE_REQUEST, "EngineCoreRequest", "lora_request"),
+        Read(LORA_REQUEST, "LoRARequest", "lora_name"),
+    ),
+)
+
 TARGETS: Final[tuple[Target, ...]] = (
     Target(
         "config_post_init",
@@ -332,7 +350,9 @@ TARGETS: Final[tuple[Target, ...]] = (
         ),
         may_be_absent=True,
     ),
+    LORA_REQUESTS_TARGET,
 )
+
 
 HOOKS: Final[tuple[str, ...]] = tuple(dict.fromkeys(target.hook for target in TARGETS))
 

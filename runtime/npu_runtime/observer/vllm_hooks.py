@@ -28,6 +28,8 @@ Hooks (the name is the `hook` label of npu_graph_instrumentation_errors_total), 
   profiling and capture runs are not counted.
 - `runner_hooks` (every runner): capture_model, runners' capture_model. Phase capturing/captured,
   graph memory, device memory. load_model, initialize_kv_cache: weights and KV cache memory.
+- `lora_requests` (issue 47): lora_requests, OutputProcessor.add_request (API server). Requests per
+  LoRA adapter, which vLLM's own counters do not split.
 - `dp_load`: dp_load_metrics, no patch; a collector in the API server's Prometheus registry that
   serves the npu_engine_* series, vLLM's per-rank load summed over the ranks.
 
@@ -43,6 +45,7 @@ from npu_runtime.observer.config_hooks import patch_config
 from npu_runtime.observer.graph_manager import patch_graph_manager
 from npu_runtime.observer.graph_wrappers import GRAPH_WRAPPERS, patch_graph_wrapper
 from npu_runtime.observer.hooks import when_imported
+from npu_runtime.observer.lora_requests import patch_output_processor
 from npu_runtime.observer.process_observer import Observer
 from npu_runtime.observer.runner_hooks import patch_runner
 
@@ -55,5 +58,6 @@ def install(observer: Observer) -> None:
     for module_name, class_name in targets.RUNNER_CLASSES:
         when_imported(module_name, functools.partial(patch_runner, observer, class_name=class_name))
     when_imported("vllm.v1.worker.gpu.cudagraph_utils", functools.partial(patch_graph_manager, observer))
+    when_imported(targets.OUTPUT_PROCESSOR, functools.partial(patch_output_processor, observer))
     # Not a patch: a collector in vLLM's Prometheus registry, in the process that serves it (dp_load).
     when_imported(dp_load.LOGGERS_MODULE, functools.partial(dp_load.on_import, observer))

@@ -2,7 +2,7 @@
 
     npu-runtime serve --model PATH [--served-model-name NAME] [--port 8000] [--metrics-port 9090]
         [--host 0.0.0.0] [planner options] [--engine-resolves-mode] [--shutdown-timeout S]
-        [--termination-log PATH] [-- extra engine args]
+        [--termination-log PATH] [--lora-adapters FILE --max-loras N ...] [-- extra engine args]
 
 1. Start the metrics server (/metrics /status /healthz /readyz) so probes answer at once.
 2. Check the model path, probe the device, inspect the model, plan (`make_serve_plan`: the one
@@ -10,6 +10,8 @@
 3. Start the engine (`launch`) with the plan's engine flags, the observer plugin enabled and a
    fresh report directory; follow its phase (loading, capturing) from the observer's reports
    and its readiness from its /health.
+   With --lora-adapters (needs --max-loras), the listed adapters are checked, loaded once the engine
+   answers and kept in step with the file while it serves (`lora`).
 4. On SIGTERM/SIGINT: forward SIGTERM, wait up to --shutdown-timeout, then kill; exit with the
    engine's status. On failure: one line `<Reason>: <message>` to stderr and the termination
    file (`failures`), the same reason in /status, a non-zero exit. A graph-capture failure
@@ -48,7 +50,7 @@ from npu_runtime.contract import (
     option_name,
     parse_serve_args,
 )
-from npu_runtime.serving import failures, launch, measured, ranks
+from npu_runtime.serving import failures, launch, lora, measured, ranks
 from npu_runtime.serving.failures import Failure
 from npu_runtime.serving.server import (
     MetricsServer,
@@ -274,8 +276,17 @@ def cannot_listen(exc: OSError, host: str, port: int, what: str) -> ServeError:
 class Supervisor:
     """One run of `serve`: owns the metrics server, the engine and the run directories."""
 
-    def __init__(self, options: ServeOptions, *, environ: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        options: ServeOptions,
+        *,
+        environ: dict[str, str] | None = None,
+        resolve_adapter: lora.Resolve | None = None,
+    ) -> None:
         self.options = options
+        self.resolve_adapter = resolve_adapter
+        self.adapters: lora.AdapterSync | None = None  # --lora-adapters
+        self.adapters_stop = threading.Event()
         self.environ = dict(os.environ if environ is None else environ)
         self.dirs = launch.RunDirs(self.environ)
         self.status = RuntimeStatus(self.dirs.observer, options.plan.graph_mode)
@@ -324,6 +335,7 @@ class Supervisor:
             self.install_signal_handlers()
             launch.become_subreaper()
             self.start_server()
+            check_lora_options(self.options)
             plan = make_serve_plan(self.options)
             kv = self.map_kv_transfer(plan.device.kind)
             view = plan_view(plan, self.options.node_rank, kv)
@@ -333,6 +345,7 @@ class Supervisor:
                 self.plan_ranks(plan)
             elif "--headless" not in node_args(self.options, plan):  # an invalid layout fails here, early
                 check_port_free(self.options.host, self.options.port, "API")  # a headless worker serves none
+            self.prepare_adapters(plan)
             if self.stop_requested.is_set():
                 return 0
             return self.supervise(plan)
@@ -365,6 +378,32 @@ class Supervisor:
             + ", ".join(f"rank {rank.rank} on port {rank.port}" for rank in self.ranks)
         )
 
+    def prepare_adapters(self, plan: Plan) -> None:
+        """--lora-adapters: the sync with every API server of this pod (none on a headless worker,
+        whose engine the leader's API server loads adapters into), its first view on /status."""
+        if self.options.lora_adapters is None:
+            return
+        address = local_address(self.options.host)
+        if self.ranks:
+            urls = [f"http://{address}:{rank.port}" for rank in self.ranks]
+        elif "--headless" in node_args(self.options, plan):
+            urls = []
+        else:
+            urls = [f"http://{address}:{self.options.port}"]
+        limits = lora.Limits.from_plan(self.options.plan)
+        self.adapters = lora.AdapterSync(
+            self.options.lora_adapters, limits, lora.EngineAdapters(urls), resolve=self.resolve_adapter
+        )
+        self.adapters.preview()
+        self.status.set_adapters(self.adapters)
+
+    def start_adapter_sync(self) -> None:
+        """Once the engine answers: load the listed adapters, then follow the file (a thread of its own)."""
+        if self.adapters is None:
+            return
+        thread = threading.Thread(target=self.adapters.run, args=(self.adapters_stop,), name="lora-sync", daemon=True)
+        thread.start()
+
     def map_kv_transfer(self, device_kind: str) -> dict[str, Any] | None:
         """This engine's role of a prefill/decode pair, with its connector mapped to the device (None: no role)."""
         requested = self.options.kv_transfer_config
@@ -388,6 +427,8 @@ class Supervisor:
     def start_engine(self, plan: Plan) -> launch.EngineProcess | ranks.EngineGroup:
         """The engine's process tree, or with --data-parallel-external one per local rank (`ranks`)."""
         env = launch.engine_env(self.environ, observer_dir=self.dirs.observer, prometheus_dir=self.dirs.prometheus)
+        if self.adapters is not None:  # the API server mounts /v1/load_lora_adapter only then
+            env[lora.RUNTIME_UPDATING_ENV] = "True"
         if not self.ranks:
             argv = launch.engine_argv(self.options, (*plan.vllm_args, *node_args(self.options, plan)))
             log("starting the engine: " + " ".join(argv[1:]))
@@ -432,6 +473,7 @@ class Supervisor:
                     ready = True
                     self.status.set_state("ready")
                     log(f"engine ready after {now - started:.1f} s")
+                    self.start_adapter_sync()
                 elif not ready:
                     phase = self.status.engine_view().phase
                     self.status.set_state("capturing" if phase == "capturing" else "loading")
@@ -485,6 +527,7 @@ class Supervisor:
         return False
 
     def close(self) -> None:
+        self.adapters_stop.set()
         if self.engine is not None and self.engine.alive():
             self.engine.stop(0)
         if self.server is not None:
@@ -500,12 +543,21 @@ def exit_status(code: int | None) -> int:
     return code
 
 
-def serve(options: ServeOptions) -> int:
-    return Supervisor(options).run()
+def check_lora_options(options: ServeOptions) -> None:
+    """--lora-adapters turns LoRA on only with --max-loras (the plan's --enable-lora)."""
+    if options.lora_adapters is not None and options.plan.max_loras is None:
+        message = "--lora-adapters: needs --max-loras (LoRA is off without it)"
+        raise ServeError(Failure(failures.INVALID_CONFIGURATION, message), EXIT_INVALID)
 
 
-def serve_command(argv: Sequence[str]) -> int:
-    """`npu-runtime serve ARGS`: the CLI entry. A usage error exits 2 with InvalidConfiguration."""
+def serve(options: ServeOptions, *, resolve_adapter: lora.Resolve | None = None) -> int:
+    return Supervisor(options, resolve_adapter=resolve_adapter).run()
+
+
+def serve_command(argv: Sequence[str], *, resolve_adapter: lora.Resolve | None = None) -> int:
+    """`npu-runtime serve ARGS`: the CLI entry. A usage error exits 2 with InvalidConfiguration.
+
+    `resolve_adapter` downloads a hub adapter (`npu_runtime.fetch.adapters.serve_command` hands it in)."""
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -523,7 +575,7 @@ def serve_command(argv: Sequence[str]) -> int:
         )
         return EXIT_INVALID
     sys.stderr.write(captured.getvalue())
-    return serve(options)
+    return serve(options, resolve_adapter=resolve_adapter)
 
 
 def _termination_path(argv: Sequence[str]) -> str:

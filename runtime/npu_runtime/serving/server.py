@@ -50,6 +50,22 @@ def engine_healthy(url: str, timeout: float = HEALTH_TIMEOUT_SECONDS) -> bool:
         return False
 
 
+def post_json(url: str, body: Any, timeout: float) -> tuple[int, str]:
+    """POST `body` as JSON to the engine; (status, text) of its answer, an error status included.
+    A connection that fails raises (OSError, URLError): the caller decides what that means."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(response.status), response.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode(errors="replace")
+
+
 def engines_healthy(urls: Sequence[str], timeout: float = HEALTH_TIMEOUT_SECONDS) -> list[bool]:
     """`engine_healthy` of each URL (a pod's ranks, each its own API server), asked at once."""
     if len(urls) <= 1:
@@ -185,6 +201,8 @@ class MetricsServer:
             return HTTPStatus.SERVICE_UNAVAILABLE, self.status.state
         answers = engines_healthy(self.health_urls)
         waiting = [url for url, healthy in zip(self.health_urls, answers, strict=True) if not healthy]
+        if not waiting and not self.status.adapters_settled():
+            return HTTPStatus.SERVICE_UNAVAILABLE, "loading the listed LoRA adapters"
         if not waiting:
             return HTTPStatus.OK, "ready"
         if len(self.health_urls) > 1:

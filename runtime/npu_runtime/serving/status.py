@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from npu_runtime import metrics, reports
 from npu_runtime.serving import batches, measured
@@ -34,6 +34,16 @@ from npu_runtime.serving.failures import Failure
 STATES: Final = ("starting", "loading", "capturing", "ready", "failed", "stopping")
 CAPTURE_SIZES_OVERRIDDEN: Final = "CaptureSizesOverridden"
 STATUS_SCHEMA: Final = 1
+
+
+class Adapters(Protocol):
+    """The LoRA adapters' side of the status (`serving.lora.AdapterSync`; none without --lora-adapters)."""
+
+    list_error: str | None
+
+    def document(self) -> list[dict[str, Any]]: ...
+    def loaded(self) -> dict[str, bool]: ...
+    def settled(self) -> bool: ...
 
 
 @functools.cache
@@ -68,6 +78,8 @@ class EngineView:
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
     memory: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     processes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # issue 47: requests per LoRA adapter, counted by the API server's observer (observer/lora_requests.py)
+    lora_requests: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def aggregate(engine_reports: Sequence[Mapping[str, Any]]) -> EngineView:
@@ -124,6 +136,8 @@ def aggregate(engine_reports: Sequence[Mapping[str, Any]]) -> EngineView:
         batches.merge_process(view.decode_batch_counts, view.decode_batch_weights, report)
         for hook, count in (report.get("errors") or {}).items():
             view.errors[hook] = view.errors.get(hook, 0) + int(count)
+        for adapter, count in (report.get("lora_requests") or {}).items():  # each API server counts its own
+            view.lora_requests[str(adapter)] = view.lora_requests.get(str(adapter), 0) + int(count)
         memory_report = report.get("memory") or {}
         device = memory_report.get("device")
         if device:
@@ -202,6 +216,7 @@ class RuntimeStatus:
         self._exit_code: int | None = None
         # serve --data-parallel-external: each local rank's API server (rank, port, devices, pid, ready).
         self._ranks: list[dict[str, Any]] = []
+        self._adapters: Adapters | None = None  # serve --lora-adapters
 
     @property
     def state(self) -> str:
@@ -235,6 +250,15 @@ class RuntimeStatus:
         with self._lock:
             for rank, answered in zip(self._ranks, ready, strict=False):
                 rank["ready"] = answered
+
+    def set_adapters(self, adapters: Adapters) -> None:
+        with self._lock:
+            self._adapters = adapters
+
+    def adapters_settled(self) -> bool:
+        """No adapter list, or its first sync with the engine is done (/readyz waits for it)."""
+        adapters = self._adapters
+        return adapters is None or adapters.settled()
 
     def fail(self, failure: Failure) -> None:
         with self._lock:
@@ -296,6 +320,10 @@ class RuntimeStatus:
         }
         if ranks:  # serve --data-parallel-external: one API server per rank, each one's state
             document["ranks"] = ranks
+        adapters = self._adapters
+        if adapters is not None:  # serve --lora-adapters: each listed adapter's state
+            document["adapters"] = adapters.document()
+            document["adapter_list_error"] = adapters.list_error
         return document
 
     @staticmethod
@@ -354,4 +382,6 @@ class RuntimeStatus:
             device_memory=self._memory(plan, view),
             instrumentation_errors=dict(view.errors),
             decode_batches=dict(view.decode_batch_counts),
+            lora_loaded=self._adapters.loaded() if self._adapters is not None else {},
+            lora_requests=dict(view.lora_requests),
         )

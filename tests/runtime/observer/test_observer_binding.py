@@ -18,6 +18,7 @@ from npu_runtime.observer import targets
 from npu_runtime.observer.config_hooks import patch_config
 from npu_runtime.observer.graph_manager import patch_graph_manager
 from npu_runtime.observer.graph_wrappers import CUDA_GRAPH_WRAPPER, hook_graph_wrapper
+from npu_runtime.observer.lora_requests import patch_output_processor
 from npu_runtime.observer.process_observer import Observer
 from npu_runtime.observer.runner_hooks import patch_runner
 from npu_runtime.observer.targets import Param, Target
@@ -65,6 +66,8 @@ def patch_site(target: Target, method: Callable[..., Any]) -> tuple[type, Callab
         return cls, lambda observer: patch_config(observer, module)
     if target.module == targets.GRAPH_MANAGER:
         return cls, lambda observer: patch_graph_manager(observer, module)
+    if target.module == targets.OUTPUT_PROCESSOR:
+        return cls, lambda observer: patch_output_processor(observer, module)
     return cls, lambda observer: patch_runner(observer, module, class_name=target.class_name)
 
 
@@ -80,6 +83,7 @@ def test_every_hook_that_reads_parameters_is_covered() -> None:
         "graph_manager_capture",
         "graph_manager_replay",
         "graph_manager_dispatch",
+        "lora_requests",
     }
 
 
