@@ -63,6 +63,10 @@ def setting(path: str, value: Any) -> Callable[[Manifest], None]:
 DELETE = object()
 
 
+def lora_adapter(name: str) -> dict[str, Any]:
+    return {"name": name, "source": {"persistentVolumeClaim": {"claimName": "adapters", "subPath": name}}}
+
+
 def settings(*changes: Callable[[Manifest], None]) -> Callable[[Manifest], None]:
     def change(manifest: Manifest) -> None:
         for one in changes:
@@ -296,6 +300,44 @@ INVALID: list[tuple[str, Callable[[Manifest], None], str]] = [
         "has too many properties",
     ),
     ("affinity-not-an-affinity", setting("spec.template", {"affinity": {f"k{i}": {} for i in range(4)}}), "too many"),
+    ("lora-rank-vllm-refuses", setting("spec.lora", {"maxLoraRank": 48}), "is not one of"),
+    (
+        "lora-cpu-below-gpu-slots",
+        setting("spec.lora", {"maxLoras": 4, "maxCpuLoras": 2}),
+        "must be at least lora.maxLoras",
+    ),
+    (
+        "lora-more-adapters-than-kept",
+        setting("spec.lora", {"maxLoras": 1, "adapters": [lora_adapter("a"), lora_adapter("b")]}),
+        "the engine keeps at most 1",
+    ),
+    (
+        "lora-adapter-named-as-the-base",
+        lambda m: m["spec"].update(lora={"adapters": [lora_adapter(m["spec"]["model"]["name"])]}),
+        "is the base model's",
+    ),
+    (
+        "lora-adapter-listed-twice",
+        setting("spec.lora", {"maxLoras": 2, "adapters": [lora_adapter("a"), lora_adapter("a")]}),
+        "duplicate",
+    ),
+    (
+        "lora-adapter-two-sources",
+        setting(
+            "spec.lora",
+            {
+                "adapters": [
+                    {"name": "a", "source": {**lora_adapter("a")["source"], "huggingFace": {"repository": "o/a"}}}
+                ]
+            },
+        ),
+        "exactly one of persistentVolumeClaim, hostPath",
+    ),
+    (
+        "lora-adapter-subpath-escapes",
+        setting("spec.lora", {"adapters": [{"name": "a", "source": {"hostPath": {"path": "/x", "subPath": "../y"}}}]}),
+        "must not contain '..'",
+    ),
 ]
 
 
@@ -326,6 +368,14 @@ def test_the_corpus_is_large_enough() -> None:
 
 def test_the_base_manifest_is_valid() -> None:
     assert crd.validate(base()) == []
+
+
+def test_lora_adapters_of_every_source_are_valid() -> None:
+    manifest = base()
+    hub = {"name": "chat", "source": {"modelScope": {"repository": "org/chat-lora", "revision": "v1"}}}
+    host = {"name": "sql-v2", "source": {"hostPath": {"path": "/data/adapters", "subPath": "sql/v2"}}}
+    manifest["spec"]["lora"] = {"maxLoras": 2, "maxCpuLoras": 3, "adapters": [lora_adapter("a"), hub, host]}
+    assert crd.validate(manifest) == []
 
 
 def test_scale_to_zero_with_routing_is_valid() -> None:
@@ -425,7 +475,7 @@ def test_names_and_subresources() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
-    assert columns == ["Model", "Mode", "Ready", "Phase", "Reason", "Download", "Age"]
+    assert columns == ["Model", "Mode", "Ready", "Phase", "Reason", "Download", "Adapters", "Age"]
 
 
 def test_defaults_do_not_touch_what_the_user_wrote() -> None:

@@ -118,11 +118,14 @@ def _host_and_priority(spec: NPUInferenceSpec, config: OperatorConfig) -> list[S
         why = f"{priority!r} is not an allowed priority class ({_listed(config.allowed_priority_classes)})"
         allowing = allowed_by("allowed_priority_classes", (*config.allowed_priority_classes, priority))
         problems.append(SpecError("spec.template.priorityClassName", f"{why}; {allowing}"))
-    host = spec.model.host_path
-    if host is not None and not path_under(host.path, config.allowed_host_paths):
-        why = f"{host.path!r} is not under an allowed host directory ({_listed(config.allowed_host_paths)})"
-        allowing = allowed_by("allowed_host_paths", (*config.allowed_host_paths, host.path))
-        problems.append(SpecError("spec.model.source.hostPath.path", f"{why}; {allowing}"))
+    host_paths = {"spec.model.source.hostPath.path": spec.model.host_path.path if spec.model.host_path else None}
+    for index, adapter in enumerate(spec.lora.adapters if spec.lora else ()):
+        host_paths[f"spec.lora.adapters[{index}].source.hostPath.path"] = adapter.host_path
+    for field, path in host_paths.items():
+        if path is not None and not path_under(path, config.allowed_host_paths):
+            why = f"{path!r} is not under an allowed host directory ({_listed(config.allowed_host_paths)})"
+            allowing = allowed_by("allowed_host_paths", (*config.allowed_host_paths, path))
+            problems.append(SpecError(field, f"{why}; {allowing}"))
     return problems
 
 

@@ -75,8 +75,12 @@ HUB_SOURCE_FIELDS: Final = {"huggingFace": "huggingface", "modelScope": "modelsc
 # second volume at the same path, which the API server refuses for the whole pod template.
 SHM_MOUNT: Final = "/dev/shm"
 RECORD_MOUNT: Final = "/etc/npu-runtime/calibration"  # the calibration record (a ConfigMap, read-only)
+LORA_LIST_MOUNT: Final = "/etc/npu-runtime/lora"  # the adapter list (a ConfigMap, read-only)
+LORA_DIR: Final = "/var/run/npu-lora"  # the adapters' volumes and their hub cache
 POD_MOUNTS: Final = {
     SHM_MOUNT: "the engine's shared memory",
+    LORA_LIST_MOUNT: "the LoRA adapter list",
+    LORA_DIR: "the LoRA adapters",
     RECORD_MOUNT: "the calibration record",
     HUB_MODEL_DIR: "the downloaded revision's link",
     **{mount.path: f"the host's {mount.path}" for mount in HOST_MOUNTS},
@@ -278,6 +282,28 @@ class RoutingSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraAdapterSpec:
+    """One of spec.lora.adapters: a served name and exactly one source (the CRD requires one)."""
+
+    name: str
+    hub: HubSource | None = None  # huggingFace / modelScope: repository, revision, endpoint only
+    claim_name: str | None = None  # persistentVolumeClaim
+    host_path: str | None = None  # hostPath
+    sub_path: str = ""  # the adapter's directory in the claim or host directory
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """spec.lora: the engine's LoRA limits (planned, and part of the pod template) and the adapters
+    (served from a ConfigMap the pods re-read: a changed list loads and unloads without a restart)."""
+
+    max_loras: int
+    max_lora_rank: int
+    max_cpu_loras: int | None
+    adapters: tuple[LoraAdapterSpec, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class NPUInferenceSpec:
     model: ModelSpec
     replicas: int
@@ -291,6 +317,7 @@ class NPUInferenceSpec:
     autoscaling: AutoscalingSpec | None = None
     routing: RoutingSpec | None = None
     disaggregation: DisaggregationSpec | None = None
+    lora: LoraSpec | None = None
 
 
 class SpecError(ValueError):
@@ -383,6 +410,7 @@ def _parse(s: JSON) -> NPUInferenceSpec:
         autoscaling=_autoscaling(s.get("autoscaling")),
         routing=_routing(s.get("routing")),
         disaggregation=_disaggregation(s.get("disaggregation")),
+        lora=_lora(s.get("lora")),
     )
 
 
@@ -458,6 +486,29 @@ def _gateway(value: JSON) -> GatewayRef:
     )
 
 
+def _lora(value: JSON | None) -> LoraSpec | None:
+    if value is None:
+        return None
+    return LoraSpec(
+        max_loras=value["maxLoras"],
+        max_lora_rank=value["maxLoraRank"],
+        max_cpu_loras=value.get("maxCpuLoras"),
+        adapters=tuple(_lora_adapter(adapter) for adapter in value.get("adapters", ())),
+    )
+
+
+def _lora_adapter(adapter: JSON) -> LoraAdapterSpec:
+    source = adapter["source"]
+    claim, host = source.get("persistentVolumeClaim"), source.get("hostPath")
+    return LoraAdapterSpec(
+        name=adapter["name"],
+        hub=_hub_source(source),
+        claim_name=claim["claimName"] if claim else None,
+        host_path=host["path"] if host else None,
+        sub_path=(claim or host or {}).get("subPath", ""),
+    )
+
+
 def _hub_source(source: JSON) -> HubSource | None:
     for field, hub in HUB_SOURCE_FIELDS.items():
         if (repo := source.get(field)) is not None:
@@ -514,6 +565,9 @@ def plan_options(spec: NPUInferenceSpec) -> PlanOptions:
         nodes=spec.npu.nodes,
         quantization=spec.engine.quantization,
         flashcomm1=_flashcomm1(spec.engine),
+        max_loras=spec.lora.max_loras if spec.lora else None,
+        max_lora_rank=spec.lora.max_lora_rank if spec.lora else None,
+        max_cpu_loras=spec.lora.max_cpu_loras if spec.lora else None,
     )
 
 

@@ -69,6 +69,13 @@ FLAGS_OWNED_BY_FIELDS: Final = {
     # A disaggregated resource's roles: the connector's settings, rendered per role.
     "--kv-transfer-config": "spec.disaggregation.connector",
     "--kv-connector-extra-config": "spec.disaggregation.connector.extraConfig",
+    # LoRA: the limits are planned (their slots come out of the KV cache), the adapters are the list's.
+    "--enable-lora": "spec.lora",
+    "--max-loras": "spec.lora.maxLoras",
+    "--max-lora-rank": "spec.lora.maxLoraRank",
+    "--max-cpu-loras": "spec.lora.maxCpuLoras",
+    "--fully-sharded-loras": "spec.lora",
+    "--lora-modules": "spec.lora.adapters",
 }
 
 

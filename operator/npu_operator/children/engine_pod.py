@@ -19,6 +19,7 @@ from npu_operator.api import clusters
 from npu_operator.api.config import OperatorConfig
 from npu_operator.api.host_mounts import HostMount
 from npu_operator.api.spec import HUB_MODEL_DIR, HUB_MODEL_PATH, SHM_MOUNT, NPUInferenceSpec, plan_options
+from npu_operator.children import lora
 from npu_operator.children.kinds import CALIBRATION_RECORD
 from npu_operator.kube.names import (
     CONTAINER_NAME,
@@ -113,6 +114,7 @@ def runtime_args(spec: NPUInferenceSpec) -> list[str]:
             else None
         ),
         data_parallel_address=KubeletReference(f"$({LWS_LEADER_ADDRESS})") if multi_node else None,
+        lora_adapters=lora.LIST_FILE if spec.lora is not None else None,
     )
     argv = serve_argv(options)
     if multi_node:
@@ -169,6 +171,7 @@ def pod_template(name: str, spec: NPUInferenceSpec, config: OperatorConfig) -> J
     pod_spec.update({key: value for key, value in optional.items() if value is not None})
     if spec.model.hub is not None:
         pod_spec["initContainers"] = [_literal_container(_fetch_container(spec, config))]
+    lora.add_lora_volumes(pod_spec, name, spec)
     pod_metadata: JSON = {"labels": sorted_mapping({**template.labels, **labels(name)})}
     if template.annotations:
         pod_metadata["annotations"] = sorted_mapping(dict(template.annotations))
@@ -222,6 +225,8 @@ def fetch_args(spec: NPUInferenceSpec) -> list[str]:
         args += ["--send-token-over-http"]
     if hub.hold:
         args += ["--hold"]
+    if spec.lora is not None:  # then the list's hub adapters, into its cache
+        args += ["--adapters", lora.LIST_FILE]
     args += ["--link", HUB_MODEL_PATH, "--status-port", str(METRICS_PORT)]
     # Planned as soon as config.json is in the cache: a model that cannot fit fails before its weights come.
     return [*args, "--plan", *plan_argv(plan_options(spec))]

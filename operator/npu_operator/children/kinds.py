@@ -124,8 +124,12 @@ HTTP_ROUTE: Final = ChildKind(
 CALIBRATION_RECORD: Final = ChildKind(
     Resource("", "v1", "configmaps", "ConfigMap"), suffix="-calibration", from_reports=True
 )
+# spec.lora: the adapter list the engine pods re-read (`children.lora`); before the workload, whose
+# pods mount it.
+LORA_ADAPTERS: Final = ChildKind(Resource("", "v1", "configmaps", "ConfigMap"), suffix="-lora")
 # In apply order.
 KINDS: Final = (
+    LORA_ADAPTERS,
     DEPLOYMENT,
     LEADER_WORKER_SET,
     DISAGGREGATED_SET,

@@ -41,6 +41,7 @@ from npu_operator.kube.client import ApiError, KubeClient
 from npu_operator.kube.names import labels
 from npu_operator.kube.ownership import rank_of
 from npu_operator.status import calibration, decode_batches, findings, placement, resource, revisions
+from npu_operator.status.adapters import adapters_status
 from npu_operator.status.collector import ReportCollector
 from npu_operator.status.findings import PodReport
 from npu_operator.status.graph import role_graphs
@@ -215,6 +216,7 @@ async def observe(
     resolution = revisions.resolve(desired.rollout, repository, pods, reports, previous_resolved, now)
     if model is not None and resolution.resolved is not None:
         model["resolved"] = resolution.resolved
+    adapters, adapter_failed = adapters_status(spec, pods, reports)
     startup: int | None = None  # read only by the autoscaling status
     if spec.autoscaling is not None:
         startup = scaling.startup_in_force(pods, previous)
@@ -233,6 +235,8 @@ async def observe(
         capacity=desired.capacity,
         groups=groups,
         calibration_rejected=rejected,
+        adapters=tuple(adapters),
+        adapter_failed=adapter_failed,
     )
 
 

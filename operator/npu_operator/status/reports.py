@@ -29,12 +29,15 @@ MAX_MESSAGE: Final = 256  # characters
 MAX_SIZE: Final = 1 << 16  # batch sizes
 MAX_COUNT: Final = 1 << 62  # counters (decode steps, replays, bytes)
 MAX_SECONDS: Final = 86_400.0
+MAX_ADAPTERS: Final = 256  # spec.lora.maxCpuLoras' maximum
+MAX_ADAPTER_NAME: Final = 128  # spec.lora.adapters[].name's maxLength
 
 # Graph modes (vLLM's CUDAGraphMode names), runtime states, reasons: short identifiers only.
 _TOKEN: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 _STATES: Final = frozenset({"fetching", "starting", "loading", "capturing", "ready", "failed", "stopping"})
 _MODEL_PHASES: Final = frozenset({"Resolving", "Waiting", "Downloading", "Verifying", "Ready", "Failed"})
 _STAGES: Final = frozenset({"plan", "engine"})
+_ADAPTER_STATES: Final = frozenset({"loaded", "failed", "pending"})
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 
 
@@ -87,6 +90,16 @@ class ModelProgress:
 
 
 @dataclasses.dataclass(frozen=True)
+class AdapterReport:
+    """One LoRA adapter as the runtime holds it (`npu_runtime.serving.lora`): loaded, failed or pending."""
+
+    name: str
+    state: str
+    reason: str | None
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
 class RuntimeReport:
     """What one runtime said, every field checked; `dropped` counts the fields that were not kept."""
 
@@ -105,6 +118,8 @@ class RuntimeReport:
     data_parallel_ranks: tuple[int, ...] = ()
     calibration: CalibrationSection | None = None
     """Estimated vs measured per memory term (npu_operator.calibration)."""
+    adapters: tuple[AdapterReport, ...] = ()
+    """The LoRA adapters of the pod's list, with --lora-adapters (none without)."""
     sizes_from: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Issue 37: status.graph's captureSizesFrom and expectedPadding from the plan (status/decode_batches.py)."""
     dropped: int = 0
@@ -206,6 +221,7 @@ def parse_report(document: Any) -> RuntimeReport:
         data_parallel_ranks=tuple(sorted({rank for rank in ranks if rank is not None})),
         calibration=parse_section(document.get("calibration")),
         sizes_from=graph_fields(plan),
+        adapters=tuple(_adapters(read, document.get("adapters"))),
         dropped=read.dropped,
     )
 
@@ -274,6 +290,21 @@ def _downgrades(read: _Reader, value: Any) -> list[Downgrade]:
         downgrade = Downgrade(from_mode, to_mode, reason, str(stage), one_line(item.get("message")))
         found.setdefault(downgrade.key, downgrade)
     return list(found.values())
+
+
+def _adapters(read: _Reader, value: Any) -> list[AdapterReport]:
+    adapters = []
+    for item in read.items(value, MAX_ADAPTERS):
+        name = item.get("name") if isinstance(item, Mapping) else None
+        state = item.get("state") if isinstance(item, Mapping) else None
+        if not (isinstance(name, str) and 0 < len(name) <= MAX_ADAPTER_NAME and one_line(name) == name):
+            read.drop()
+            continue
+        if state not in _ADAPTER_STATES:
+            read.drop()
+            continue
+        adapters.append(AdapterReport(name, str(state), read.token(item.get("reason")), one_line(item.get("message"))))
+    return adapters
 
 
 def _fallbacks(read: _Reader, value: Any) -> int:

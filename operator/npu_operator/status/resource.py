@@ -16,6 +16,7 @@ from npu_operator.api.spec import NPUInferenceSpec, SpecError, plan_options
 from npu_operator.children import routing, scaling
 from npu_operator.kube import objects
 from npu_operator.kube.names import endpoint, selector_string
+from npu_operator.status.adapters import ADAPTER_FAILED, adapters_ready
 from npu_operator.status.findings import GroupFindings, PodFindings
 from npu_operator.status.graph import new_downgrades, new_rank_problems
 
@@ -89,6 +90,9 @@ class Observed:
     groups: GroupFindings = dataclasses.field(default_factory=GroupFindings)
     # Why some pods' calibration figures were not kept (`calibration.rejected_message`); None: all plausible.
     calibration_rejected: str | None = None
+    # spec.lora's adapters as the ready pods hold them (`status.adapters`), and why some are not served.
+    adapters: tuple[JSON, ...] = ()
+    adapter_failed: str | None = None
 
 
 def compute_status(
@@ -103,6 +107,8 @@ def compute_status(
     """The whole new status of a valid resource."""
     total, updated, ready = replica_counts(observed.workload)
     conditions = [*assess(spec, observed), calibration_condition(observed.calibration_rejected)]
+    if spec.lora is not None:
+        conditions.append(adapter_condition(observed.adapter_failed))
     status: JSON = {
         "observedGeneration": generation,
         "replicas": total,
@@ -116,6 +122,9 @@ def compute_status(
     }
     if observed.model is not None:
         status["model"] = observed.model
+    if spec.lora is not None:
+        status["adapters"] = list(observed.adapters)
+        status["adaptersReady"] = adapters_ready(observed.adapters)
     if observed.topology_status:
         status.update(observed.topology_status)
     if spec.autoscaling is not None or spec.routing is not None:
@@ -139,6 +148,14 @@ def calibration_condition(rejected: str | None) -> Condition:
     if rejected is None:
         return Condition(CALIBRATION_REJECTED, False, "AsExpected", "")
     return Condition(CALIBRATION_REJECTED, True, IMPLAUSIBLE_REPORT, rejected)
+
+
+def adapter_condition(failed: str | None) -> Condition:
+    """AdapterFailed: True while a LoRA adapter failed on a pod (a Warning Event when it turns on),
+    naming each with the runtime's message; the base model and the other adapters keep serving."""
+    if failed is None:
+        return Condition(ADAPTER_FAILED, False, "AdaptersServing", "")
+    return Condition(ADAPTER_FAILED, True, ADAPTER_FAILED, failed)
 
 
 def replica_counts(workload: Mapping[str, Any] | None) -> tuple[int, int, int]:
@@ -298,7 +315,7 @@ def transition_events(previous: Sequence[Mapping[str, Any]], current: Sequence[M
         changed = (old.get("status"), old.get("reason")) != (condition["status"], condition["reason"])
         if not changed or condition["status"] != "True":
             continue
-        if condition["type"] == CALIBRATION_REJECTED:
+        if condition["type"] in (CALIBRATION_REJECTED, ADAPTER_FAILED):
             events.append(Event("Warning", condition["reason"], condition["message"]))
         elif condition["type"] == DEGRADED and condition["reason"] != GRAPH_MODE_DOWNGRADED:
             # Downgrades have an Event each, when first seen (see graph_events).

@@ -11,7 +11,7 @@ from typing import Final
 
 from npu_operator.api.config import OperatorConfig
 from npu_operator.api.spec import NPUInferenceSpec, plan_options
-from npu_operator.children import routing, scaling
+from npu_operator.children import lora, routing, scaling
 from npu_operator.children.kinds import Capabilities
 from npu_operator.kube.names import labels
 from npu_operator.topologies.base import JSON, NOTHING_SEEN, Seen, Topology
@@ -54,6 +54,8 @@ def build_children(
     """
     topology = of(spec)
     children = topology.build(name, namespace, spec, config, capabilities, seen)
+    if spec.lora is not None:  # applied before the workload, whose pods mount it (children.KINDS' order)
+        children.append(lora.build_adapter_list(name, namespace, spec))
     if spec.autoscaling is None and spec.routing is None:
         return children
     cap = scaling.capacity(spec, plan_options(spec))

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 import aiohttp
 from npu_operator.kube.names import CONTAINER_NAME
@@ -24,6 +25,10 @@ from npu_sandbox.node.network import LOCAL_IP, PodNetwork, free_port
 from npu_sandbox.node.process import exec_in_pod, terminate
 from npu_sandbox.node.status import StatusReporter, probe, readiness_url, terminated
 from npu_sandbox.node.volumes import project_config_maps, service_account_env, volume_paths
+
+# How often a running pod's configMap volumes are brought up to date (a kubelet's sync period is 60 s
+# plus its cache's TTL; the sandbox's demos and tests change a ConfigMap and wait for the pods).
+CONFIG_MAP_SYNC_SECONDS: Final = 3.0
 
 
 class Runner(Protocol):
@@ -101,6 +106,7 @@ class LocalPod:
         self.termination_log = self.workdir / f"{stem}.termination-log"
         self.init_termination_log = self.workdir / f"{stem}.init-termination-log"
         self._started = asyncio.Event()
+        self._synced_at = time.monotonic()
         self._stopping = False
         self._watch: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
@@ -238,6 +244,16 @@ class LocalPod:
         await self.reporter.report(phase="Running", ready=False, state={"running": {"startedAt": self.started_at}})
         await self._probe_until_exit()
 
+    async def resync(self) -> None:
+        """The running pod's configMap volumes brought up to date, every CONFIG_MAP_SYNC_SECONDS (a
+        kubelet's sync period, shortened); a failed read keeps the files as they are until the next."""
+        now = time.monotonic()
+        if now - self._synced_at < CONFIG_MAP_SYNC_SECONDS:
+            return
+        self._synced_at = now
+        with contextlib.suppress(ApiRejected, NotYet, OSError, aiohttp.ClientError):
+            await project_config_maps(self.cluster, self.namespace, self.spec, self.directory)
+
     async def fail_to_start(self, message: str) -> None:
         """The container could not be started here: the pod says so and stays down (no retry)."""
         self.exited.set()
@@ -264,6 +280,7 @@ class LocalPod:
                         self.ready.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.process.wait(), timeout=1.0)
+                await self.resync()
         last_state = {"terminated": terminated(self.process.returncode, self.termination_log)}
         if not self._stopping:
             with contextlib.suppress(Exception):  # the pod may be gone already

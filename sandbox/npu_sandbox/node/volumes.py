@@ -14,7 +14,10 @@ from npu_sandbox.node.container import NotYet
 async def project_config_maps(cluster: ApiClient, namespace: str, spec: JSON, directory: Path) -> None:
     """Each configMap volume's keys as files in the pod's `directory` for it, as a kubelet projects
     them before the containers start; an optional ConfigMap that does not exist is an empty
-    directory, a required one waits (NotYet). Projected once: a container here never restarts."""
+    directory, a required one waits (NotYet). Called again while the pod runs (`Pod.resync`): as a
+    kubelet's sync does (kubernetes pkg/volume/configmap, through pkg/volume/util AtomicWriter), a
+    changed key replaces its file whole (a new file renamed over the old: a reader never sees half
+    of it) and a removed key's file goes."""
     for volume in spec.get("volumes", []):
         if "configMap" not in volume:
             continue
@@ -24,8 +27,16 @@ async def project_config_maps(cluster: ApiClient, namespace: str, spec: JSON, di
             raise NotYet(f"ConfigMap {namespace}/{source['name']} does not exist")
         volume_directory = directory / volume["name"]
         volume_directory.mkdir(parents=True, exist_ok=True)
-        for key, value in ((found or {}).get("data") or {}).items():
-            (volume_directory / key).write_text(value, encoding="utf-8")
+        data = (found or {}).get("data") or {}
+        for key, value in data.items():
+            target = volume_directory / key
+            if not target.is_file() or target.read_text(encoding="utf-8") != value:
+                staged = volume_directory / f".{key}.new"
+                staged.write_text(value, encoding="utf-8")
+                staged.replace(target)
+        for stale in volume_directory.iterdir():
+            if stale.name not in data and not stale.name.startswith("."):
+                stale.unlink()
 
 
 def volume_paths(spec: JSON, workdir: Path, directory: Path) -> dict[str, Path]:

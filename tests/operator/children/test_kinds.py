@@ -93,6 +93,7 @@ def test_an_unwanted_child_is_deleted_only_if_it_exists() -> None:
 
 def test_every_kind_has_a_resource_and_optional_ones_are_named() -> None:
     assert [kind.key for kind in children.KINDS] == [
+        "ConfigMap-lora",
         "Deployment",
         "LeaderWorkerSet",
         "DisaggregatedSet",
