@@ -57,6 +57,9 @@ NPU_ONLY_NOTE = " NPU only: empty where the engine runs without graphs (mode NON
 # trigger's metric s0-prometheus (pkg/scalers/prometheus_scaler.go): the running-requests target.
 KEDA_ONLY = frozenset({"Replicas: current, desired and max", "Running requests per replica and the target"})
 KEDA_ONLY_NOTE = " Needs KEDA and kube-state-metrics: empty for resources without spec.autoscaling."
+# Panels of spec.lora: the runtime exports its adapter series only with --lora-adapters.
+LORA_ONLY = frozenset({"Requests per adapter", "Pods holding each adapter"})
+LORA_ONLY_NOTE = " Needs spec.lora: empty for resources that serve no adapter."
 HPA = 'namespace=~"$namespace", horizontalpodautoscaler=~"keda-hpa-$npuinference"'
 RUNNING_TARGET = ', metric_name="s0-prometheus", metric_target_type="average"'
 
@@ -558,6 +561,39 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
                         ),
                     ],
                     "short",
+                ),
+                12,
+                8,
+            ),
+        ],
+    ),
+    (
+        "LoRA adapters",
+        [
+            (
+                timeseries(
+                    "Requests per adapter",
+                    "Requests per second for each LoRA adapter of spec.lora, counted by the runtime where vLLM "
+                    "takes them in (OutputProcessor.add_request); the base model's requests are not counted here."
+                    + LORA_ONLY_NOTE,
+                    [
+                        target(
+                            f"sum by (adapter) (rate(npu_lora_requests_total{{{SEL}}}[$__rate_interval]))",
+                            "{{adapter}}",
+                        )
+                    ],
+                    "reqps",
+                ),
+                12,
+                8,
+            ),
+            (
+                bargauge(
+                    "Pods holding each adapter",
+                    "How many engine pods have each adapter loaded (npu_lora_adapter_loaded); one that failed "
+                    "or is still fetching counts 0. status.adapters says why." + LORA_ONLY_NOTE,
+                    [target(f"sum by (adapter) (npu_lora_adapter_loaded{{{SEL}}})", "{{adapter}}", instant=True)],
+                    "none",
                 ),
                 12,
                 8,

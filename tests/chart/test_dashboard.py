@@ -143,6 +143,16 @@ def test_panels_that_only_an_npu_fills_say_so(board: dict[str, Any]) -> None:
         assert title in board["description"]
 
 
+def test_the_adapter_panels_read_the_runtimes_lora_series_and_say_they_need_spec_lora(board: dict[str, Any]) -> None:
+    lora_only = generator().LORA_ONLY
+    by_title = {panel["title"]: panel for panel in panels(board)}
+    assert lora_only <= by_title.keys()
+    assert "npu_lora_requests_total{" in by_title["Requests per adapter"]["targets"][0]["expr"]
+    assert "npu_lora_adapter_loaded{" in by_title["Pods holding each adapter"]["targets"][0]["expr"]
+    for title in lora_only:
+        assert "Needs spec.lora" in by_title[title]["description"]
+
+
 def test_the_scaling_panels_show_replicas_and_the_target(board: dict[str, Any]) -> None:
     """spec.autoscaling's panels: desired vs current (and max) replicas, and the per-replica load against the
     target, from KEDA's HPA (named keda-hpa-<resource>) as kube-state-metrics exports it."""

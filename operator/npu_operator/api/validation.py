@@ -134,6 +134,19 @@ def extended_resource_problem(name: str) -> str | None:
     return None
 
 
+def _lora_problems(spec: NPUInferenceSpec) -> list[SpecError]:
+    """An adapter's host directory is mounted at its own path (`children.lora`): not where the pod mounts
+    something else (two volumes at one mountPath, which the API server refuses for the whole template)."""
+    taken = {posixpath.normpath(spec.model.mount_path): "the model", **POD_MOUNTS}
+    problems = []
+    for index, adapter in enumerate(spec.lora.adapters if spec.lora else ()):
+        path = posixpath.normpath(adapter.host_path) if adapter.host_path else None
+        if path is not None and path in taken:
+            why = f"{adapter.host_path!r} is where the pod mounts {taken[path]}; keep the adapters in a directory apart"
+            problems.append(SpecError(f"spec.lora.adapters[{index}].source.hostPath.path", why))
+    return problems
+
+
 def validate_spec(spec: NPUInferenceSpec, name: str | None = None) -> list[SpecError]:
     """What the schema and its CEL rules let through but cannot be served, each naming its field.
 
@@ -153,6 +166,7 @@ def validate_spec(spec: NPUInferenceSpec, name: str | None = None) -> list[SpecE
         problems += _disaggregation_problems(spec)
     if spec.autoscaling is not None and not spec.pod_monitor.enabled:
         problems.append(SpecError("spec.metrics.podMonitor.enabled", AUTOSCALING_NEEDS_POD_MONITOR))
+    problems += _lora_problems(spec)
     if spec.model.hub is not None and spec.model.cache is None:
         problems.append(SpecError("spec.model.cache", "a huggingFace or modelScope source needs a cache volume"))
     if posixpath.normpath(spec.model.mount_path) in POD_MOUNTS:

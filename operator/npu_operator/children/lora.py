@@ -9,13 +9,13 @@ the adapters come from, the hub cache, and the limits as planner flags. Adding a
 or host directory already mounted, or from a hub, therefore leaves the template (and the pods) as
 they are; one in a new claim or directory adds a volume, which rolls the pods like any template change.
 
-Where each adapter is inside the pod: a claim's or host directory's volume at
-`/var/run/npu-lora/<volume>`, the adapter at its subPath below; a hub adapter is downloaded into the
-model cache (spec.model.cache, mounted writable at `/var/run/npu-lora/cache`), else into an emptyDir
-there (each pod downloads its own). The cache is mounted whether or not an adapter comes from a hub,
-so the first one added needs no new mount. The init container, where the model has one, downloads
-the hub adapters after the model; `serve` downloads those added later, and all of them where the
-model comes from a volume (no init container).
+Where each adapter is inside the pod: a claim's volume at `/var/run/npu-lora/<volume>`, a host
+directory at its own path (as a model's host directory is mounted), the adapter at its subPath
+below; a hub adapter is downloaded into the model cache (spec.model.cache, mounted writable at
+`/var/run/npu-lora/cache`), else into an emptyDir there (each pod downloads its own). The cache is
+mounted whether or not an adapter comes from a hub, so the first one added needs no new mount. The
+init container, where the model has one, downloads the hub adapters after the model; `serve`
+downloads those added later, and all of them where the model comes from a volume (no init container).
 """
 
 from __future__ import annotations
@@ -48,14 +48,23 @@ def volume_of(adapter: LoraAdapterSpec) -> str | None:
     return None
 
 
+def mount_path_of(adapter: LoraAdapterSpec) -> str | None:
+    """Where the pod mounts an adapter's volume: a claim under LORA_DIR, a host directory at its own
+    path (as the node has it, so a path in the list means the same inside the pod and on the node)."""
+    if adapter.host_path is not None:
+        return posixpath.normpath(adapter.host_path)
+    volume = volume_of(adapter)
+    return posixpath.join(LORA_DIR, volume) if volume is not None else None
+
+
 def adapter_list(spec: NPUInferenceSpec) -> AdapterList:
     """The list the pods serve: each adapter where the pod sees it."""
     assert spec.lora is not None
     sources: list[AdapterSource] = []
     for adapter in spec.lora.adapters:
-        volume = volume_of(adapter)
-        if volume is not None:
-            sources.append(AdapterSource(adapter.name, path=posixpath.join(LORA_DIR, volume, adapter.sub_path)))
+        mount = mount_path_of(adapter)
+        if mount is not None:
+            sources.append(AdapterSource(adapter.name, path=posixpath.join(mount, adapter.sub_path)))
         else:
             hub = adapter.hub
             assert hub is not None  # the CRD requires exactly one source
@@ -95,7 +104,7 @@ def add_lora_volumes(pod_spec: JSON, name: str, spec: NPUInferenceSpec) -> None:
             else {"hostPath": {"path": adapter.host_path, "type": "Directory"}}
         )
         volumes.append({"name": volume, **source})
-        mounts.append({"name": volume, "mountPath": posixpath.join(LORA_DIR, volume), "readOnly": True})
+        mounts.append({"name": volume, "mountPath": mount_path_of(adapter), "readOnly": True})
     # Always there, so that the first hub adapter added to a list needs no new mount either.
     mounts.append({"name": _cache_volume(pod_spec, spec), "mountPath": CACHE_DIR})
     pod_spec["volumes"] += sorted(volumes, key=lambda v: str(v["name"]))

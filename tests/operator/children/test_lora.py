@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from npu_operator.api.config import OperatorConfig
-from npu_operator.api.spec import parse_spec
+from npu_operator.api.spec import LORA_DIR, parse_spec
 from npu_operator.children import engine_pod, lora
 from npu_operator.topologies import build_children
 from npu_runtime.adapters import ADAPTER_LIST_FILE, parse_adapter_list
@@ -42,8 +42,8 @@ def test_the_list_names_each_adapter_where_the_pod_sees_it() -> None:
     sql, chat, summarize = listed.adapters
     volume = template(manifest)["spec"]["volumes"]
     claim = next(v for v in volume if (v.get("persistentVolumeClaim") or {}).get("claimName") == "adapter-store")
-    assert sql.path == f"{lora.LORA_DIR}/{claim['name']}/qwen2.5-7b/sql"
-    assert chat.path == f"{lora.LORA_DIR}/{claim['name']}/qwen2.5-7b/support-chat"
+    assert sql.path == f"{LORA_DIR}/{claim['name']}/qwen2.5-7b/sql"
+    assert chat.path == f"{LORA_DIR}/{claim['name']}/qwen2.5-7b/support-chat"
     assert (summarize.hub, summarize.repository, summarize.revision) == (
         "huggingface",
         "example-org/qwen2.5-7b-summarize-lora",
