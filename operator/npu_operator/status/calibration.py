@@ -55,6 +55,7 @@ from npu_runtime.planner.calibration import (
     PLAUSIBLE_BAND,
     SCHEMA,
     plausible,
+    with_later_fields,
 )
 
 from npu_operator.children.kinds import CALIBRATION_RECORD
@@ -122,8 +123,8 @@ def parse_section(value: Any) -> CalibrationSection | None:
     if not isinstance(value, Mapping):
         return None
     key_in = value.get("key")
-    if isinstance(key_in, Mapping) and "role" not in key_in:  # a runtime from before the role was in the key
-        key_in = {**key_in, "role": None}
+    if isinstance(key_in, Mapping):  # a runtime from before the role or LoRA was in the key
+        key_in = with_later_fields(key_in)
     if not isinstance(key_in, Mapping) or set(key_in) != set(KEY_FIELDS):
         return None
     key: dict[str, str | None] = {}

@@ -76,7 +76,17 @@ MEASURED_FIGURES: Final = (
     "graph_first_capture_bytes",
     "graph_per_size_bytes",
 )
-KEY_FIELDS: Final = ("config_digest", "quantization", "device_name", "layout", "engine", "role")
+KEY_FIELDS: Final = ("config_digest", "quantization", "device_name", "layout", "engine", "role", "lora")
+# Key fields added after the first records were written: absent in an older record or report means None
+# (no role; no LoRA, whose slots and per-LoRA-case graphs change what the engine measures).
+LATER_KEY_FIELDS: Final = ("role", "lora")
+
+
+def with_later_fields(key: Mapping[str, Any]) -> dict[str, Any]:
+    """`key` with every field of LATER_KEY_FIELDS it lacks set to None (an older writer's key)."""
+    return {**dict.fromkeys(LATER_KEY_FIELDS), **key}
+
+
 # measured / estimated: a figure outside this band is not a measurement of this plan (a 1-byte graph,
 # 16 TiB of weights, 1090x the estimate) and is never used; the planner's estimates are within it
 # for the engines measured so far (the graph terms are the least certain: within 5x).
@@ -144,8 +154,10 @@ def plan_key(
     layout: Layout,
     engine: str,
     role: str | None = None,
+    lora: str | None = None,
 ) -> dict[str, str | None]:
     return {
+        "lora": lora,
         "config_digest": config_digest,
         "quantization": quantization,
         "device_name": device_name,
@@ -189,8 +201,8 @@ def parse_record(data: Any, *, where: str = "the record") -> Calibration:
     if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
         raise PlanError("calibration", f"{where}: expected an object with schema {SCHEMA}")
     key = data.get("key")
-    if isinstance(key, Mapping) and "role" not in key:  # written before the role was in the key
-        key = {**key, "role": None}
+    if isinstance(key, Mapping):
+        key = with_later_fields(key)
     if not isinstance(key, Mapping) or set(key) != set(KEY_FIELDS):
         raise PlanError("calibration", f"{where}: key must have exactly {', '.join(KEY_FIELDS)}")
     if not all(value is None or (isinstance(value, str) and len(value) <= 256) for value in key.values()):

@@ -54,7 +54,7 @@ from npu_runtime.planner.capture_candidates import (
 from npu_runtime.planner.fit import BudgetInputs, DoesNotFitError, Fit, MemoryPlan, fit_budget, make_budget
 from npu_runtime.planner.graphs import StreamPlan
 from npu_runtime.planner.layout import Layout, make_layout, node_engine_args
-from npu_runtime.planner.lora import release_check
+from npu_runtime.planner.lora import DEFAULT_MAX_LORA_RANK, release_check
 from npu_runtime.planner.model import ModelInfo, inspect_model
 from npu_runtime.planner.modes import Downgrade
 from npu_runtime.planner.probe import DeviceInfo, device_family, device_from_options
@@ -249,6 +249,7 @@ def make_plan(
         layout=layout,
         engine=identity[1] or "",
         role=options.role,
+        lora=f"{options.max_loras}x{options.max_lora_rank or DEFAULT_MAX_LORA_RANK}" if options.max_loras else None,
     )
     inputs = BudgetInputs(
         options=options,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from npu_runtime.contract import PlanError, PlanOptions
+from npu_runtime.planner.calibration import with_later_fields
 from npu_runtime.planner.lora import capture_cases
 from npu_runtime.planner.model import ModelInfo
 from npu_runtime.planner.plan import Plan, make_plan
@@ -204,3 +205,15 @@ class TestEngineArguments:
         on = plan(models["qwen2.5-7b"], max_model_len=4096, max_loras=2, fully_sharded_loras=True).vllm_args
         assert "--fully-sharded-loras" in on
         assert "--enable-lora" not in plan(models["qwen2.5-7b"], max_model_len=4096).vllm_args
+
+
+
+def test_lora_is_part_of_the_calibration_key(models: dict[str, ModelInfo]) -> None:
+    """The slots and the graphs per LoRA case change what the engine measures: a record of the same model
+    without adapters is not this plan's, and an older key without the field reads as no LoRA."""
+    with_lora = plan(models["qwen2.5-7b"], max_model_len=32768, max_num_seqs=48, max_loras=8, max_lora_rank=64)
+    without = plan(models["qwen2.5-7b"], max_model_len=32768, max_num_seqs=48)
+    assert with_lora.to_dict()["calibration"]["key"]["lora"] == "8x64"
+    assert without.to_dict()["calibration"]["key"]["lora"] is None
+    older = {k: v for k, v in without.to_dict()["calibration"]["key"].items() if k != "lora"}
+    assert with_later_fields(older) == without.to_dict()["calibration"]["key"]
