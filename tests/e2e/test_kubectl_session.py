@@ -108,7 +108,7 @@ async def test_a_users_kubectl_session(session: tuple[LocalCluster, Kubectl]) ->
     again = await kubectl.run("apply", "-f", str(EXAMPLES / "sandbox-cpu.yaml"))
     assert again.stdout.strip() == "npuinference.inference.npu.dev/tiny-llama unchanged"
     listed = (await kubectl.run("get", "npuinf")).stdout.splitlines()
-    assert listed[0].split() == ["NAME", "MODEL", "MODE", "READY", "PHASE", "REASON", "DOWNLOAD", "AGE"]
+    assert listed[0].split() == ["NAME", "MODEL", "MODE", "READY", "PHASE", "REASON", "DOWNLOAD", "ADAPTERS", "AGE"]
     assert listed[1].split()[:2] == ["tiny-llama", "tiny-llama"]
     await kubectl.run("wait", "--for=condition=Progressing", "npuinf/tiny-llama", "--timeout=30s")
     deployments = await kubectl.run("get", "deploy", "tiny-llama")

@@ -95,7 +95,7 @@ def _sources(ascend: str, vllm: str) -> dict[str, str]:
         # scenarios with tp, fully_sharded_loras and aclgraph" is on main only (backported to
         # releases/v0.26.0rc as #14228), not in v0.23.0 nor v0.25.1rc1; issue #10897.
         "lora-tp-graphs": f"vllm-ascend {ascend}: without #11940 (issue #10897, LoRA + TP > 1 + graph mode fails;"
-        " vllm_ascend/attention/attention_v1.py replay of the cudagraph_specialize_lora captures)",
+        " the captures of each cudagraph_specialize_lora case, replayed in vllm_ascend/attention/attention_v1.py)",
         # docs/source/user_guide/feature_guide/lora.md of the tag: "we haven't supported expert-parallel
         # (EP) or quantization yet when you run MoE models with LoRA"; main's adds "Fused MC2, and
         # dynamic EPLB are not supported with LoRA".
