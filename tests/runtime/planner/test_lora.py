@@ -207,7 +207,6 @@ class TestEngineArguments:
         assert "--enable-lora" not in plan(models["qwen2.5-7b"], max_model_len=4096).vllm_args
 
 
-
 def test_lora_is_part_of_the_calibration_key(models: dict[str, ModelInfo]) -> None:
     """The slots and the graphs per LoRA case change what the engine measures: a record of the same model
     without adapters is not this plan's, and an older key without the field reads as no LoRA."""
