@@ -170,6 +170,12 @@ ROUTER_RETRIES: Final = MetricSpec(
     ("role",),
     "Calls retried on another engine",
 )
+ROUTER_ADAPTER_REQUESTS: Final = MetricSpec(
+    "npu_router_adapter_requests_total",
+    "counter",
+    ("adapter",),
+    "Client requests for a LoRA adapter some engine holds (each sent only to its holders; retries not counted)",
+)
 ROUTER_IN_FLIGHT: Final = MetricSpec(
     "npu_router_in_flight",
     "gauge",
@@ -220,6 +226,7 @@ ROUTER_METRICS: Final[tuple[MetricSpec, ...]] = (
     ROUTER_BACKEND_SECONDS,
     ROUTER_BACKEND_ERRORS,
     ROUTER_RETRIES,
+    ROUTER_ADAPTER_REQUESTS,
     ROUTER_IN_FLIGHT,
     ROUTER_ENGINE_IN_FLIGHT,
     ROUTER_ENGINE_WORK,

@@ -262,6 +262,7 @@ PICKER_PLUGIN_TYPES = frozenset(
         "kv-cache-utilization-scorer",  # .../scheduling/scorer/kvcacheutilization
         "prefix-cache-scorer",  # .../scheduling/scorer/prefix
         "active-request-scorer",  # .../scheduling/scorer/activerequest (a consumer of the in-flight counts)
+        "lora-affinity-scorer",  # .../scheduling/scorer/loraaffinity (no parameters)
         "metrics-data-source",  # .../datalayer/source/metrics
         "core-metrics-extractor",  # .../datalayer/extractor/metrics
     }

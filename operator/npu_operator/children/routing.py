@@ -22,7 +22,8 @@ filters out an endpoint with maxConcurrency x (1 + headroom) requests in flight 
 saturation detector of flow control (feature gate "flowControl"), holds requests in the picker
 once the pool is full. maxConcurrency is the plan's largest captured decode batch x the DP ranks
 behind the pod, headroom 0; the in-flight counts come from `inflight-load-producer`, which the
-detector consumes. Scoring is llm-d's default (queue, KV-cache use, prefix cache).
+detector consumes. Scoring is llm-d's default (queue, KV-cache use, prefix cache), and with LoRA
+adapters its `lora-affinity-scorer` (`picker_config`).
 
 What a real cluster needs besides (each function below cites its upstream source):
 - the picker's own metrics scraped (`build_picker_pod_monitor`): its flow control's held requests are
@@ -106,6 +107,23 @@ DP_KV_USAGE_METRIC: Final = ENGINE_KV_CACHE_USAGE.name
 # The extractor's engine config for them (factories.go engineConfigParams); the block size and LoRA
 # info stay vLLM's own (the same on every rank).
 DP_ENGINE: Final = "npu-runtime-dp"
+# With LoRA adapters (llm-d-router v0.9.0 pkg/epp/framework/plugins/scheduling/scorer/loraaffinity/
+# lora_affinity.go: LoraAffinityScorerType, LoraAffinityScorerFactory, which takes no parameters,
+# registered in cmd/epp/runner/runner.go): each pod scored for the request's model (the body's
+# `model`, pkg/epp/requestcontrol/director.go TargetModelName) as 1.0 when the adapter is running
+# there, 0.8 when the pod has a free adapter slot, 0.6 when the adapter is waiting there, else 0. It
+# reads what the core metrics extractor takes from vLLM's `vllm:lora_requests_info` gauge (labels
+# `running_lora_adapters`, `waiting_lora_adapters`, `max_lora`; vllm/v1/metrics/loggers.py, only with
+# --enable-lora): datalayer/extractor/metrics/extractor.go populateLoRAMetrics into ActiveModels,
+# WaitingModels and MaxActiveModels. That spec is the extractor's default for vLLM (factories.go
+# defaultEngineConfigs "vllm": loraSpec "vllm:lora_requests_info", and `dp_extractor_parameters`
+# keeps it), so nothing more is configured; its series are told apart by their value, the time each
+# was set (loraspec.go LoRASpec.getLatestMetric), so with several DP ranks the latest rank's counts.
+LORA_SCORER: Final = "lora-affinity-scorer"
+# Below the load scorers (2 + 2) and the prefix cache (3): the scores differ by at most 1.0, so the
+# adapter breaks ties between pods equally loaded (a running adapter saves a GPU slot swap, which costs
+# less than a queue) and never sends a request to a busier pod for it. 1 is the plugin README's own.
+LORA_WEIGHT: Final = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +138,9 @@ class Pool:
     failure_mode: str
     data_parallel: int = 1  # DP ranks behind each serving pod's API server
     behind_router: bool = False  # the pods are a P/D resource's routers (`router_picker_config`)
+    # The pods serve LoRA adapters (spec.lora): the picker also scores each pod by the adapter the
+    # request names (`picker_config`, LORA_SCORER). Not used behind a router (`router_picker_config`).
+    lora: bool = False
 
     @property
     def picker(self) -> str:
@@ -152,9 +173,10 @@ def build_inference_pool(pool: Pool) -> JSON:
     }
 
 
-def picker_config(max_concurrency: int, data_parallel: int = 1) -> JSON:
+def picker_config(max_concurrency: int, data_parallel: int = 1, lora: bool = False) -> JSON:
     """The picker's EndpointPickerConfig: no pod above `max_concurrency` requests in flight, each
-    pod's load read over all its `data_parallel` ranks.
+    pod's load read over all its `data_parallel` ranks; with `lora`, the LoRA affinity scorer too
+    (LORA_SCORER, weight LORA_WEIGHT).
 
     The saturation detector is named under `flowControl` (llm-d-router v0.9.0
     apix/config/v1alpha1/endpointpickerconfig_types.go FlowControlConfig.SaturationDetector): the
@@ -173,6 +195,9 @@ def picker_config(max_concurrency: int, data_parallel: int = 1) -> JSON:
         extractor,
     ]
     scorers = {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, "prefix-cache-scorer": 3}
+    if lora:
+        plugins.insert(3, {"type": LORA_SCORER})
+        scorers[LORA_SCORER] = LORA_WEIGHT
     return _picker_config(max_concurrency, plugins, scorers)
 
 
@@ -213,7 +238,12 @@ def router_picker_config(max_concurrency: int) -> JSON:
     requests in flight (its --max-in-flight, above which it answers 503), and the one with the fewest
     requests in flight first (llm-d-router v0.9.0 pkg/epp/framework/plugins/scheduling/scorer/
     activerequest: the inflight-load-producer's counts). No metrics data source: a router serves
-    no vLLM metrics on the pool's port; which engine gets the request is the router's choice."""
+    no vLLM metrics on the pool's port; which engine gets the request is the router's choice.
+
+    No LoRA affinity scorer either, with adapters: a router holds none and exports no
+    `vllm:lora_requests_info`, so the scorer would give every router 0 (no adapter active, no slot:
+    MaxActiveModels 0), a constant; each router itself sends an adapter's request only to engines
+    that hold it (npu_runtime.routing.lora)."""
     return _picker_config(max_concurrency, [{"type": ACTIVE_REQUEST_SCORER}], {ACTIVE_REQUEST_SCORER: 1})
 
 
@@ -294,7 +324,7 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
 def _config_of(pool: Pool) -> JSON:
     if pool.behind_router:
         return router_picker_config(pool.max_concurrency)
-    return picker_config(pool.max_concurrency, pool.data_parallel)
+    return picker_config(pool.max_concurrency, pool.data_parallel, pool.lora)
 
 
 def _picker_selector(pool: Pool) -> dict[str, str]:

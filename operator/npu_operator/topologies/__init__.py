@@ -86,6 +86,7 @@ def build_children(
             failure_mode=spec.routing.failure_mode,
             data_parallel=1 if disaggregated else cap.data_parallel,
             behind_router=disaggregated,
+            lora=spec.lora is not None,
         )
         if capabilities.inference_pool:
             children += routing.build_picker(pool, config.picker_image)

@@ -1,5 +1,6 @@
 """One call to an engine, each wait bounded by progress: the POST, its answer's start, its first
-chunk, a whole non-streamed answer, an error status, and whether the engine is alive (/health).
+chunk, a whole non-streamed answer, an error status, whether the engine is alive (/health), and
+what it serves (/v1/models: its base model and LoRA adapters, lora.py).
 
 Timeouts bound progress, never a generation: connecting (`--connect-timeout`), the start of an
 answer (`--first-byte-timeout`: prefill's answer, a stream's first chunk), the silence between two
@@ -16,8 +17,8 @@ import contextlib
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from npu_runtime.routing import trust
-from npu_runtime.routing.engines import Engine
+from npu_runtime.routing import lora, trust
+from npu_runtime.routing.engines import Engine, Listing
 from npu_runtime.routing.errors import Answer, Failure, router_full
 from npu_runtime.routing.options import RouterOptions
 
@@ -159,6 +160,25 @@ class EngineCalls:
                 return answer.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
+
+    async def get(self, engine: Engine, path: str, seconds: float, limit: int) -> tuple[int, bytes]:
+        """`engine`'s answer to a GET of `path`: its status and body (at most `limit` bytes, else
+        `trust.TooLarge`), all within `seconds` (else TimeoutError); aiohttp's errors pass."""
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=seconds)
+        async with self.session.get(engine.url + path, timeout=timeout, allow_redirects=False) as answer:
+            return answer.status, await trust.read_bounded(answer.content, limit)
+
+    async def listing(self, engine: Engine) -> Listing | None:
+        """What `engine`'s /v1/models lists now, asked within --connect-timeout; None without an answer."""
+        import aiohttp
+
+        try:
+            status, data = await self.get(engine, "/v1/models", self.options.connect_timeout, lora.MAX_MODELS_BYTES)
+        except (aiohttp.ClientError, TimeoutError, trust.TooLarge):
+            return None
+        return lora.parse_listing(data) if status == 200 else None
 
 
 def _connect_errors() -> tuple[type[Exception], ...]:

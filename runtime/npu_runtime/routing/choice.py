@@ -5,6 +5,9 @@ How the router counts work (engines.py): a prompt token is a unit on prefill; on
 token is one, and each `DECODE_PROMPT_TOKENS` of prompt one more (the KV it pulls and attends to).
 A request's output tokens are its `max_tokens` (or `max_completion_tokens`) times its `n`; one
 without them counts the typical output, a moving average of the decode answers seen.
+
+A request for a LoRA adapter goes only to engines that hold it, on each role (`Work.adapter`,
+lora.py `adapter_for`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Final
 
-from npu_runtime.routing import trust
+from npu_runtime.routing import lora, trust
 from npu_runtime.routing.engines import Engine, Pool
 from npu_runtime.routing.options import ROLES, RouterOptions
 
@@ -45,6 +48,7 @@ class Work:
 
     prompt_tokens: float
     output_tokens: float
+    adapter: str | None = None  # the LoRA adapter its engines must hold; None: any engine
 
     @property
     def prefill(self) -> float:
@@ -71,8 +75,10 @@ class EngineChoice:
         self.typical_output_tokens = float(DEFAULT_OUTPUT_TOKENS)
 
     def work(self, data: bytes, body: dict[str, Any]) -> Work:
-        """The work of a request whose body is `data` (`body` parsed)."""
-        return Work(prompt_tokens=len(data) / BYTES_PER_TOKEN, output_tokens=self._output_tokens(body))
+        """The work of a request whose body is `data` (`body` parsed); vLLM's 404 (an `Answer`) for a
+        model no engine serves, while some list adapters (`lora.adapter_for`)."""
+        adapter = lora.adapter_for(body.get("model"), tuple(self.pools.values()))
+        return Work(len(data) / BYTES_PER_TOKEN, self._output_tokens(body), adapter)
 
     def _output_tokens(self, body: dict[str, Any]) -> float:
         limit = trust.finite_number(body.get("max_tokens")) or trust.finite_number(body.get("max_completion_tokens"))
@@ -80,8 +86,14 @@ class EngineChoice:
         return (limit or self.typical_output_tokens) * max(1.0, min(choices, MAX_CHOICES))
 
     def pick(self, role: str, work: Work, exclude: Collection[Engine] = ()) -> Engine | None:
-        """The engine of `role` for `work`, none of `exclude` (None: the role has no other)."""
-        return self.pools[role].pick(work.units(role), exclude)
+        """The engine of `role` for `work`, none of `exclude`, one holding its adapter if it has one
+        (None: the role has no other)."""
+        return self.pools[role].pick(work.units(role), exclude, work.adapter)
+
+    def holders(self, role: str, work: Work) -> bool:
+        """Whether `role` still has an engine for `work`'s adapter (always, for a request without one)."""
+        adapter = work.adapter
+        return adapter is None or any(engine.holds(adapter) for engine in self.pools[role].engines)
 
     def output_seen(self, tokens: int) -> None:
         """A decode answer's output tokens, for the typical output."""

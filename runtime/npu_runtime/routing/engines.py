@@ -27,7 +27,8 @@ moving average):
 
 Equal engines get equal shares; ties go round the engines in turn. An engine never measured, or
 not for a minute while idle, is taken to be as fast as the role's average, so that one request
-tries it again.
+tries it again. A request for a LoRA adapter is chosen among the engines that hold it only
+(`Engine.listing`, lora.py).
 
 Which are out (`Pool.eject`): an engine that cannot be connected to, answers 502/503/504 before
 its first byte, or makes no progress within the router's timeouts is taken out for
@@ -66,6 +67,14 @@ SPEED_STALE_SECONDS: Final = 60.0
 BATCH_KNEE: Final = 64.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """What an engine's /v1/models lists: its base model's names and the LoRA adapters it holds (lora.py)."""
+
+    bases: frozenset[str] = frozenset()
+    adapters: frozenset[str] = frozenset()
+
+
 @dataclasses.dataclass(eq=False)
 class Engine:
     """One engine of a role, at one address."""
@@ -85,6 +94,11 @@ class Engine:
     failures: int = 0  # ejections in a row, for the backoff
     out_until: float = 0.0  # monotonic time it is out until; 0: in
     probe: asyncio.Task[None] | None = None
+    listing: Listing | None = None  # its /v1/models when last asked; None: not asked, or no answer
+
+    def holds(self, adapter: str) -> bool:
+        """Whether its /v1/models, when last asked, listed `adapter` (not asked: it holds none)."""
+        return self.listing is not None and adapter in self.listing.adapters
 
     def out(self, now: float) -> bool:
         return self.out_until > now
@@ -240,8 +254,9 @@ class Pool:
 
     # --- choosing ------------------------------------------------------------------------------
 
-    def pick(self, work: float, exclude: Collection[Engine] = ()) -> Engine | None:
-        """The engine where `work` adds least time, not among `exclude`; None when there is none."""
+    def pick(self, work: float, exclude: Collection[Engine] = (), adapter: str | None = None) -> Engine | None:
+        """The engine where `work` adds least time, not among `exclude` and, for an `adapter`, one that
+        holds it; None when there is none."""
         now = time.monotonic()
         engines = self._listed
         count = len(engines)
@@ -254,7 +269,7 @@ class Pool:
         self._turn += 1
         for index in range(count):
             engine = engines[(start + index) % count]
-            if engine in exclude:
+            if engine in exclude or (adapter is not None and not engine.holds(adapter)):
                 continue
             speed = engine.speed(now) or average
             if self.batched:

@@ -16,14 +16,24 @@ class Failure(Exception):
 
     `retry`: another engine of the role may succeed. `eject`: the engine is taken out.
     `reached`: the engine may have seen the request (a decode retry then prefills again).
+    `body`: the engine's own answer, which the client gets (as JSON) when no other engine answers.
     """
 
     def __init__(
-        self, role: str, status: int, reason: str, message: str, *, retry: bool, eject: bool, reached: bool = True
+        self,
+        role: str,
+        status: int,
+        reason: str,
+        message: str,
+        *,
+        retry: bool,
+        eject: bool,
+        reached: bool = True,
+        body: bytes | None = None,
     ) -> None:
         super().__init__(f"{role} engine {message}")
         self.role, self.status, self.reason = role, status, reason
-        self.retry, self.eject, self.reached = retry, eject, reached
+        self.retry, self.eject, self.reached, self.body = retry, eject, reached, body
 
 
 class Answer(Exception):

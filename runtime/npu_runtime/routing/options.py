@@ -90,7 +90,8 @@ def route_parser() -> argparse.ArgumentParser:
         "--resolve-seconds",
         type=_not_negative,
         default=DEFAULT_RESOLVE_SECONDS,
-        help="look the URLs' names up again this often, each address one engine (0: once)",
+        help="look the URLs' names up again this often, each address one engine, and ask each engine's /v1/models"
+        " (its LoRA adapters) (0: once)",
     )
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)

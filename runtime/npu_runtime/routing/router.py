@@ -23,6 +23,12 @@ named. An engine's own 4xx and 500 go back with their text. A stream cut after i
 with an SSE error event; a non-streamed answer cut mid-way ends the connection early (streaming.py).
 Each wait on an engine is bounded by its progress (calls.py).
 
+LoRA adapters (lora.py): a request for an adapter goes only to the engines of each role whose
+/v1/models lists it (asked at start, every `--resolve-seconds` and when an engine is probed back
+in); one that no engine of a role holds is answered vLLM's 404 here; an engine that answers vLLM's
+404 for an adapter it was thought to hold holds it no more, and the call goes to another holder (a
+retry; the engine's 404 for the client when none is left).
+
 Limits: at most `--max-in-flight` requests (503 beyond), bodies of `--max-request-bytes` (413),
 `--max-buffered-bytes` held for all of them together (503); engine answers are bounded in
 `trust`. The command line is options.py; the apps and the command, serve.py.
@@ -39,7 +45,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from npu_runtime.routing import streaming, trust
+from npu_runtime.routing import lora, streaming, trust
 from npu_runtime.routing.calls import EngineCalls
 from npu_runtime.routing.choice import EngineChoice, Work, role_pools
 from npu_runtime.routing.engines import Engine, EngineCollector, Pool, _literal_address
@@ -62,7 +68,6 @@ PREFILL_KV_PARAMS: Final = {
 }
 RETRY_DELAY: Final = 0.05
 CLIENT_GONE: Final = 499  # nginx's code for "the client closed the request"; never sent
-MAX_MODELS_BYTES: Final = 1 << 20
 READY_SECONDS: Final = 2.0  # /readyz asks each engine's /health; the kubelet's probe waits 5 s
 
 T = TypeVar("T")
@@ -97,38 +102,59 @@ class Router:
         self.options = options
         self.metrics = metrics or Metrics()
         self.calls = EngineCalls(options)
-        self.pools = role_pools(options, self.calls.alive)
+        self.pools = role_pools(options, self._probe)
         self.choice = EngineChoice(self.pools)
         networks = tuple(ipaddress.ip_network(network, strict=False) for network in options.kv_host_networks)
         self.kv_host_allowed = trust.address_check(self.pools["prefill"].addresses, networks)
         self.budget = trust.ByteBudget(options.max_buffered_bytes)
         self.in_flight = 0
         self.metrics.registry.register(EngineCollector(tuple(self.pools.values()), lambda: self.in_flight))
-        self._resolver: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None
         self._warned: dict[str, float] = {}
 
     async def start(self) -> None:
         await self.calls.open()
         for pool in self.pools.values():
             await pool.resolve()
-        if any(_has_names(pool) for pool in self.pools.values()) and self.options.resolve_seconds > 0:
-            self._resolver = asyncio.ensure_future(self._resolve_forever())
+        self._refresher = asyncio.ensure_future(self._refresh_forever())
 
     async def close(self) -> None:
-        if self._resolver is not None:
-            self._resolver.cancel()
+        if self._refresher is not None:
+            self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._resolver
-            self._resolver = None
+                await self._refresher
+            self._refresher = None
         for pool in self.pools.values():
             pool.close()
         await self.calls.close()
 
-    async def _resolve_forever(self) -> None:
+    async def _refresh_forever(self) -> None:
+        """Each engine's /v1/models asked now, then every --resolve-seconds after the URLs' names are
+        looked up again (0: once, at start)."""
+        names = any(_has_names(pool) for pool in self.pools.values())
         while True:
+            await self._ask_listings()
+            if self.options.resolve_seconds <= 0:
+                return
             await asyncio.sleep(self.options.resolve_seconds)
-            for pool in self.pools.values():
-                await pool.resolve()
+            if names:
+                for pool in self.pools.values():
+                    await pool.resolve()
+
+    async def _ask_listings(self) -> None:
+        """What every engine serves now (its base model and adapters), all asked at once."""
+        engines = [engine for pool in self.pools.values() for engine in pool.engines]
+        listings = await asyncio.gather(*(self.calls.listing(engine) for engine in engines))
+        for engine, listing in zip(engines, listings, strict=True):
+            engine.listing = listing
+
+    async def _probe(self, engine: Engine) -> bool:
+        """Whether an engine taken out is back (its /health answers); if so, what it serves is asked
+        first, since a restarted engine may hold other adapters."""
+        if not await self.calls.alive(engine):
+            return False
+        engine.listing = await self.calls.listing(engine)
+        return True
 
     # --- a client's request ---------------------------------------------------------------------
 
@@ -154,6 +180,8 @@ class Router:
             return _json(exc.status, exc.body)
         except Failure as exc:
             status = exc.status
+            if exc.body is not None:
+                return _json(exc.status, exc.body)
             return _error(exc.status, f"{exc.role}_{exc.reason}", str(exc))
         except ClientGone as exc:
             status = CLIENT_GONE
@@ -181,6 +209,8 @@ class Router:
             raise Reply(400, "invalid_request", f"the request body cannot be passed on: {exc}") from None
         headers = _forwarded_headers(request)
         work = self.choice.work(data, body)
+        if work.adapter is not None:
+            self.metrics.adapter_requests.labels(work.adapter).inc()
         stream = body.get("stream") is True
         decode_tried: set[Engine] = set()
         retries = 0
@@ -196,7 +226,7 @@ class Router:
             while True:
                 engine = self.choice.pick("decode", work, decode_tried)
                 if engine is None:
-                    raise last or no_engine("decode")
+                    raise self._none_left("decode", work, last)
                 decode_tried.add(engine)
                 try:
                     return await self._decode(request, engine, endpoint, decode_payload, headers, work, stream)
@@ -247,7 +277,7 @@ class Router:
             ticket = pool.begin(engine, work.prefill)
             done: float | None = None
             try:
-                data = await self.calls.whole(engine, path, payload, headers, held)
+                data = await self._held_adapter(engine, work, self.calls.whole(engine, path, payload, headers, held))
                 done = work.prefill
             except Failure as failure:
                 self._failed(engine, failure)
@@ -260,7 +290,7 @@ class Router:
             pool.answered(engine)
             self.metrics.backend_seconds.labels("prefill").observe(time.monotonic() - started)
             return self._kv_params(engine, data)
-        raise last or no_engine("prefill")
+        raise self._none_left("prefill", work, last)
 
     def _kv_params(self, engine: Engine, data: bytes) -> dict[str, Any] | None:
         try:
@@ -304,7 +334,7 @@ class Router:
             # A non-streamed answer starts when it is done: no first-byte bound, /health checked instead.
             first_byte = self.options.first_byte_timeout if stream else None
             answer = await self._guarded(engine, self.calls.start(engine, path, payload, headers, first_byte))
-            await self._guarded(engine, self.calls.check_status(engine, answer))
+            await self._guarded(engine, self._held_adapter(engine, work, self.calls.check_status(engine, answer)))
             events = answer.content_type == "text/event-stream"
             left = None if first_byte is None else max(0.0, first_byte - (time.monotonic() - started))
             first = await self._guarded(engine, self.calls.first_chunk(engine, answer, left))
@@ -339,6 +369,35 @@ class Router:
             self._failed(engine, failure)
             raise
 
+    async def _held_adapter(self, engine: Engine, work: Work, step: Awaitable[T]) -> T:
+        """`step`, where vLLM's 404 for `work`'s adapter means `engine` holds it no more: a `Failure`
+        another holder may not have (retried; the engine's 404 for the client if none answers)."""
+        try:
+            return await step
+        except Answer as answer:
+            adapter = work.adapter
+            if adapter is None or not lora.says_missing(answer, adapter):
+                raise
+            engine.listing = lora.forget(engine.listing, adapter)
+            message = f"at {engine.url} does not hold the adapter {adapter!r} any more"
+            raise Failure(
+                engine.role,
+                answer.status,
+                "adapter_missing",
+                message,
+                retry=True,
+                eject=False,
+                reached=False,
+                body=answer.body,
+            ) from None
+
+    def _none_left(self, role: str, work: Work, last: Failure | None) -> Exception:
+        """What the client gets when `role` has no engine left to try: vLLM's 404 when none holds the
+        request's adapter any more, else the last failure (or 503)."""
+        if work.adapter is not None and not self.choice.holders(role, work):
+            return lora.unknown_model(work.adapter)
+        return last or no_engine(role)
+
     def _failed(self, engine: Engine, failure: Failure) -> None:
         self.metrics.backend_errors.labels(failure.role, failure.reason).inc()
         if failure.eject:
@@ -356,24 +415,21 @@ class Router:
     # --- other endpoints -------------------------------------------------------------------------
 
     async def models(self, request: web.Request) -> web.StreamResponse:
-        """/v1/models from a decode engine (both roles serve the same model)."""
+        """/v1/models from a decode engine (both roles serve the same model; the adapters, those that
+        engine holds now)."""
         import aiohttp
 
         engine = self.pools["decode"].pick(0.0)
         if engine is None:
             failure = no_engine("decode")
             return _error(failure.status, f"decode_{failure.reason}", str(failure))
-        limit = aiohttp.ClientTimeout(total=self.options.connect_timeout + self.options.idle_timeout)
+        seconds = self.options.connect_timeout + self.options.idle_timeout
         try:
-            async with self.calls.session.get(
-                engine.url + "/v1/models", timeout=limit, allow_redirects=False
-            ) as answer:
-                data = await trust.read_bounded(answer.content, MAX_MODELS_BYTES)
-                if answer.status != 200:
-                    status = 502 if answer.status < 400 else answer.status
-                    return _json(status, trust.engine_error("decode", answer.status, data, False))
+            status, data = await self.calls.get(engine, "/v1/models", seconds, lora.MAX_MODELS_BYTES)
         except (aiohttp.ClientError, TimeoutError, trust.TooLarge) as exc:
             return _error(502, "decode_unreachable", f"decode engine at {engine.url} did not answer /v1/models: {exc}")
+        if status != 200:
+            return _json(502 if status < 400 else status, trust.engine_error("decode", status, data, False))
         return _json(200, data)
 
     async def ready(self) -> dict[str, bool]:

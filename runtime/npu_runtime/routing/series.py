@@ -2,7 +2,8 @@
 
 `npu_router_requests_total` {endpoint, code}, `npu_router_request_seconds` {endpoint},
 `npu_router_backend_seconds` {role}, `npu_router_backend_errors_total` {role, reason},
-`npu_router_retries_total` {role}, and, collected from the pools (`engines.EngineCollector`),
+`npu_router_retries_total` {role}, `npu_router_adapter_requests_total` {adapter} (requests for a LoRA
+adapter some engine holds, lora.py), and, collected from the pools (`engines.EngineCollector`),
 `npu_router_in_flight` and per engine {role, engine} `npu_router_engine_in_flight`, `_work`,
 `_seconds_per_unit`, `_requests_total`, `_out`, `_ejections_total`.
 """
@@ -37,3 +38,4 @@ class Metrics:
         self.backend_seconds = histogram(metrics.ROUTER_BACKEND_SECONDS)
         self.backend_errors = counter(metrics.ROUTER_BACKEND_ERRORS)
         self.retries = counter(metrics.ROUTER_RETRIES)
+        self.adapter_requests = counter(metrics.ROUTER_ADAPTER_REQUESTS)

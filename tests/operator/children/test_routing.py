@@ -472,3 +472,169 @@ def test_the_picker_config_names_its_detector_under_flow_control(name: str) -> N
     config = picker_config(render(manifest), manifest["metadata"]["name"])
     assert traffic_schemas.deprecations(config) == [], "the picker would log a DEPRECATION line at every start"
     assert traffic_schemas.effective_saturation_detector(config) == routing.DETECTOR
+
+
+# -- issue 47: LoRA adapters, scored by the picker -----------------------------------------------------------
+
+# loraaffinity/lora_affinity_test.go TestLoraAffinityScorer: (case, target model, endpoints as
+# {pod: (ActiveModels, WaitingModels, MaxActiveModels)}, expected score per pod).
+LoraEndpoints = dict[str, tuple[set[str], set[str], int]]
+LORA_SCORER_CASES: list[tuple[str, str, LoraEndpoints, dict[str, float]]] = [
+    ("Target model is active", "active-model-1", {"pod1": ({"active-model-1"}, set(), 5)}, {"pod1": 1.0}),
+    (
+        "Target model is waiting",
+        "active-model-1",
+        {"pod1": ({"active-model-2"}, {"active-model-1"}, 2)},
+        {"pod1": 0.6},
+    ),
+    (
+        "Endpoints have no space for new model",
+        "active-model-1",
+        {"pod1": ({"active-model-2"}, {"active-model-3"}, 2), "pod2": (set(), set(), 0)},
+        {"pod1": 0.0, "pod2": 0.0},
+    ),
+    (
+        "Multipleendpoints with mixed active and waiting models",
+        "active-model-1",
+        {
+            "pod1": ({"active-model-1"}, set(), 5),
+            "pod2": ({"active-model-2"}, {"active-model-1"}, 5),
+            "pod3": ({"active-model-2"}, set(), 2),
+            "pod4": ({"active-model-3"}, {"active-model-1"}, 2),
+            "pod5": ({"active-model-4", "active-model-5"}, set(), 2),
+        },
+        {"pod1": 1.0, "pod2": 0.8, "pod3": 0.8, "pod4": 0.6, "pod5": 0.0},
+    ),
+    ("Empty pods slice", "modelA", {}, {}),
+]
+
+# datalayer/extractor/metrics/spec_test.go TestGetLoRAMetric: the `vllm:lora_requests_info` series
+# (labels, value: the time vLLM set it) and the adapters and max_lora the extractor reads (None: none).
+LoraSeries = list[tuple[dict[str, str], float]]
+LORA_SERIES_CASES: list[tuple[str, dict[str, LoraSeries], tuple[set[str], int] | None]] = [
+    ("missing family treated as no adapters", {"some_other_metric": [({}, 1.0)]}, None),
+    (
+        "basic lora metrics",
+        {
+            "vllm:lora_requests_info": [
+                ({"running_lora_adapters": "lora1", "max_lora": "2"}, 3000.0),
+                ({"running_lora_adapters": "lora2,lora3", "max_lora": "4"}, 1000.0),
+            ]
+        },
+        ({"lora1"}, 2),
+    ),
+    ("no matching lora metrics", {"vllm:lora_requests_info": [({"other_label": "value"}, 5.0)]}, (set(), 0)),
+]
+
+
+def lora_affinity_score(target: str, active: set[str], waiting: set[str], max_active: int) -> float:
+    """lora_affinity.go LoraAffinityScorer.Score for one endpoint."""
+    if target in active:
+        return 1.0
+    if len(active) + len(waiting) < max_active:
+        return 0.8
+    return 0.6 if target in waiting else 0.0
+
+
+def lora_info(families: dict[str, LoraSeries], name: str = "vllm:lora_requests_info") -> tuple[set[str], int] | None:
+    """What the extractor reads of the LoRA gauge: the series with the largest value (loraspec.go
+    LoRASpec.getLatestMetric; none when the family is missing), its adapters (running and waiting, as
+    spec_test.go collects them: extractor.go addAdapters splits on commas) and max_lora."""
+    series = families.get(name, [])
+    if not series:
+        return None
+    labels, _ = max(series, key=lambda item: item[1])
+    adapters = {
+        adapter.strip()
+        for key in ("running_lora_adapters", "waiting_lora_adapters")
+        for adapter in labels.get(key, "").split(",")
+        if adapter.strip()
+    }
+    return adapters, int(labels.get("max_lora") or 0)
+
+
+@pytest.mark.parametrize(
+    ("case", "target", "endpoints", "expected"), LORA_SCORER_CASES, ids=[c[0] for c in LORA_SCORER_CASES]
+)
+def test_the_model_of_the_lora_affinity_scorer_agrees_with_its_tests(
+    case: str, target: str, endpoints: LoraEndpoints, expected: dict[str, float]
+) -> None:
+    assert {pod: lora_affinity_score(target, *metrics) for pod, metrics in endpoints.items()} == expected
+
+
+@pytest.mark.parametrize(("case", "families", "expected"), LORA_SERIES_CASES, ids=[c[0] for c in LORA_SERIES_CASES])
+def test_the_model_of_the_lora_series_the_picker_reads_agrees_with_its_tests(
+    case: str, families: dict[str, LoraSeries], expected: tuple[set[str], int] | None
+) -> None:
+    assert lora_info(families) == expected
+
+
+def lora_scorers(config: dict[str, Any]) -> list[Any]:
+    [profile] = config["schedulingProfiles"]
+    plugins = [p for p in config["plugins"] if p["type"] == routing.LORA_SCORER]
+    refs = [(r["pluginRef"], r.get("weight")) for r in profile["plugins"] if r["pluginRef"] == routing.LORA_SCORER]
+    return [plugins, refs]
+
+
+# factories.go defaultEngineConfigs, engine "vllm": its LoRASpec, used for a pod the config names no other for.
+VLLM_LORA_SPEC = "vllm:lora_requests_info"
+
+
+@pytest.mark.parametrize("data_parallel", [1, 4])
+def test_with_lora_adapters_the_picker_scores_each_pod_by_the_requested_adapter(data_parallel: int) -> None:
+    config = routing.picker_config(16, data_parallel, lora=True)
+    traffic_schemas.validate_picker_config(config)
+    assert lora_scorers(config) == [[{"type": routing.LORA_SCORER}], [(routing.LORA_SCORER, routing.LORA_WEIGHT)]]
+    # What the scorer reads comes from the extractor's LoRA spec for our pods: vLLM's own gauge.
+    extractor = next(p for p in config["plugins"] if p["type"] == routing.EXTRACTOR)
+    params = extractor.get("parameters", {})
+    configured = {engine["name"]: engine for engine in params.get("engineConfigs", [])}
+    default = params.get("defaultEngine", "vllm")
+    assert configured.get(default, {"loraSpec": VLLM_LORA_SPEC})["loraSpec"] == "vllm:lora_requests_info"
+    # A pod whose batch runs "sql" wins a tie against one that must swap it into a full set of slots...
+    gauge = "vllm:lora_requests_info"
+    running = lora_info({gauge: [({"running_lora_adapters": "sql,chat", "max_lora": "2"}, 9.0)]})
+    full = lora_info({gauge: [({"running_lora_adapters": "a,b", "max_lora": "2"}, 9.0)]})
+    assert running is not None and full is not None
+    assert lora_affinity_score("sql", running[0], set(), running[1]) == 1.0
+    assert lora_affinity_score("sql", full[0], set(), full[1]) == 0.0
+    # ...but never outweighs a load scorer: its whole range is below either one's weight.
+    [profile] = config["schedulingProfiles"]
+    weights = {ref["pluginRef"]: ref.get("weight", 1) for ref in profile["plugins"]}
+    assert weights[routing.LORA_SCORER] * 1.0 < min(weights["queue-scorer"], weights["kv-cache-utilization-scorer"])
+
+
+def test_without_lora_adapters_the_pickers_config_is_as_before() -> None:
+    with_lora = routing.picker_config(16, lora=True)
+    with_lora["plugins"] = [p for p in with_lora["plugins"] if p["type"] != routing.LORA_SCORER]
+    [profile] = with_lora["schedulingProfiles"]
+    profile["plugins"] = [r for r in profile["plugins"] if r["pluginRef"] != routing.LORA_SCORER]
+    assert routing.picker_config(16) == with_lora
+    assert lora_scorers(routing.picker_config(16)) == [[], []]
+    assert routing.Pool("r", "ns", {}, {"a": "b"}, 16, "FailClose").lora is False
+
+
+def test_the_pool_s_lora_flag_reaches_the_pickers_config_map_but_not_behind_a_router() -> None:
+    def rendered(**fields: Any) -> dict[str, Any]:
+        pool = routing.Pool("r", "ns", {}, {"a": "b"}, 16, "FailClose", **fields)
+        [config_map] = [o for o in routing.build_picker(pool, "epp:v0.9.0") if o["kind"] == "ConfigMap"]
+        config: dict[str, Any] = yaml.safe_load(config_map["data"][routing.PICKER_CONFIG_FILE])
+        traffic_schemas.validate_picker_config(config)
+        return config
+
+    assert lora_scorers(rendered(lora=True))[1] == [(routing.LORA_SCORER, routing.LORA_WEIGHT)]
+    assert lora_scorers(rendered())[1] == []
+    # The routers hold no adapter and export no vLLM LoRA gauge: the scorer would score every one 0.
+    assert rendered(lora=True, behind_router=True) == rendered(behind_router=True)
+    assert lora_scorers(rendered(lora=True, behind_router=True)) == [[], []]
+
+
+def test_a_resource_with_lora_adapters_gets_the_scorer_in_its_picker_and_its_routers_do_not() -> None:
+    config = picker_config(render(example("qwen2.5-7b-lora.yaml")), "qwen25-7b-lora")
+    assert lora_scorers(config)[1] == [(routing.LORA_SCORER, routing.LORA_WEIGHT)]
+    assert lora_scorers(picker_config(render(example(QWEN)), "qwen25-7b"))[1] == []
+    plain, pd = example("deepseek-r1-w8a8-pd.yaml"), example("deepseek-r1-w8a8-pd.yaml")
+    plain["spec"]["routing"] = pd["spec"]["routing"] = {}
+    pd["spec"]["lora"] = {"maxLoras": 2, "maxLoraRank": 16}
+    name = pd["metadata"]["name"]
+    assert picker_config(render(pd), name) == picker_config(render(plain), name), "the routers hold no adapter"
