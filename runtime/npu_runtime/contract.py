@@ -75,6 +75,35 @@ CAPTURE_FAILURE_CLASSES: Final = (GRAPH_CAPTURE_OOM, "StreamResourcesExhausted")
 # The roles of a prefill/decode pair (kv_transfer.KV_ROLES's keys), as the calibration key names them.
 CALIBRATION_ROLES: Final = ("prefill", "decode")
 
+# `serve --kv-events` (spec.cacheAwareRouting.kvEvents): the engine publishes its KV cache events
+# (vLLM's --kv-events-config, vllm/config/kv_events.py KVEventsConfig, over ZMQ) for the P/D router
+# and the endpoint picker, which subscribe to each pod. The one definition of what both sides must
+# agree on (npu_runtime.kv_events renders the engine's flags from them; the operator names the ports
+# in the pod, the router's args and the picker's config):
+# - the ports: vLLM binds the events' PUB socket at KV_EVENTS_PORT and the replay ROUTER socket at
+#   KV_REPLAY_PORT, each plus the engine core's data-parallel rank (vllm/distributed/kv_events.py
+#   ZmqEventPublisher.offset_endpoint_port, given ParallelConfig.data_parallel_index, the global DP
+#   rank: vllm/v1/core/sched/scheduler.py). The two ranges must not meet: the replay base sits
+#   MAX_DATA_PARALLEL (the CRD's maximum of parallelism.data) above the events' base, so that rank
+#   r's events never take rank 0's replay port (5557 and 5558 would collide from two ranks on).
+# - the block hash: sha256_cbor (vllm/config/cache.py PrefixCachingHashAlgo: "reproducible,
+#   cross-language compatible"), seeded by PYTHONHASHSEED (vllm/v1/core/kv_cache_utils.py
+#   resolve_none_hash_seed / init_none_hash), which the pod sets to KV_EVENTS_HASH_SEED on every
+#   engine and the picker's precise prefix cache producer takes as its tokenProcessorConfig.hashSeed.
+# - the block size: KV_EVENTS_BLOCK_SIZE, written as --block-size: vllm-ascend forces 128 with prefix
+#   caching on (vllm_ascend/utils.py refresh_block_size, v0.23.0: "Block size is set to 128 if prefix
+#   cache or chunked prefill is enabled"), so every engine, NPU or not, hashes the same blocks.
+KV_EVENTS_FLAG: Final = "--kv-events"
+KV_EVENTS_PORT: Final = 5557
+MAX_DATA_PARALLEL: Final = 1024
+KV_REPLAY_PORT: Final = KV_EVENTS_PORT + MAX_DATA_PARALLEL
+KV_EVENTS_HASH_ALGO: Final = "sha256_cbor"
+KV_EVENTS_HASH_SEED: Final = "0"
+KV_EVENTS_BLOCK_SIZE: Final = 128
+# The replay buffer: the steps of events an engine keeps for a subscriber that reconnects (vLLM's
+# KVEventsConfig.buffer_steps default).
+KV_EVENTS_BUFFER_STEPS: Final = 10_000
+
 # Environment recommended for vLLM-Ascend engines. The operator writes it into the pod spec (so
 # `kubectl describe` shows it) and the runtime sets it for the engine where it is unset; a value
 # the user sets always wins. Sources: vllm-ascend's docs on performance tuning and graph mode.
@@ -249,6 +278,9 @@ class ServeOptions:
     # loaded at start as --lora-modules, and kept in step with the engine while it serves (vLLM's
     # /v1/load_lora_adapter and /v1/unload_lora_adapter). None: no adapters (LoRA may still be on).
     lora_adapters: str | None = None
+    # --kv-events: the engine publishes its KV cache events (npu_runtime.kv_events) under this ZMQ topic
+    # (llm-d's "kv@<pod address>:<port>@<model>"; the kubelet expands the pod's address). None: no events.
+    kv_events_topic: str | None = None
 
 
 def external_rank_ports(port: int, local_ranks: int) -> tuple[int, ...]:
@@ -482,6 +514,15 @@ def serve_parser() -> argparse.ArgumentParser:
         help="a JSON file listing the LoRA adapters to serve (needs --max-loras); re-read while serving, "
         "adapters added or removed are loaded or unloaded without a restart",
     )
+    parser.add_argument(
+        KV_EVENTS_FLAG,
+        dest="kv_events_topic",
+        metavar="TOPIC",
+        default=None,
+        help=f"publish the engine's KV cache events under TOPIC (ZMQ on {KV_EVENTS_PORT} + DP rank, replay on "
+        f"{KV_REPLAY_PORT} + DP rank), with prefix caching, {KV_EVENTS_HASH_ALGO} block hashes and block size "
+        f"{KV_EVENTS_BLOCK_SIZE}",
+    )
     add_plan_arguments(parser)
     return parser
 
@@ -523,6 +564,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeOptions:
         data_parallel_rpc_port=args.data_parallel_rpc_port,
         data_parallel_external=args.data_parallel_external,
         lora_adapters=args.lora_adapters,
+        kv_events_topic=args.kv_events_topic,
     )
 
 
@@ -570,6 +612,8 @@ def serve_argv(options: ServeOptions) -> list[str]:
         argv.append(EXTERNAL_DP_FLAG)
     if options.lora_adapters is not None:
         argv += ["--lora-adapters", options.lora_adapters]
+    if options.kv_events_topic is not None:
+        argv += [KV_EVENTS_FLAG, options.kv_events_topic]
     argv += plan_argv(options.plan)
     if options.extra_engine_args:
         argv += ["--", *options.extra_engine_args]

@@ -220,6 +220,32 @@ ROUTER_ENGINE_EJECTIONS: Final = MetricSpec(
     ("role", "engine"),
     "Times an engine was taken out after a failure",
 )
+# The cache-aware choice of the prefill engine (--cache-aware; routing/choice.py, prefix.py).
+ROUTER_PREFIX_HITS: Final = MetricSpec(
+    "npu_router_prefix_hits_total",
+    "counter",
+    ("role", "engine"),
+    "Cache-aware choices of an engine taken to hold some of the prompt's prefix",
+)
+ROUTER_PREFIX_TOKENS_SAVED: Final = MetricSpec(
+    "npu_router_prefix_tokens_saved_total",
+    "counter",
+    ("role", "engine"),
+    "Prompt tokens the chosen engine was taken to hold (predicted, not computed again)",
+)
+ROUTER_CHOICE_REASONS: Final = MetricSpec(
+    "npu_router_choice_reasons_total",
+    "counter",
+    ("role", "reason"),
+    "Cache-aware choices by reason: cache, load (a holder was slower), new_prefix (none holds it),"
+    " overloaded (a holder past --cache-load-factor), no_tokens (the prompt's tokens unknown)",
+)
+ROUTER_KV_EVENT_STREAMS: Final = MetricSpec(
+    "npu_router_kv_event_streams",
+    "gauge",
+    ("engine",),
+    "A prefill engine's KV event streams live now (one per DP rank; 0: its prompts sent are used instead)",
+)
 ROUTER_METRICS: Final[tuple[MetricSpec, ...]] = (
     ROUTER_REQUESTS,
     ROUTER_REQUEST_SECONDS,
@@ -234,6 +260,10 @@ ROUTER_METRICS: Final[tuple[MetricSpec, ...]] = (
     ROUTER_ENGINE_REQUESTS,
     ROUTER_ENGINE_OUT,
     ROUTER_ENGINE_EJECTIONS,
+    ROUTER_PREFIX_HITS,
+    ROUTER_PREFIX_TOKENS_SAVED,
+    ROUTER_CHOICE_REASONS,
+    ROUTER_KV_EVENT_STREAMS,
 )
 ROUTER_SECONDS_BUCKETS: Final[tuple[float, ...]] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,

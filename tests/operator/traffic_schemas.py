@@ -263,6 +263,9 @@ PICKER_PLUGIN_TYPES = frozenset(
         "prefix-cache-scorer",  # .../scheduling/scorer/prefix
         "active-request-scorer",  # .../scheduling/scorer/activerequest (a consumer of the in-flight counts)
         "lora-affinity-scorer",  # .../scheduling/scorer/loraaffinity (no parameters)
+        "token-producer",  # .../requestcontrol/dataproducer/tokenizer (modelName, vllm.url)
+        "precise-prefix-cache-producer",  # .../requestcontrol/dataproducer/preciseprefixcache
+        "endpoint-notification-source",  # .../datalayer/source/notifications (endpoint_datasource.go)
         "metrics-data-source",  # .../datalayer/source/metrics
         "core-metrics-extractor",  # .../datalayer/extractor/metrics
     }

@@ -53,8 +53,10 @@ class ServeRun:
         directory: Path,
         env: dict[str, str] | None = None,
         api_port: int | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.directory = directory
+        self.host = host
         self.api_port = api_port or free_port()
         self.metrics_port = free_port()
         self.termination = directory / "termination-log"
@@ -67,7 +69,7 @@ class ServeRun:
             "--model",
             str(model),
             "--host",
-            "127.0.0.1",
+            host,
             "--port",
             str(self.api_port),
             "--metrics-port",
@@ -86,7 +88,7 @@ class ServeRun:
     # ----- HTTP -----
 
     def get(self, path: str, *, port: int | None = None, timeout: float = 5) -> tuple[int, str]:
-        url = f"http://127.0.0.1:{port or self.metrics_port}{path}"
+        url = f"http://{self.host}:{port or self.metrics_port}{path}"
         try:
             with urllib.request.urlopen(url, timeout=timeout) as response:
                 return int(response.status), response.read().decode()
@@ -111,7 +113,7 @@ class ServeRun:
         """A completion; `fields` go into the request as they are (ignore_eos=True, ...)."""
         body = {"model": self.model_name(), "prompt": prompt, "max_tokens": max_tokens, **fields}
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.api_port}/v1/completions",
+            f"http://{self.host}:{self.api_port}/v1/completions",
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )

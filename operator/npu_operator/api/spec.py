@@ -304,6 +304,15 @@ class LoraSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class CacheAwareRoutingSpec:
+    """spec.cacheAwareRouting: requests go where their prompt's prefix is cached. With kv_events the
+    engines publish their KV cache events (`npu_runtime.kv_events`) and the P/D router and the endpoint
+    picker follow them; without, both estimate from the prompts they have routed."""
+
+    kv_events: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class NPUInferenceSpec:
     model: ModelSpec
     replicas: int
@@ -318,6 +327,12 @@ class NPUInferenceSpec:
     routing: RoutingSpec | None = None
     disaggregation: DisaggregationSpec | None = None
     lora: LoraSpec | None = None
+    cache_aware_routing: CacheAwareRoutingSpec | None = None
+
+    @property
+    def kv_events(self) -> bool:
+        """The engines publish their KV cache events (spec.cacheAwareRouting.kvEvents)."""
+        return self.cache_aware_routing is not None and self.cache_aware_routing.kv_events
 
 
 class SpecError(ValueError):
@@ -411,7 +426,14 @@ def _parse(s: JSON) -> NPUInferenceSpec:
         routing=_routing(s.get("routing")),
         disaggregation=_disaggregation(s.get("disaggregation")),
         lora=_lora(s.get("lora")),
+        cache_aware_routing=_cache_aware_routing(s.get("cacheAwareRouting")),
     )
+
+
+def _cache_aware_routing(value: JSON | None) -> CacheAwareRoutingSpec | None:
+    if value is None:
+        return None
+    return CacheAwareRoutingSpec(kv_events=bool(value["kvEvents"]))
 
 
 def _disaggregation(d: JSON | None) -> DisaggregationSpec | None:

@@ -117,6 +117,29 @@ def owned_flag(arg: str) -> str | None:
     return None
 
 
+# With spec.cacheAwareRouting.kvEvents the runtime writes these (npu_runtime.kv_events): the router and the
+# picker rehash and locate blocks by them, so an engine set otherwise would publish events nobody matches.
+FLAGS_OWNED_BY_KV_EVENTS: Final = {
+    "--enable-prefix-caching": "spec.cacheAwareRouting (prefix caching is on)",
+    "--no-enable-prefix-caching": "spec.cacheAwareRouting (prefix caching is on)",
+    "--prefix-caching-hash-algo": "spec.cacheAwareRouting.kvEvents (sha256_cbor)",
+    "--block-size": "spec.cacheAwareRouting.kvEvents (128, the picker's block size)",
+    "--kv-events-config": "spec.cacheAwareRouting.kvEvents",
+}
+# The engines' block hash seed (vllm/v1/core/kv_cache_utils.py resolve_none_hash_seed), the picker's hashSeed.
+HASH_SEED_ENV: Final = "PYTHONHASHSEED"
+
+
+def kv_events_flag(arg: str, kv_events: bool) -> str | None:
+    """The flag of FLAGS_OWNED_BY_KV_EVENTS `arg` sets (by a unique prefix too, as argparse reads it); with
+    cache-aware routing but no events only turning prefix caching off is one."""
+    flag = engine_flag(arg)
+    if flag is None or not flag.startswith("--") or len(flag) < 3:
+        return None
+    owned = FLAGS_OWNED_BY_KV_EVENTS if kv_events else {"--no-enable-prefix-caching": ""}
+    return next((name for name in owned if name.startswith(flag)), None)
+
+
 # Variables the NPU device plugin sets per pod; overriding them breaks device isolation.
 ENV_OWNED_BY_DEVICE_PLUGIN: Final = ("ASCEND_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
 
@@ -162,6 +185,7 @@ def validate_spec(spec: NPUInferenceSpec, name: str | None = None) -> list[SpecE
         problems.append(SpecError("spec.model.name", why))
     engine = spec.engine
     problems += _engine_problems("spec.engine", engine.extra_args, engine.env, engine.additional_config)
+    problems += _cache_aware_problems(spec, "spec.engine", engine.extra_args, engine.env)
     if spec.disaggregation is not None:
         problems += _disaggregation_problems(spec)
     if spec.autoscaling is not None and not spec.pod_monitor.enabled:
@@ -244,6 +268,33 @@ def _engine_problems(
     return problems
 
 
+def _cache_aware_problems(
+    spec: NPUInferenceSpec, prefix: str, extra_args: Sequence[str], env: Sequence[JSON]
+) -> list[SpecError]:
+    """With spec.cacheAwareRouting: no engine without prefix caching (there would be no cache to route to);
+    with kvEvents also none with its own hash, block size, events config or PYTHONHASHSEED."""
+    if spec.cache_aware_routing is None:
+        return []
+    problems: list[SpecError] = []
+    for index, arg in enumerate(extra_args):
+        if (flag := kv_events_flag(arg, spec.kv_events)) is None:
+            continue
+        if flag == "--no-enable-prefix-caching":
+            why = "turns prefix caching off, which spec.cacheAwareRouting routes by; remove it or cacheAwareRouting"
+        else:
+            why = f"{flag} is set from {FLAGS_OWNED_BY_KV_EVENTS[flag]}; remove it"
+        problems.append(SpecError(f"{prefix}.extraArgs[{index}]", why))
+    if spec.kv_events:
+        for index, var in enumerate(env):
+            if var["name"] == HASH_SEED_ENV:
+                why = (
+                    f"{HASH_SEED_ENV} seeds the engines' block hashes, which spec.cacheAwareRouting.kvEvents sets "
+                    "the same on every engine and in the picker; remove it"
+                )
+                problems.append(SpecError(f"{prefix}.env[{index}]", why))
+    return problems
+
+
 def _disaggregation_problems(spec: NPUInferenceSpec) -> list[SpecError]:
     """The prefill role's extra arguments and env, and the connector's port (vllm-ascend's rules)."""
     assert spec.disaggregation is not None
@@ -251,6 +302,7 @@ def _disaggregation_problems(spec: NPUInferenceSpec) -> list[SpecError]:
     problems = _engine_problems(
         "spec.disaggregation.prefill", prefill.extra_args, prefill.env, prefill.additional_config
     )
+    problems += _cache_aware_problems(spec, "spec.disaggregation.prefill", prefill.extra_args, prefill.env)
     for setting, why in roles.connector_problems(spec):
         problems.append(SpecError(f"spec.disaggregation.connector.{setting}", why))
     if roles.external_decode(spec):

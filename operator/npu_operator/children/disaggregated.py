@@ -39,7 +39,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from npu_runtime.contract import EXTERNAL_DP_FLAG
+from npu_runtime.contract import EXTERNAL_DP_FLAG, KV_EVENTS_PORT, KV_REPLAY_PORT
 from npu_runtime.routing.options import RouterOptions, route_argv
 
 from npu_operator.api import host_mounts
@@ -206,7 +206,27 @@ def router_options(name: str, namespace: str, spec: NPUInferenceSpec) -> RouterO
         metrics_port=names.METRICS_PORT,
         first_byte_timeout=float(router.timeout_seconds),
         retries=router.retries,
+        **_cache_aware_options(spec),
     )
+
+
+def _cache_aware_options(spec: NPUInferenceSpec) -> dict[str, Any]:
+    """The router's cache-aware choice of the prefill engine (spec.cacheAwareRouting): with kvEvents it
+    subscribes to each prefill pod's events, one PUB socket per DP rank of the pod on the events' port
+    plus the rank (npu_runtime.contract.KV_EVENTS_PORT), replay likewise. The ranks of one prefill pod
+    are its replica's data ranks over its nodes; the API server, on the leader, answers for them all."""
+    assert spec.disaggregation is not None
+    if spec.cache_aware_routing is None:
+        return {}
+    options: dict[str, Any] = {"cache_aware": True}
+    if spec.kv_events:
+        prefill = spec.disaggregation.prefill
+        options.update(
+            kv_events_port=KV_EVENTS_PORT,
+            kv_replay_port=KV_REPLAY_PORT,
+            kv_events_ranks=prefill.parallelism.data // prefill.nodes,
+        )
+    return options
 
 
 def build_router(name: str, namespace: str, spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:

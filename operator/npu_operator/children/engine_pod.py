@@ -13,7 +13,15 @@ import json
 import math
 from typing import Any, Final
 
-from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, ServeOptions, plan_argv, serve_argv
+from npu_runtime.contract import (
+    ASCEND_RECOMMENDED_ENV,
+    KV_EVENTS_HASH_SEED,
+    KV_EVENTS_PORT,
+    KV_REPLAY_PORT,
+    ServeOptions,
+    plan_argv,
+    serve_argv,
+)
 
 from npu_operator.api import clusters
 from npu_operator.api.config import OperatorConfig
@@ -68,6 +76,23 @@ SOCKET_IFNAME_ENV: Final = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCK
 SPREAD_NODES_ENV: Final = {"OMP_PROC_BIND": "false"}
 
 
+# spec.cacheAwareRouting.kvEvents: the engines' KV events, under llm-d's topic "kv@<address>:<port>@<model>"
+# (llm-d/llm-d-kv-cache pkg/kvevents/engineadapter/common.go parseTopic, vllm_adapter.go ParseMessage: the
+# pod identifier is the topic's middle part, which llm-d-router v0.9.0's precise prefix cache producer
+# matches against each endpoint's "address:port", requestcontrol/dataproducer/preciseprefixcache/
+# producer.go produceFromBlockKeys), the pod's address from the downward API. PYTHONHASHSEED seeds the
+# block hashes (npu_runtime.contract.KV_EVENTS_HASH_SEED).
+POD_IP_ENV: Final = "POD_IP"
+HASH_SEED_ENV: Final = "PYTHONHASHSEED"
+KV_EVENTS_PORT_NAME: Final = "kv-events"
+KV_REPLAY_PORT_NAME: Final = "kv-replay"
+
+
+def kv_events_topic(spec: NPUInferenceSpec) -> KubeletReference:
+    """The engines' ZMQ topic: the kubelet expands the pod's address; the model's name stays literal."""
+    return KubeletReference(f"kv@$({POD_IP_ENV}):{HTTP_PORT}@{kubelet_literal(spec.model.name)}")
+
+
 class KubeletReference(str):
     """An argument the kubelet is meant to expand: `$(NAME)` of a variable the operator itself
     sets (LeaderWorkerSet's). Every other argument and env value is a literal (`kubelet_literal`)."""
@@ -115,6 +140,7 @@ def runtime_args(spec: NPUInferenceSpec) -> list[str]:
         ),
         data_parallel_address=KubeletReference(f"$({LWS_LEADER_ADDRESS})") if multi_node else None,
         lora_adapters=lora.LIST_FILE if spec.lora is not None else None,
+        kv_events_topic=kv_events_topic(spec) if spec.kv_events else None,
     )
     argv = serve_argv(options)
     if multi_node:
@@ -189,6 +215,15 @@ def _container(spec: NPUInferenceSpec, config: OperatorConfig) -> JSON:
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+            # The first DP rank's; rank r publishes on these plus r (npu_runtime.contract.KV_EVENTS_PORT).
+            *(
+                [
+                    {"name": KV_EVENTS_PORT_NAME, "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+                    {"name": KV_REPLAY_PORT_NAME, "containerPort": KV_REPLAY_PORT, "protocol": "TCP"},
+                ]
+                if spec.kv_events
+                else []
+            ),
         ],
         "env": _env(spec, config),
         "resources": _resources(spec, config),
@@ -299,6 +334,9 @@ def _env(spec: NPUInferenceSpec, config: OperatorConfig) -> list[JSON]:
         }
     for var in spec.engine.env:
         env[var["name"]] = dict(var)
+    if spec.kv_events:  # after the user's: validation refuses their PYTHONHASHSEED
+        env[POD_IP_ENV] = {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+        env[HASH_SEED_ENV] = {"name": HASH_SEED_ENV, "value": KV_EVENTS_HASH_SEED}
     return [env[key] for key in sorted(env)]
 
 

@@ -55,6 +55,7 @@ from typing import Any, Final
 
 import yaml
 from npu_runtime.contract import DEFAULT_PORT as HTTP_PORT
+from npu_runtime.contract import KV_EVENTS_BLOCK_SIZE, KV_EVENTS_HASH_SEED, KV_EVENTS_PORT
 from npu_runtime.metrics import ENGINE_KV_CACHE_USAGE, ENGINE_REQUESTS_RUNNING, ENGINE_REQUESTS_WAITING
 from npu_runtime.routing.options import DEFAULT_MAX_IN_FLIGHT
 
@@ -124,6 +125,19 @@ LORA_SCORER: Final = "lora-affinity-scorer"
 # adapter breaks ties between pods equally loaded (a running adapter saves a GPU slot swap, which costs
 # less than a queue) and never sends a request to a busier pod for it. 1 is the plugin README's own.
 LORA_WEIGHT: Final = 1
+# spec.cacheAwareRouting.kvEvents: llm-d-router v0.9.0's precise prefix cache pipeline in place of the
+# approximate producer behind `prefix-cache-scorer` (`precise_prefix_plugins`). The all-in-one
+# `precise-prefix-cache-scorer` is deprecated there (pkg/epp/framework/plugins/scheduling/scorer/
+# preciseprefixcache/precise_prefix_cache.go PluginFactory: "configure precise-prefix-cache-producer +
+# prefix-cache-scorer with prefixMatchInfoProducerName"), so the split form of its own sample
+# (deploy/config/epp-precise-prefix-cache-config.yaml) is configured.
+TOKEN_PRODUCER: Final = "token-producer"
+NOTIFICATION_SOURCE: Final = "endpoint-notification-source"
+PRECISE_PRODUCER: Final = "precise-prefix-cache-producer"
+PREFIX_SCORER: Final = "prefix-cache-scorer"
+METRICS_SOURCE: Final = "metrics-data-source"
+# llm-d-kv-cache pkg/kvevents/pool.go DefaultConfig: the subscription filter of llm-d's topics ("kv@...").
+KV_TOPIC_FILTER: Final = "kv@"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +155,16 @@ class Pool:
     # The pods serve LoRA adapters (spec.lora): the picker also scores each pod by the adapter the
     # request names (`picker_config`, LORA_SCORER). Not used behind a router (`router_picker_config`).
     lora: bool = False
+    # The engines publish their KV events (spec.cacheAwareRouting.kvEvents): the precise prefix cache
+    # scorer, which tokenizes each prompt with `model` at `tokenizer_url` (`precise_prefix_plugins`).
+    kv_events: bool = False
+    model: str = ""
+    tokenizer_url: str = ""
+
+    @property
+    def precise_prefix(self) -> bool:
+        """Whether the picker follows the engines' KV events (`precise_prefix_plugins` says when it can)."""
+        return self.kv_events and not self.behind_router and self.data_parallel == 1
 
     @property
     def picker(self) -> str:
@@ -173,10 +197,72 @@ def build_inference_pool(pool: Pool) -> JSON:
     }
 
 
-def picker_config(max_concurrency: int, data_parallel: int = 1, lora: bool = False) -> JSON:
+def precise_prefix_plugins(model: str, tokenizer_url: str) -> tuple[list[JSON], JSON]:
+    """The plugins of llm-d-router v0.9.0's precise prefix cache scoring, and the data layer that feeds
+    them: what `prefix-cache-scorer` scores then comes from the engines' own KV events.
+
+    - `token-producer` (pkg/epp/framework/plugins/requestcontrol/dataproducer/tokenizer/tokenizer.go
+      PluginFactory, tokenizerPluginConfig: modelName, vllm.url): the prompt's tokens as the engine
+      makes them, from vLLM's /v1/completions/render and /v1/chat/completions/render at `tokenizer_url`
+      (the resource's own Service: its engines serve them, `npu_runtime.kv_events`). Its default backend,
+      `estimate`, packs bytes instead, and its README warns that the precise producer "silently degrades"
+      on it; the deprecated tokenizer sidecar (udsTokenizerConfig) is not needed.
+    - `precise-prefix-cache-producer` (dataproducer/preciseprefixcache/producer.go PluginFactory,
+      PluginConfig: tokenProcessorConfig, indexerConfig, kvEventsConfig; its defaults are overlaid, so
+      only what differs is written): blocks of KV_EVENTS_BLOCK_SIZE tokens, hashed from
+      KV_EVENTS_HASH_SEED (llm-d-kv-cache pkg/kvcache/kvblock/token_processor.go TokenProcessorConfig
+      blockSize, hashSeed: "aligned with vLLM's PYTHONHASHSEED"; `blockSize` as v0.9.0's own
+      test/e2e/configs_test.go writes it); events from each endpoint of the pool (kvEventsConfig
+      discoverPods, podDiscoveryConfig.socketPort: extractor.go ensureSubscriber dials the endpoint's
+      address at socketPort + its rank index) under llm-d's topic filter (topicFilter).
+    - `endpoint-notification-source` (datalayer/source/notifications endpoint_datasource.go): the pool's
+      endpoints as they come and go, extracted by the producer (its per-pod subscribers); the metrics
+      source keeps its extractor (the loader injects only when no metrics source is listed:
+      pkg/epp/config/loader/defaults.go ensureDataLayer).
+    - `prefix-cache-scorer` bound to the producer by prefixMatchInfoProducerName
+      (scheduling/scorer/prefix/plugin.go; without it the scorer spawns the approximate producer).
+    """
+    plugins: list[JSON] = [
+        {"type": TOKEN_PRODUCER, "parameters": {"modelName": model, "vllm": {"url": tokenizer_url}}},
+        {"type": NOTIFICATION_SOURCE},
+        {
+            "type": PRECISE_PRODUCER,
+            "parameters": {
+                "tokenProcessorConfig": {"blockSize": KV_EVENTS_BLOCK_SIZE, "hashSeed": KV_EVENTS_HASH_SEED},
+                "kvEventsConfig": {
+                    "topicFilter": KV_TOPIC_FILTER,
+                    "discoverPods": True,
+                    "podDiscoveryConfig": {"socketPort": KV_EVENTS_PORT},
+                },
+            },
+        },
+        {"type": PREFIX_SCORER, "parameters": {"prefixMatchInfoProducerName": PRECISE_PRODUCER}},
+    ]
+    data_layer: JSON = {
+        "sources": [
+            {"pluginRef": METRICS_SOURCE, "extractors": [{"pluginRef": EXTRACTOR}]},
+            {"pluginRef": NOTIFICATION_SOURCE, "extractors": [{"pluginRef": PRECISE_PRODUCER}]},
+        ]
+    }
+    return plugins, data_layer
+
+
+def picker_config(
+    max_concurrency: int,
+    data_parallel: int = 1,
+    lora: bool = False,
+    precise: tuple[str, str] | None = None,
+) -> JSON:
     """The picker's EndpointPickerConfig: no pod above `max_concurrency` requests in flight, each
     pod's load read over all its `data_parallel` ranks; with `lora`, the LoRA affinity scorer too
-    (LORA_SCORER, weight LORA_WEIGHT).
+    (LORA_SCORER, weight LORA_WEIGHT); with `precise` (the model and its tokenizer's URL), the prefix
+    cache scored from the engines' KV events (`precise_prefix_plugins`), else from the picker's own
+    record of the prompts it routed (the approximate producer, the scorer's default).
+
+    Precise only with one DP rank behind each pod's API server (`Pool.precise_prefix`): the producer
+    subscribes to one socket per endpoint (socketPort + the endpoint's rank index, which is 0 for a pool
+    of one target port), and an API server over several ranks has one per rank, so it would follow
+    rank 0's cache alone and score the pod's other ranks' prefixes as misses.
 
     The saturation detector is named under `flowControl` (llm-d-router v0.9.0
     apix/config/v1alpha1/endpointpickerconfig_types.go FlowControlConfig.SaturationDetector): the
@@ -187,18 +273,25 @@ def picker_config(max_concurrency: int, data_parallel: int = 1, lora: bool = Fal
     extractor: JSON = {"type": EXTRACTOR}
     if data_parallel > 1:
         extractor["parameters"] = dp_extractor_parameters()
+    prefix: list[JSON] = [{"type": PREFIX_SCORER}]
+    data_layer: JSON | None = None
+    if precise is not None:
+        prefix, data_layer = precise_prefix_plugins(*precise)
     plugins: list[JSON] = [
         {"type": "queue-scorer"},
         {"type": "kv-cache-utilization-scorer"},
-        {"type": "prefix-cache-scorer"},
-        {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
+        *prefix,
+        *([{"type": LORA_SCORER}] if lora else []),
+        {"type": METRICS_SOURCE, "parameters": {"scheme": "http", "path": "/metrics"}},
         extractor,
     ]
-    scorers = {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, "prefix-cache-scorer": 3}
+    scorers = {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, PREFIX_SCORER: 3}
     if lora:
-        plugins.insert(3, {"type": LORA_SCORER})
         scorers[LORA_SCORER] = LORA_WEIGHT
-    return _picker_config(max_concurrency, plugins, scorers)
+    config = _picker_config(max_concurrency, plugins, scorers)
+    if data_layer is not None:
+        config["dataLayer"] = data_layer
+    return config
 
 
 def _picker_config(max_concurrency: int, plugins: list[JSON], scorers: dict[str, int]) -> JSON:
@@ -324,7 +417,8 @@ def build_picker(pool: Pool, image: str) -> list[JSON]:
 def _config_of(pool: Pool) -> JSON:
     if pool.behind_router:
         return router_picker_config(pool.max_concurrency)
-    return picker_config(pool.max_concurrency, pool.data_parallel, pool.lora)
+    precise = (pool.model, pool.tokenizer_url) if pool.precise_prefix else None
+    return picker_config(pool.max_concurrency, pool.data_parallel, pool.lora, precise)
 
 
 def _picker_selector(pool: Pool) -> dict[str, str]:

@@ -13,7 +13,7 @@ from npu_operator.api.config import OperatorConfig
 from npu_operator.api.spec import NPUInferenceSpec, plan_options
 from npu_operator.children import lora, routing, scaling
 from npu_operator.children.kinds import Capabilities
-from npu_operator.kube.names import labels
+from npu_operator.kube.names import HTTP_PORT, labels
 from npu_operator.topologies.base import JSON, NOTHING_SEEN, Seen, Topology
 from npu_operator.topologies.disaggregated import Disaggregated
 from npu_operator.topologies.multi_node import MultiNode
@@ -87,6 +87,10 @@ def build_children(
             data_parallel=1 if disaggregated else cap.data_parallel,
             behind_router=disaggregated,
             lora=spec.lora is not None,
+            kv_events=spec.kv_events,
+            model=spec.model.name,
+            # The resource's Service: its engines tokenize for the picker (`routing.precise_prefix_plugins`).
+            tokenizer_url=f"http://{name}.{namespace}.svc:{HTTP_PORT}",
         )
         if capabilities.inference_pool:
             children += routing.build_picker(pool, config.picker_image)

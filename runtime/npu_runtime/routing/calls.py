@@ -1,6 +1,7 @@
 """One call to an engine, each wait bounded by progress: the POST, its answer's start, its first
-chunk, a whole non-streamed answer, an error status, whether the engine is alive (/health), and
-what it serves (/v1/models: its base model and LoRA adapters, lora.py).
+chunk, a whole non-streamed answer, an error status, whether the engine is alive (/health), what
+it serves (/v1/models: its base model and LoRA adapters, lora.py), and a prompt's token ids
+(/tokenize, for the cache-aware choice, choice.py).
 
 Timeouts bound progress, never a generation: connecting (`--connect-timeout`), the start of an
 answer (`--first-byte-timeout`: prefill's answer, a stream's first chunk), the silence between two
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 # Statuses that mean "this engine cannot answer now" (a restarting pod, a proxy in the way): another
 # engine may. Every other error status is the engine's answer to this request, passed on.
 RETRIED_STATUSES: Final = frozenset({502, 503, 504})
+MAX_TOKENIZE_BYTES: Final = 64 << 20  # a /tokenize answer: ids of a prompt of --max-request-bytes
 
 T = TypeVar("T")
 
@@ -179,6 +181,29 @@ class EngineCalls:
         except (aiohttp.ClientError, TimeoutError, trust.TooLarge):
             return None
         return lora.parse_listing(data) if status == 200 else None
+
+    async def tokens(self, engine: Engine, payload: Any, headers: dict[str, str]) -> list[int] | None:
+        """vLLM's /tokenize of `payload` on `engine` (vllm/entrypoints/serve/tokenize/api_router.py
+        `tokenize`: {"tokens": [...]}), within --connect-timeout, with the client's `headers`; None
+        without an answer."""
+        import aiohttp
+
+        try:
+            data = trust.dump_json(payload)
+            timeout = aiohttp.ClientTimeout(total=self.options.connect_timeout)
+            post = self.session.post(
+                engine.url + "/tokenize", data=data, headers=headers, timeout=timeout, allow_redirects=False
+            )
+            async with post as answer:
+                if answer.status != 200:
+                    return None
+                found = trust.parse_json(await trust.read_bounded(answer.content, MAX_TOKENIZE_BYTES))
+        except (aiohttp.ClientError, TimeoutError, trust.TooLarge, ValueError):
+            return None
+        tokens = found.get("tokens") if isinstance(found, dict) else None
+        if not isinstance(tokens, list) or not all(type(token) is int for token in tokens):
+            return None
+        return tokens
 
 
 def _connect_errors() -> tuple[type[Exception], ...]:

@@ -48,7 +48,7 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
@@ -280,6 +280,63 @@ class Pool:
             if best is None or key < best_key:
                 best, best_key = engine, key
         return best
+
+    def pick_cached(
+        self,
+        work: float,
+        saved: Mapping[Engine, float],
+        load_factor: float,
+        exclude: Collection[Engine] = (),
+        adapter: str | None = None,
+    ) -> tuple[Engine | None, float, str]:
+        """A queued role's engine where `work` takes least time when each engine computes only what
+        it does not hold (`saved[engine]` units), with the choice's reason (see choice.py): the
+        engine, the units it saves, and "cache", "load", "new_prefix" or "overloaded".
+
+        `t x (work_e + w - s_e)`, with `s_e` counted only while the engine's own load cost
+        `t x (work_e + w)` is at most `load_factor` times the least load cost of the candidates, and
+        its calls in flight at most `load_factor` times the fewest plus one (a cached prompt is little
+        work, yet each takes the engine's steps): affinity never sends a request to an engine more
+        than `load_factor` times as busy."""
+        now = time.monotonic()
+        average = self._average_speed(now)
+        candidates = [
+            engine for engine in self._listed if engine not in exclude and (adapter is None or engine.holds(adapter))
+        ]
+        if not candidates:
+            return None, 0.0, "load"
+        count = len(candidates)
+        load = {engine: (engine.speed(now) or average) * (engine.work + work) for engine in candidates}
+        ready = [engine for engine in candidates if not engine.out(now)] or candidates
+        least = min(load[engine] for engine in ready)
+        fewest = min(engine.in_flight for engine in ready)
+        best: Engine | None = None
+        best_key = (True, 0.0)
+        best_saved = 0.0
+        start = self._turn % count
+        self._turn += 1
+        refused = False
+        for index in range(count):
+            engine = candidates[(start + index) % count]
+            speed = engine.speed(now) or average
+            holds = min(saved.get(engine, 0.0), work)
+            eligible = (
+                holds > 0 and load[engine] <= load_factor * least and engine.in_flight <= load_factor * fewest + 1
+            )
+            refused = refused or (holds > 0 and not eligible)
+            cost = load[engine] - (speed * holds if eligible else 0.0)
+            key = (engine.out(now), cost)
+            if best is None or key < best_key:
+                best, best_key, best_saved = engine, key, holds if eligible else 0.0
+        if best_saved > 0:
+            reason = "cache"
+        elif refused:
+            reason = "overloaded"
+        elif any(saved.get(engine, 0.0) > 0 for engine in candidates):
+            reason = "load"
+        else:
+            reason = "new_prefix"
+        return best, best_saved, reason
 
     def _average_speed(self, now: float) -> float:
         measured = [speed for engine in self._listed if (speed := engine.speed(now))]

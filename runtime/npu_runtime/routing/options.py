@@ -5,9 +5,13 @@
         [--idle-timeout 60] [--retries 2] [--eject-seconds 2] [--resolve-seconds 5]
         [--max-in-flight 1024] [--max-request-bytes 8388608] [--max-buffered-bytes 134217728]
         [--kv-host-network CIDR ...]
+        [--cache-aware [--kv-events-port 5557] [--kv-replay-port 5558] [--kv-events-ranks 1]
+         [--cache-load-factor 2] [--prefix-max-blocks 262144]]
 
 `parse_route_args` reads the arguments into `RouterOptions`; `route_argv` writes them back (the
-operator renders the router's Deployment with it).
+operator renders the router's Deployment with it). `--cache-aware` and the options after it are the
+prefix-cache-aware choice of the prefill engine (choice.py, prefix.py, kv_events.py); without it the
+router chooses by load alone, as before.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import ipaddress
 from collections.abc import Sequence
 from typing import Any, Final
 
-from npu_runtime.contract import DEFAULT_METRICS_PORT, DEFAULT_PORT
+from npu_runtime.contract import DEFAULT_METRICS_PORT, DEFAULT_PORT, KV_EVENTS_PORT, KV_REPLAY_PORT
 from npu_runtime.routing.engines import DEFAULT_EJECT_SECONDS, DEFAULT_RESOLVE_SECONDS
+from npu_runtime.routing.prefix import DEFAULT_MAX_BLOCKS
 
 ROLES: Final = ("prefill", "decode")
 DEFAULT_CONNECT_TIMEOUT: Final = 5.0
@@ -29,6 +34,7 @@ DEFAULT_RETRIES: Final = 2
 DEFAULT_MAX_IN_FLIGHT: Final = 1024
 DEFAULT_MAX_REQUEST_BYTES: Final = 8 << 20
 DEFAULT_MAX_BUFFERED_BYTES: Final = 128 << 20
+DEFAULT_CACHE_LOAD_FACTOR: Final = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +54,12 @@ class RouterOptions:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     kv_host_networks: tuple[str, ...] = ()
+    cache_aware: bool = False
+    kv_events_port: int = KV_EVENTS_PORT
+    kv_replay_port: int = KV_REPLAY_PORT
+    kv_events_ranks: int = 1
+    cache_load_factor: float = DEFAULT_CACHE_LOAD_FACTOR
+    prefix_max_blocks: int = DEFAULT_MAX_BLOCKS
 
 
 def _positive(kind: type[int] | type[float]) -> Any:
@@ -65,6 +77,20 @@ def _not_negative(text: str) -> float:
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more: {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port (0 to 65535): {text}")
+    return value
+
+
+def _at_least_one(text: str) -> float:
+    value = float(text)
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {text}")
     return value
 
 
@@ -151,6 +177,45 @@ def route_parser() -> argparse.ArgumentParser:
         default=[],
         help="a network whose hosts prefill's KV parameters may name besides the prefill engines (repeatable)",
     )
+    cache = parser.add_argument_group("cache-aware choice of the prefill engine (docs/disaggregation.md)")
+    cache.add_argument(
+        "--cache-aware",
+        action="store_true",
+        help="send a prompt to the prefill engine where it takes least time, counting the prefix the engine"
+        " holds (its KV events, else the prompts sent to it) as not to be computed; the prompt's tokens come"
+        " from a prefill engine's /tokenize (one more call per request)",
+    )
+    cache.add_argument(
+        "--kv-events-port",
+        type=_port,
+        default=KV_EVENTS_PORT,
+        help="the port of each prefill engine's KV events (vLLM --kv-events-config endpoint; 0: none, the"
+        " prompts sent alone)",
+    )
+    cache.add_argument(
+        "--kv-replay-port",
+        type=_port,
+        default=KV_REPLAY_PORT,
+        help="the port of its KV events' replay endpoint, asked after a gap (0: none; a gap clears the index)",
+    )
+    cache.add_argument(
+        "--kv-events-ranks",
+        type=_positive(int),
+        default=1,
+        help="data parallel ranks per prefill engine, each publishing on the port plus its rank",
+    )
+    cache.add_argument(
+        "--cache-load-factor",
+        type=_at_least_one,
+        default=DEFAULT_CACHE_LOAD_FACTOR,
+        help="the cached prefix counts only on an engine at most this many times as loaded as the least loaded",
+    )
+    cache.add_argument(
+        "--prefix-max-blocks",
+        type=_positive(int),
+        default=DEFAULT_MAX_BLOCKS,
+        help="cached blocks the router keeps per prefill engine and rank (oldest dropped)",
+    )
     return parser
 
 
@@ -174,6 +239,8 @@ def route_argv(options: RouterOptions) -> list[str]:
         if field.name == "kv_host_networks":
             for network in value:
                 argv += ["--kv-host-network", network]
+        elif isinstance(value, bool):
+            argv.append(flag)  # a flag, set (its default is off)
         else:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]
     return argv
@@ -197,4 +264,10 @@ def parse_route_args(argv: Sequence[str]) -> RouterOptions:
         max_request_bytes=args.max_request_bytes,
         max_buffered_bytes=args.max_buffered_bytes,
         kv_host_networks=tuple(args.kv_host_networks),
+        cache_aware=args.cache_aware,
+        kv_events_port=args.kv_events_port,
+        kv_replay_port=args.kv_replay_port,
+        kv_events_ranks=args.kv_events_ranks,
+        cache_load_factor=args.cache_load_factor,
+        prefix_max_blocks=args.prefix_max_blocks,
     )

@@ -14,7 +14,11 @@ Each OpenAI completion or chat completion goes twice, as vllm-ascend's proxy exa
    generates; its answer (streamed or not) goes back to the client as it comes.
 
 Which engine: the one with the least outstanding work for its speed (choice.py, `engines.Pool.pick`);
-each URL's name is resolved to its addresses, each one engine. Failures: an engine that cannot be
+each URL's name is resolved to its addresses, each one engine. With `--cache-aware`, the prefill
+engine is the one where the prompt takes least time counting the prefix it holds as done
+(choice.py; the prompt's tokens from a prefill engine's /tokenize first, calls.py `tokens`; what
+each engine holds from its own KV events, kv_events.py, else from the prompts sent to it,
+prefix.py), within `--cache-load-factor` of the least loaded; decode stays by load. Failures: an engine that cannot be
 connected to, answers 502/503/504 before its first byte, or makes no progress is taken out for a
 while and the call goes to a different engine of its role (at most `--retries` times; a decode
 retry after the engine may have seen the request prefills again, since its KV may be gone); then
@@ -47,10 +51,12 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from npu_runtime.routing import lora, streaming, trust
 from npu_runtime.routing.calls import EngineCalls
-from npu_runtime.routing.choice import EngineChoice, Work, role_pools
+from npu_runtime.routing.choice import EngineChoice, Work, role_pools, tokenize_payload
 from npu_runtime.routing.engines import Engine, EngineCollector, Pool, _literal_address
 from npu_runtime.routing.errors import Answer, ClientGone, Failure, Reply, no_engine, router_full
+from npu_runtime.routing.kv_events import KvEventStreams
 from npu_runtime.routing.options import RouterOptions
+from npu_runtime.routing.prefix import EngineCache
 from npu_runtime.routing.series import Metrics
 
 if TYPE_CHECKING:
@@ -103,7 +109,18 @@ class Router:
         self.metrics = metrics or Metrics()
         self.calls = EngineCalls(options)
         self.pools = role_pools(options, self._probe)
-        self.choice = EngineChoice(self.pools)
+        self.choice = EngineChoice(self.pools, options)
+        self.kv_streams: KvEventStreams | None = None
+        if options.cache_aware:
+            self.kv_streams = KvEventStreams(
+                options.kv_events_port,
+                options.kv_replay_port,
+                options.kv_events_ranks,
+                options.connect_timeout,
+                self.choice.cache_for,
+                self._streams_changed,
+            )
+        self._stream_urls: set[str] = set()  # the engines with a series of their streams
         networks = tuple(ipaddress.ip_network(network, strict=False) for network in options.kv_host_networks)
         self.kv_host_allowed = trust.address_check(self.pools["prefill"].addresses, networks)
         self.budget = trust.ByteBudget(options.max_buffered_bytes)
@@ -116,7 +133,23 @@ class Router:
         await self.calls.open()
         for pool in self.pools.values():
             await pool.resolve()
+        self._follow_engines()
         self._refresher = asyncio.ensure_future(self._refresh_forever())
+
+    def _follow_engines(self) -> None:
+        """The KV event streams of the prefill engines there are now (--cache-aware)."""
+        if self.kv_streams is not None:
+            prefill = self.pools["prefill"]
+            self.kv_streams.follow(prefill.engines)
+            self.choice.forget_gone()
+            gone = self._stream_urls - {engine.url for engine in prefill.known()}
+            for url in gone:
+                self.metrics.kv_event_streams.remove(url)
+            self._stream_urls -= gone
+
+    def _streams_changed(self, engine: Engine, cache: EngineCache) -> None:
+        self.metrics.kv_event_streams.labels(engine.url).set(cache.streams)
+        self._stream_urls.add(engine.url)
 
     async def close(self) -> None:
         if self._refresher is not None:
@@ -124,6 +157,8 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
             self._refresher = None
+        if self.kv_streams is not None:
+            await self.kv_streams.close()
         for pool in self.pools.values():
             pool.close()
         await self.calls.close()
@@ -140,6 +175,7 @@ class Router:
             if names:
                 for pool in self.pools.values():
                     await pool.resolve()
+                self._follow_engines()
 
     async def _ask_listings(self) -> None:
         """What every engine serves now (its base model and adapters), all asked at once."""
@@ -209,6 +245,8 @@ class Router:
             raise Reply(400, "invalid_request", f"the request body cannot be passed on: {exc}") from None
         headers = _forwarded_headers(request)
         work = self.choice.work(data, body)
+        if self.choice.cache_aware:
+            work = await self._with_tokens(work, body, headers)
         if work.adapter is not None:
             self.metrics.adapter_requests.labels(work.adapter).inc()
         stream = body.get("stream") is True
@@ -240,6 +278,21 @@ class Router:
                 if last.reached:
                     break
 
+    async def _with_tokens(self, work: Work, body: dict[str, Any], headers: dict[str, str]) -> Work:
+        """`work` with its prompt's token ids, from the request itself or a prefill engine's /tokenize
+        (one call, within --connect-timeout); as it was when there is no answer."""
+        payload = tokenize_payload(body)
+        if isinstance(payload, list):
+            return self.choice.with_tokens(work, payload, body)
+        engine = self.pools["prefill"].pick(0.0, (), work.adapter)
+        if payload is None or engine is None:
+            return work
+        tokens = await self.calls.tokens(engine, payload, headers)
+        if tokens is None:
+            self._warn("no_tokens", f"prefill engine {engine.url} did not tokenize a prompt; chosen by load")
+            return work
+        return self.choice.with_tokens(work, tokens, body)
+
     async def _client_body(self, request: web.Request, held: trust.Held) -> bytes:
         limit = self.options.max_request_bytes
         declared = request.content_length
@@ -266,7 +319,14 @@ class Router:
         tried: set[Engine] = set()
         last: Failure | None = None
         for attempt in range(self.options.retries + 1):
-            engine = self.choice.pick("prefill", work, tried)
+            saved = 0.0
+            if self.choice.cache_aware:
+                engine, saved, reason = self.choice.pick_prefill(work, tried)
+                if engine is not None:
+                    self._count_choice(engine, saved, reason)
+                    self.choice.sent(engine, work)
+            else:
+                engine = self.choice.pick("prefill", work, tried)
             if engine is None:
                 break
             if attempt:
@@ -274,11 +334,12 @@ class Router:
                 await asyncio.sleep(RETRY_DELAY)
             tried.add(engine)
             started = time.monotonic()
-            ticket = pool.begin(engine, work.prefill)
+            units = work.prefill - saved  # what it computes: the prefix it holds is not done again
+            ticket = pool.begin(engine, units)
             done: float | None = None
             try:
                 data = await self._held_adapter(engine, work, self.calls.whole(engine, path, payload, headers, held))
-                done = work.prefill
+                done = units
             except Failure as failure:
                 self._failed(engine, failure)
                 if not failure.retry:
@@ -291,6 +352,12 @@ class Router:
             self.metrics.backend_seconds.labels("prefill").observe(time.monotonic() - started)
             return self._kv_params(engine, data)
         raise self._none_left("prefill", work, last)
+
+    def _count_choice(self, engine: Engine, saved: float, reason: str) -> None:
+        self.metrics.choice_reasons.labels("prefill", reason).inc()
+        if saved > 0:
+            self.metrics.prefix_hits.labels("prefill", engine.url).inc()
+            self.metrics.prefix_tokens_saved.labels("prefill", engine.url).inc(saved)
 
     def _kv_params(self, engine: Engine, data: bytes) -> dict[str, Any] | None:
         try:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TextIO
 
-from npu_runtime import reports
+from npu_runtime import kv_events, reports
 from npu_runtime.contract import ASCEND_RECOMMENDED_ENV, ServeOptions
 
 ENGINE_MODULE: Final = "vllm.entrypoints.openai.api_server"
@@ -109,13 +109,18 @@ def kill_adopted_children(timeout: float = 5.0) -> list[int]:
     return killed
 
 
-def engine_argv(options: ServeOptions, vllm_args: Sequence[str], *, python: str | None = None) -> list[str]:
+def engine_argv(
+    options: ServeOptions, vllm_args: Sequence[str], *, python: str | None = None, vllm_version: str | None = None
+) -> list[str]:
     """The engine's command line: model, address, the plan's engine flags, then the user's extras.
 
     A multi-node replica's worker (--headless among the flags) runs `npu_runtime.serving.headless`, vLLM's
-    headless launcher, instead of the API server.
+    headless launcher, instead of the API server. With --kv-events the engine publishes its KV events
+    (`kv_events.engine_args`; the render endpoints' switch for the installed `vllm_version` only on an
+    API server).
     """
-    module = HEADLESS_MODULE if "--headless" in vllm_args else ENGINE_MODULE
+    headless = "--headless" in vllm_args
+    module = HEADLESS_MODULE if headless else ENGINE_MODULE
     argv = [python or sys.executable, "-m", module, "--model", options.model]
     if options.served_model_name:
         argv += ["--served-model-name", options.served_model_name]
@@ -125,6 +130,8 @@ def engine_argv(options: ServeOptions, vllm_args: Sequence[str], *, python: str 
         argv += ["--additional-config", options.additional_config]  # vllm-ascend's engine argument
     if options.kv_transfer_config is not None:
         argv += ["--kv-transfer-config", options.kv_transfer_config]  # already mapped to the device
+    if options.kv_events_topic is not None:
+        argv += kv_events.engine_args(options.kv_events_topic, None if headless else vllm_version, options.host)
     argv += list(options.extra_engine_args)
     return argv
 

