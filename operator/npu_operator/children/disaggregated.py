@@ -218,7 +218,11 @@ def _cache_aware_options(spec: NPUInferenceSpec) -> dict[str, Any]:
     assert spec.disaggregation is not None
     if spec.cache_aware_routing is None:
         return {}
-    options: dict[str, Any] = {"cache_aware": True}
+    options: dict[str, Any] = {
+        "cache_aware": True,
+        "kv_events_port": 0,
+        "kv_replay_port": 0,
+    }  # no events: by prompts sent
     if spec.kv_events:
         prefill = spec.disaggregation.prefill
         options.update(

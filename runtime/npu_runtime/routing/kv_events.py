@@ -14,9 +14,9 @@ tcp://ADDRESS:--kv-events-port+r, an asyncio task (zmq.asyncio), started and sto
 router (`Router.start`, `close`) and with the pool's addresses as they are resolved again
 (`KvEventStreams.follow`). Its sequence is followed:
 
-- the first batch of a connection starts the rank's index afresh, from what the engine's replay
-  endpoint still holds of the batches before it (a router that starts, or reconnects, after the
-  engine: `Stream._caught_up`); what the buffer no longer holds is unknown (the index under-counts,
+- a connection starts the rank's index afresh from what the engine's replay endpoint still holds
+  (a router that starts, or reconnects, after the engine: `Stream.connected`, or at the first
+  batch, `Stream._caught_up`); what the buffer no longer holds is unknown (the index under-counts,
   and for `APPROXIMATE_TTL_SECONDS` the approximate index adds to it, prefix.py `EngineCache`);
 - a gap (a batch dropped at a high-water mark) is asked of the replay endpoint from the first seq
   missing, within --connect-timeout; when replay cannot fill it (no --kv-replay-port, no answer, the
@@ -100,6 +100,21 @@ class Stream:
             self._restart("connection lost")
         self.last = self.skip_upto = None
         self._live(False)
+
+    async def connected(self) -> None:
+        """The connection is up: a stream not begun starts from what the engine's replay buffer holds,
+        so a router that starts (or reconnects) after the engine knows the blocks it stored before
+        any new batch comes; nothing buffered (a fresh engine, no replay port): the first batch begins."""
+        if self.last is not None:
+            return
+        batches = await self.streams.replay(self.engine.address, self.rank, 0)
+        if not batches:
+            return
+        self._restart("a new stream")
+        for _, payload in batches:
+            self._apply(payload)
+        self.last = self.skip_upto = batches[-1][0]
+        self._live(True)
 
     async def batch(self, seq: int, payload: bytes) -> None:
         if self.last is None:
@@ -249,7 +264,7 @@ class KvEventStreams:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
         sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -261,6 +276,8 @@ class KvEventStreams:
                     message = parse_monitor_message(await monitor.recv_multipart())
                     if message.get("event") == zmq.EVENT_DISCONNECTED:
                         stream.lost()
+                    elif message.get("event") == zmq.EVENT_CONNECTED:
+                        await stream.connected()
                 if sub in ready:
                     frames = await sub.recv_multipart()
                     if len(frames) == 3 and len(frames[1]) == 8:

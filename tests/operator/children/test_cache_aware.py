@@ -146,6 +146,7 @@ def test_the_router_is_told_to_follow_the_prefill_engines_events() -> None:
     assert options.kv_events_ranks == prefill.parallelism.data // prefill.nodes
     off = disaggregated.router_options("x", "ns", parse_spec(with_cache_aware(PD, {"kvEvents": False})["spec"]))
     assert off.cache_aware and off.kv_events_ranks == 1
+    assert (off.kv_events_port, off.kv_replay_port) == (0, 0), "no events to subscribe to: by the prompts sent"
     assert not disaggregated.router_options("x", "ns", parse_spec(example(PD)["spec"])).cache_aware
 
 

@@ -441,3 +441,24 @@ async def test_a_stream_that_joins_late_reads_what_the_replay_buffer_holds_first
     finally:
         events.shutdown()
         await streams.close()
+
+
+async def test_a_connection_reads_the_replay_buffer_before_any_new_batch() -> None:
+    """A router started after the engine, while the engine publishes nothing new (no traffic yet)."""
+    port, replay = free_port("127.0.0.1"), free_port("127.0.0.1")
+    events = vllm_publisher("127.0.0.1", port, replay)
+    streams = kv_events.KvEventStreams(port, replay, 1, 2.0, lambda engine: EngineCache(), lambda e, c: None)
+    try:
+        for n in range(3):
+            events.publish(kv.KVEventBatch(ts=time.time(), events=[stored([n] * 4, [n])]))
+        await asyncio.sleep(0.3)
+        cache = EngineCache()
+        stream = kv_events.Stream(streams, Engine("prefill", "http://e", "127.0.0.1"), 0, cache)
+        await stream.connected()
+        assert all(held(cache, n) for n in range(3)) and cache.live[0]
+        await stream.batch(2, one_block(2))  # the same batch again, from the PUB socket: skipped
+        await stream.batch(3, one_block(3))
+        assert all(held(cache, n) for n in range(4))
+    finally:
+        events.shutdown()
+        await streams.close()
