@@ -60,6 +60,9 @@ KEDA_ONLY_NOTE = " Needs KEDA and kube-state-metrics: empty for resources withou
 # Panels of spec.lora: the runtime exports its adapter series only with --lora-adapters.
 LORA_ONLY = frozenset({"Requests per adapter", "Pods holding each adapter"})
 LORA_ONLY_NOTE = " Needs spec.lora: empty for resources that serve no adapter."
+# Panels of spec.cacheAwareRouting on a P/D resource: its routers' series (npu_runtime.routing).
+CACHE_ONLY = frozenset({"Prefill choices by reason", "Prefix tokens saved per prefill engine"})
+CACHE_ONLY_NOTE = " Needs spec.cacheAwareRouting on a P/D resource: empty for the others."
 HPA = 'namespace=~"$namespace", horizontalpodautoscaler=~"keda-hpa-$npuinference"'
 RUNNING_TARGET = ', metric_name="s0-prometheus", metric_target_type="average"'
 
@@ -594,6 +597,46 @@ ROWS: list[tuple[str, list[tuple[Panel, int, int]]]] = [
                     "or is still fetching counts 0. status.adapters says why." + LORA_ONLY_NOTE,
                     [target(f"sum by (adapter) (npu_lora_adapter_loaded{{{SEL}}})", "{{adapter}}", instant=True)],
                     "none",
+                ),
+                12,
+                8,
+            ),
+        ],
+    ),
+    (
+        "Cache-aware routing",
+        [
+            (
+                timeseries(
+                    "Prefill choices by reason",
+                    "Why the routers chose each prefill engine: cache (it held the prompt's prefix and was within "
+                    "the load bound), load (a holder was slower), overloaded (a holder was past the bound), "
+                    "new_prefix (no engine held it), no_tokens (the prompt's tokens were not known)." + CACHE_ONLY_NOTE,
+                    [
+                        target(
+                            "sum by (reason) (rate(npu_router_choice_reasons_total"
+                            f'{{{SEL}, role="prefill"}}[$__rate_interval]))',
+                            "{{reason}}",
+                        )
+                    ],
+                    "ops",
+                ),
+                12,
+                8,
+            ),
+            (
+                timeseries(
+                    "Prefix tokens saved per prefill engine",
+                    "Prompt tokens per second the routers expected each chosen engine to hold already (from its KV "
+                    "events, or the prompts sent to it): the prefill it skips. vLLM's own "
+                    "vllm:prefix_cache_hits_total on the engine is what it did skip." + CACHE_ONLY_NOTE,
+                    [
+                        target(
+                            f"sum by (engine) (rate(npu_router_prefix_tokens_saved_total{{{SEL}}}[$__rate_interval]))",
+                            "{{engine}}",
+                        )
+                    ],
+                    "short",
                 ),
                 12,
                 8,

@@ -153,6 +153,20 @@ def test_the_adapter_panels_read_the_runtimes_lora_series_and_say_they_need_spec
         assert "Needs spec.lora" in by_title[title]["description"]
 
 
+def test_the_cache_routing_panels_read_the_routers_series_and_say_they_need_it(board: dict[str, Any]) -> None:
+    cache_only = generator().CACHE_ONLY
+    by_title = {panel["title"]: panel for panel in panels(board)}
+    assert cache_only <= by_title.keys()
+    reasons = by_title["Prefill choices by reason"]["targets"][0]["expr"]
+    assert "npu_router_choice_reasons_total{" in reasons and 'role="prefill"' in reasons
+    assert (
+        "npu_router_prefix_tokens_saved_total{"
+        in by_title["Prefix tokens saved per prefill engine"]["targets"][0]["expr"]
+    )
+    for title in cache_only:
+        assert "Needs spec.cacheAwareRouting" in by_title[title]["description"]
+
+
 def test_the_scaling_panels_show_replicas_and_the_target(board: dict[str, Any]) -> None:
     """spec.autoscaling's panels: desired vs current (and max) replicas, and the per-replica load against the
     target, from KEDA's HPA (named keda-hpa-<resource>) as kube-state-metrics exports it."""

@@ -129,8 +129,11 @@ def test_every_dashboard_panel_answers_from_the_sandboxs_prometheus(sandbox_run:
     keda_only = generator().KEDA_ONLY
     # Nor does its example serve LoRA adapters (tests/e2e/test_lora_sandbox.py reads the pods' series).
     lora_only = generator().LORA_ONLY
-    empty_here = npu_only | keda_only | lora_only
+    # Nor cache-aware P/D routers (tests/runtime/serving/test_serve_cache_aware.py reads their series).
+    cache_only = generator().CACHE_ONLY
+    empty_here = npu_only | keda_only | lora_only | cache_only
     only = {**dict.fromkeys(lora_only, "LoRA only"), **dict.fromkeys(keda_only, "KEDA only")}
+    only |= dict.fromkeys(cache_only, "cache-aware routing only")
     only |= dict.fromkeys(npu_only, "NPU only")
     report = "\n".join(
         f"{title:58} {'data' if any(refs.values()) else 'no data':8} {only.get(title, '')}"
@@ -141,7 +144,9 @@ def test_every_dashboard_panel_answers_from_the_sandboxs_prometheus(sandbox_run:
     assert npu_only <= answers.keys(), npu_only - answers.keys()
     for title, refs in answers.items():
         if title in empty_here:
-            assert not any(refs.values()), f"{title}: data here, yet listed as NPU, KEDA or LoRA only\n{report}"
+            assert not any(refs.values()), (
+                f"{title}: data here, yet listed as NPU, KEDA, LoRA or cache-aware routing only\n{report}"
+            )
         else:
             assert all(refs.values()), f"{title}: no data for query {refs} on CPU\n{report}"
     assert answers_for_all == answers, "with All selected, the panels should answer as for the one resource"

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 # Statuses that mean "this engine cannot answer now" (a restarting pod, a proxy in the way): another
 # engine may. Every other error status is the engine's answer to this request, passed on.
 RETRIED_STATUSES: Final = frozenset({502, 503, 504})
+# Kept-alive connections to an engine are dropped after this idle time, before vLLM's API server drops
+# them itself (uvicorn's timeout_keep_alive, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default: vllm/envs.py),
+# so that a call seldom starts on a connection the engine is closing (`start` retries that one once).
+KEEPALIVE_SECONDS: Final = 4.0
 MAX_TOKENIZE_BYTES: Final = 64 << 20  # a /tokenize answer: ids of a prompt of --max-request-bytes
 
 T = TypeVar("T")
@@ -47,8 +51,9 @@ class EngineCalls:
         # No total limit on a call: the flow bounds each wait itself. No connection limit: the
         # engines' own queues decide how much they take. No proxy from the environment.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.options.connect_timeout)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)
         self._session = aiohttp.ClientSession(
-            timeout=timeout, connector=aiohttp.TCPConnector(limit=0), auto_decompress=False, trust_env=False
+            timeout=timeout, connector=connector, auto_decompress=False, trust_env=False
         )
 
     async def close(self) -> None:
@@ -96,15 +101,27 @@ class EngineCalls:
         `first_byte` seconds (None: no bound) or a dead engine is a `Failure`."""
         import aiohttp
 
-        post = self.session.post(engine.url + path, data=payload, headers=headers, allow_redirects=False)
         try:
-            return await self.progress(engine, post, first_byte, "--first-byte-timeout")
+            try:
+                return await self._post(engine, path, payload, headers, first_byte)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if isinstance(exc, _connect_errors()):
+                    raise
+                # A kept-alive connection the engine closed as the call began (its keep-alive ran out,
+                # or it dropped idle ones): the request was not taken; once more, on a new connection.
+                return await self._post(engine, path, payload, headers, first_byte)
         except _connect_errors() as exc:  # it never got the request
             message = f"at {engine.url} could not be reached: {exc}"
             raise Failure(engine.role, 502, "unreachable", message, retry=True, eject=True, reached=False) from None
         except aiohttp.ClientError as exc:
             message = f"at {engine.url} failed before answering: {exc}"
             raise Failure(engine.role, 502, "unreachable", message, retry=True, eject=True) from None
+
+    async def _post(
+        self, engine: Engine, path: str, payload: bytes, headers: dict[str, str], first_byte: float | None
+    ) -> ClientResponse:
+        post = self.session.post(engine.url + path, data=payload, headers=headers, allow_redirects=False)
+        return await self.progress(engine, post, first_byte, "--first-byte-timeout")
 
     async def progress(self, engine: Engine, step: Coroutine[Any, Any, T], limit: float | None, flag: str) -> T:
         """`step` (a wait for bytes from `engine`), given up after `limit` seconds (None: never; `flag`

@@ -215,3 +215,32 @@ def test_the_router_s_series_are_the_specs_in_metrics() -> None:
         family = collected.pop(spec.family_name)
         assert (family.type, family.documentation) == (spec.kind, spec.help)
     assert not collected
+
+
+async def test_a_connection_the_engine_closed_as_the_call_began_is_tried_once_more_on_a_new_one(
+    engines: dict[str, FakeEngine], make_router: Any
+) -> None:
+    """One decode engine that drops the connection of its first call without answering (as vLLM's
+    API server drops a kept-alive connection whose idle time ran out): the call is made again on a new
+    connection to the same engine, and the client never sees it."""
+    decode = engines["decode"]
+    dropped: list[int] = []
+
+    def drop_first(body: dict[str, Any]) -> Any:
+        if dropped:
+            return decode.answer(body)
+        dropped.append(1)
+
+        async def close(request: web.Request) -> web.StreamResponse:
+            assert request.transport is not None
+            request.transport.close()
+            raise ConnectionResetError("dropped")
+
+        return close
+
+    decode.behaviour = drop_first
+    route = await make_router(prefill=(engines["prefill"].url,), decode=(decode.url,), connect_timeout=2.0)
+    status, answer = await route.post({"model": "m", "prompt": "hello", "max_tokens": 4})
+    assert status == 200, answer
+    assert len(decode.received) == 2 and dropped == [1]
+    assert await route.sample("npu_router_backend_errors_total", role="decode") == 0
