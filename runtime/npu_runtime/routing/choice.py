@@ -165,7 +165,8 @@ class EngineChoice:
 
     def pick_prefill(self, work: Work, exclude: Collection[Engine] = ()) -> tuple[Engine | None, float, str]:
         """The prefill engine for `work` by its time with the prefix each holds (see the module's
-        doc): the engine, the units it saves, and the reason."""
+        doc): the engine, the units it saves, and the reason; by load alone while its tokens are
+        unknown (or the router is not --cache-aware)."""
         pool = self.pools["prefill"]
         prompt = work.prompt
         if prompt is None:

@@ -257,29 +257,7 @@ class Pool:
     def pick(self, work: float, exclude: Collection[Engine] = (), adapter: str | None = None) -> Engine | None:
         """The engine where `work` adds least time, not among `exclude` and, for an `adapter`, one that
         holds it; None when there is none."""
-        now = time.monotonic()
-        engines = self._listed
-        count = len(engines)
-        if not count:
-            return None
-        average = self._average_speed(now)
-        best: Engine | None = None
-        best_key = (True, 0.0)
-        start = self._turn % count
-        self._turn += 1
-        for index in range(count):
-            engine = engines[(start + index) % count]
-            if engine in exclude or (adapter is not None and not engine.holds(adapter)):
-                continue
-            speed = engine.speed(now) or average
-            if self.batched:
-                cost = speed * (work * (1 + (engine.in_flight + 1) / BATCH_KNEE) + engine.work / BATCH_KNEE)
-            else:
-                cost = speed * (engine.work + work)
-            key = (engine.out(now), cost)
-            if best is None or key < best_key:
-                best, best_key = engine, key
-        return best
+        return self.pick_cached(work, {}, 1.0, exclude, adapter)[0]
 
     def pick_cached(
         self,
@@ -289,54 +267,68 @@ class Pool:
         exclude: Collection[Engine] = (),
         adapter: str | None = None,
     ) -> tuple[Engine | None, float, str]:
-        """A queued role's engine where `work` takes least time when each engine computes only what
-        it does not hold (`saved[engine]` units), with the choice's reason (see choice.py): the
-        engine, the units it saves, and "cache", "load", "new_prefix" or "overloaded".
+        """`pick`, where each engine computes only what it does not hold (`saved[engine]` units), with
+        the choice's reason (see choice.py): the engine, the units it saves, and "cache", "load",
+        "new_prefix" or "overloaded".
 
         `t x (work_e + w - s_e)`, with `s_e` counted only while the engine's own load cost
         `t x (work_e + w)` is at most `load_factor` times the least load cost of the candidates, and
         its calls in flight at most `load_factor` times the fewest plus one (a cached prompt is little
         work, yet each takes the engine's steps): affinity never sends a request to an engine more
-        than `load_factor` times as busy."""
+        than `load_factor` times as busy. With nothing `saved`, the choice by load alone."""
         now = time.monotonic()
-        average = self._average_speed(now)
-        candidates = [
-            engine for engine in self._listed if engine not in exclude and (adapter is None or engine.holds(adapter))
-        ]
-        if not candidates:
+        engines = self._listed
+        count = len(engines)
+        if not count:
             return None, 0.0, "load"
-        count = len(candidates)
-        load = {engine: (engine.speed(now) or average) * (engine.work + work) for engine in candidates}
-        ready = [engine for engine in candidates if not engine.out(now)] or candidates
-        least = min(load[engine] for engine in ready)
-        fewest = min(engine.in_flight for engine in ready)
+        average = self._average_speed(now)
+        speeds = {
+            engine: engine.speed(now) or average
+            for engine in engines
+            if engine not in exclude and (adapter is None or engine.holds(adapter))
+        }
+        cost = {engine: self._cost(engine, work, speed) for engine, speed in speeds.items()}
+        eligible = self._affinity_bound(cost, load_factor, now) if saved else None
         best: Engine | None = None
         best_key = (True, 0.0)
         best_saved = 0.0
+        refused = False
         start = self._turn % count
         self._turn += 1
-        refused = False
         for index in range(count):
-            engine = candidates[(start + index) % count]
-            speed = engine.speed(now) or average
+            engine = engines[(start + index) % count]
+            if engine not in cost:
+                continue
             holds = min(saved.get(engine, 0.0), work)
-            eligible = (
-                holds > 0 and load[engine] <= load_factor * least and engine.in_flight <= load_factor * fewest + 1
-            )
-            refused = refused or (holds > 0 and not eligible)
-            cost = load[engine] - (speed * holds if eligible else 0.0)
-            key = (engine.out(now), cost)
+            counted = holds if holds > 0 and eligible is not None and eligible(engine) else 0.0
+            refused = refused or (holds > 0 and not counted)
+            key = (engine.out(now), cost[engine] - speeds[engine] * counted)
             if best is None or key < best_key:
-                best, best_key, best_saved = engine, key, holds if eligible else 0.0
+                best, best_key, best_saved = engine, key, counted
         if best_saved > 0:
             reason = "cache"
         elif refused:
             reason = "overloaded"
-        elif any(saved.get(engine, 0.0) > 0 for engine in candidates):
+        elif any(saved.get(engine, 0.0) > 0 for engine in cost):
             reason = "load"
         else:
             reason = "new_prefix"
         return best, best_saved, reason
+
+    def _cost(self, engine: Engine, work: float, speed: float) -> float:
+        """The time `work` adds on `engine` (the batched knee for a decode pool, see the module's doc)."""
+        if self.batched:
+            return speed * (work * (1 + (engine.in_flight + 1) / BATCH_KNEE) + engine.work / BATCH_KNEE)
+        return speed * (engine.work + work)
+
+    @staticmethod
+    def _affinity_bound(cost: Mapping[Engine, float], load_factor: float, now: float) -> Callable[[Engine], bool]:
+        """Whether an engine is near enough the least busy of `cost`'s (those not out, if any) for
+        the prefix it holds to count: its cost and its calls in flight within `load_factor`."""
+        ready = [engine for engine in cost if not engine.out(now)] or list(cost)
+        least = min((cost[engine] for engine in ready), default=0.0)
+        fewest = min((engine.in_flight for engine in ready), default=0)
+        return lambda engine: cost[engine] <= load_factor * least and engine.in_flight <= load_factor * fewest + 1
 
     def _average_speed(self, now: float) -> float:
         measured = [speed for engine in self._listed if (speed := engine.speed(now))]

@@ -41,7 +41,8 @@ from __future__ import annotations
 import array
 import collections
 import hashlib
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+import itertools
+from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 DEFAULT_MAX_BLOCKS: Final = 1 << 18  # exact blocks per engine (and DP rank)
@@ -75,6 +76,11 @@ def block_keys(tokens: Sequence[int], block_size: int, root: int) -> list[int]:
         parent = next_key(parent, tokens[start : start + block_size])
         keys.append(parent)
     return keys
+
+
+def _leading(keys: Iterable[int], held: Container[int]) -> int:
+    """How many of `keys` are in `held`, counted from the first until one is not."""
+    return sum(1 for _ in itertools.takewhile(held.__contains__, keys))
 
 
 def _plain(value: Any) -> Any:
@@ -178,12 +184,7 @@ class ExactIndex:
 
     def held_blocks(self, keys: Sequence[int]) -> int:
         """How many of `keys` (a prompt's, in this engine's block size) it holds, from the first."""
-        count = 0
-        for key in keys:
-            if key not in self._blocks:
-                break
-            count += 1
-        return count
+        return _leading(keys, self._blocks)
 
 
 class ApproximateIndex:
@@ -213,12 +214,7 @@ class ApproximateIndex:
             if until > now:
                 break
             del self._until[key]
-        count = 0
-        for key in keys:
-            if key not in self._until:
-                break
-            count += 1
-        return count
+        return _leading(keys, self._until)
 
     def clear(self) -> None:
         self._until.clear()

@@ -319,14 +319,10 @@ class Router:
         tried: set[Engine] = set()
         last: Failure | None = None
         for attempt in range(self.options.retries + 1):
-            saved = 0.0
-            if self.choice.cache_aware:
-                engine, saved, reason = self.choice.pick_prefill(work, tried)
-                if engine is not None:
-                    self._count_choice(engine, saved, reason)
-                    self.choice.sent(engine, work)
-            else:
-                engine = self.choice.pick("prefill", work, tried)
+            engine, saved, reason = self.choice.pick_prefill(work, tried)
+            if engine is not None and self.choice.cache_aware:
+                self._count_choice(engine, saved, reason)
+                self.choice.sent(engine, work)
             if engine is None:
                 break
             if attempt:
