@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from bench_router import UPSTREAM_PROXY, UPSTREAM_PYTHON, free_port, spawn  # this folder's: the same proxy
 from npu_runtime import kv_events
 from npu_runtime.contract import KV_EVENTS_BLOCK_SIZE, KV_EVENTS_PORT, KV_REPLAY_PORT
 from prometheus_client.parser import text_string_to_metric_families
@@ -62,9 +63,6 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 
 WORK = ROOT / ".cache" / "bench-cache-routing"
-UPSTREAM_DIR = ROOT / ".cache" / "bench-upstream"
-UPSTREAM_PROXY = UPSTREAM_DIR / "load_balance_proxy_server_example.py"
-UPSTREAM_PYTHON = UPSTREAM_DIR / "venv" / "bin" / "python"
 MODEL_NAME = "bench"
 ENGINE_PORT = 8000
 LAYERS, HEADS, POSITIONS = 4, 4, 8192
@@ -308,14 +306,6 @@ def empty_folder(path: Path) -> None:
     path.mkdir(parents=True)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def router_command(kind: str, engines: list[Engine], port: int, metrics_port: int) -> tuple[list[str], dict[str, str]]:
     prefill = [engine for engine in engines if engine.role == "prefill"]
     decode = [engine for engine in engines if engine.role == "decode"]
@@ -344,11 +334,6 @@ def router_command(kind: str, engines: list[Engine], port: int, metrics_port: in
     if kind == "cache":
         command += ["--cache-aware", "--kv-events-port", str(KV_EVENTS_PORT), "--kv-replay-port", str(KV_REPLAY_PORT)]
     return command, env
-
-
-def spawn(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    with log_path.open("ab") as log:
-        return subprocess.Popen(command, env=env, stdout=log, stderr=log, cwd=ROOT)
 
 
 @contextlib.asynccontextmanager

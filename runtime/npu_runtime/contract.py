@@ -99,6 +99,7 @@ MAX_DATA_PARALLEL: Final = 1024
 KV_REPLAY_PORT: Final = KV_EVENTS_PORT + MAX_DATA_PARALLEL
 KV_EVENTS_HASH_ALGO: Final = "sha256_cbor"
 KV_EVENTS_HASH_SEED: Final = "0"
+KV_EVENTS_HASH_SEED_ENV: Final = "PYTHONHASHSEED"  # the variable it is set in
 KV_EVENTS_BLOCK_SIZE: Final = 128
 # The replay buffer: the steps of events an engine keeps for a subscriber that reconnects (vLLM's
 # KVEventsConfig.buffer_steps default).

@@ -11,9 +11,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from npu_runtime.routing.options import RouterOptions, route_argv
 from npu_sandbox.node.kubelet import SHARED_CORES_ENV
 from npu_sandbox.node.network import free_port
 from npu_sandbox.progress import Progress, logs_progress
@@ -189,3 +191,52 @@ class ServeRun:
         if document["engine"]["pid"]:
             pids.add(int(document["engine"]["pid"]))
         return sorted(pids)
+
+
+def rendered_serve_args(args: Sequence[str], storage: Path) -> list[str]:
+    """A P/D role's rendered serve args (the kubelet's $(VAR)s expanded) from --shutdown-timeout on,
+    without the user's engine extras (model and ports are ServeRun's), its connector's KV folder
+    `storage` (the file-based connector of a CPU)."""
+    rest = list(args[list(args).index("--shutdown-timeout") :])
+    rest = rest[: rest.index("--")] if "--" in rest else rest
+    at = rest.index("--kv-transfer-config") + 1
+    config = json.loads(rest[at])
+    config["kv_connector_extra_config"]["shared_storage_path"] = str(storage)
+    rest[at] = json.dumps(config)
+    return rest
+
+
+def route_command(
+    options: RouterOptions, prefill: Sequence[str], decode: Sequence[str], port: int, metrics_port: int
+) -> list[str]:
+    """`npu-runtime route` with the operator's rendered `options`, the role Services' names replaced by
+    these engines' URLs, on 127.0.0.1 at these ports."""
+    engines = [arg for url in prefill for arg in ("--prefill", url)]
+    engines += [arg for url in decode for arg in ("--decode", url)]
+    rest = [
+        arg for arg in route_argv(options) if not arg.startswith("http://") and arg not in ("--prefill", "--decode")
+    ]
+    rest[rest.index("--port") + 1], rest[rest.index("--metrics-port") + 1] = str(port), str(metrics_port)
+    return [sys.executable, "-m", "npu_runtime.cli", "route", *engines, *rest, "--host", "127.0.0.1"]
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
+def wait_router(metrics_port: int, router: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the router's /readyz (on its metrics port) answers 200; fails with its log if it exits."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert router.poll() is None, log.read_text()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=3) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"router not ready:\n{log.read_text()}")

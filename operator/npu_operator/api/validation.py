@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from npu_runtime.contract import parse_size
+from npu_runtime.contract import KV_EVENTS_HASH_SEED_ENV, parse_size
 from npu_runtime.fetch.listing import REVISION_PATTERN
 
 from npu_operator.api import name_limits, roles
@@ -126,8 +126,6 @@ FLAGS_OWNED_BY_KV_EVENTS: Final = {
     "--block-size": "spec.cacheAwareRouting.kvEvents (128, the picker's block size)",
     "--kv-events-config": "spec.cacheAwareRouting.kvEvents",
 }
-# The engines' block hash seed (vllm/v1/core/kv_cache_utils.py resolve_none_hash_seed), the picker's hashSeed.
-HASH_SEED_ENV: Final = "PYTHONHASHSEED"
 
 
 def kv_events_flag(arg: str, kv_events: bool) -> str | None:
@@ -286,10 +284,10 @@ def _cache_aware_problems(
         problems.append(SpecError(f"{prefix}.extraArgs[{index}]", why))
     if spec.kv_events:
         for index, var in enumerate(env):
-            if var["name"] == HASH_SEED_ENV:
+            if var["name"] == KV_EVENTS_HASH_SEED_ENV:
                 why = (
-                    f"{HASH_SEED_ENV} seeds the engines' block hashes, which spec.cacheAwareRouting.kvEvents sets "
-                    "the same on every engine and in the picker; remove it"
+                    f"{KV_EVENTS_HASH_SEED_ENV} seeds the engines' block hashes, which "
+                    "spec.cacheAwareRouting.kvEvents sets the same on every engine and in the picker; remove it"
                 )
                 problems.append(SpecError(f"{prefix}.env[{index}]", why))
     return problems

@@ -16,6 +16,7 @@ from typing import Any, Final
 from npu_runtime.contract import (
     ASCEND_RECOMMENDED_ENV,
     KV_EVENTS_HASH_SEED,
+    KV_EVENTS_HASH_SEED_ENV,
     KV_EVENTS_PORT,
     KV_REPLAY_PORT,
     ServeOptions,
@@ -81,9 +82,8 @@ SPREAD_NODES_ENV: Final = {"OMP_PROC_BIND": "false"}
 # pod identifier is the topic's middle part, which llm-d-router v0.9.0's precise prefix cache producer
 # matches against each endpoint's "address:port", requestcontrol/dataproducer/preciseprefixcache/
 # producer.go produceFromBlockKeys), the pod's address from the downward API. PYTHONHASHSEED seeds the
-# block hashes (npu_runtime.contract.KV_EVENTS_HASH_SEED).
+# block hashes (npu_runtime.contract.KV_EVENTS_HASH_SEED, in KV_EVENTS_HASH_SEED_ENV).
 POD_IP_ENV: Final = "POD_IP"
-HASH_SEED_ENV: Final = "PYTHONHASHSEED"
 KV_EVENTS_PORT_NAME: Final = "kv-events"
 KV_REPLAY_PORT_NAME: Final = "kv-replay"
 
@@ -336,7 +336,7 @@ def _env(spec: NPUInferenceSpec, config: OperatorConfig) -> list[JSON]:
         env[var["name"]] = dict(var)
     if spec.kv_events:  # after the user's: validation refuses their PYTHONHASHSEED
         env[POD_IP_ENV] = {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-        env[HASH_SEED_ENV] = {"name": HASH_SEED_ENV, "value": KV_EVENTS_HASH_SEED}
+        env[KV_EVENTS_HASH_SEED_ENV] = {"name": KV_EVENTS_HASH_SEED_ENV, "value": KV_EVENTS_HASH_SEED}
     return [env[key] for key in sorted(env)]
 
 

@@ -73,24 +73,24 @@ def _positive(kind: type[int] | type[float]) -> Any:
     return parse
 
 
-def _not_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text}")
-    return value
+def _at_least(low: float) -> Any:
+    def parse(text: str) -> float:
+        value = float(text)
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"must be {low:g} or more: {text}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+_not_negative = _at_least(0)
 
 
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"not a port (0 to 65535): {text}")
-    return value
-
-
-def _at_least_one(text: str) -> float:
-    value = float(text)
-    if not value >= 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more: {text}")
     return value
 
 
@@ -206,7 +206,7 @@ def route_parser() -> argparse.ArgumentParser:
     )
     cache.add_argument(
         "--cache-load-factor",
-        type=_at_least_one,
+        type=_at_least(1),
         default=DEFAULT_CACHE_LOAD_FACTOR,
         help="the cached prefix counts only on an engine at most this many times as loaded as the least loaded",
     )

@@ -9,7 +9,7 @@ import contextlib
 import socket
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -400,65 +400,58 @@ def publishing(engine: FakeEngine, publisher: Any) -> Callable[[dict[str, Any]],
     return answer
 
 
-async def test_replay_from_vllm_s_own_replay_endpoint() -> None:
+@contextlib.asynccontextmanager
+async def published(batches: int) -> AsyncIterator[kv_events.KvEventStreams]:
+    """vLLM's publisher on 127.0.0.1 after it published `batches` batches of one block each (seq 0
+    on, block n of tokens [n] * 4), and the router's streams for its ports."""
     port, replay = free_port("127.0.0.1"), free_port("127.0.0.1")
     events = vllm_publisher("127.0.0.1", port, replay)
     streams = kv_events.KvEventStreams(port, replay, 1, 2.0, lambda engine: EngineCache(), lambda e, c: None)
     try:
-        for n in range(4):
+        for n in range(batches):
             events.publish(kv.KVEventBatch(ts=time.time(), events=[stored([n] * 4, [n])]))
         await asyncio.sleep(0.3)
-        batches = await streams.replay("127.0.0.1", 0, 1)
-        assert batches is not None and [seq for seq, _ in batches] == [1, 2, 3]
-        cache = EngineCache()
-        stream = kv_events.Stream(streams, Engine("prefill", "http://e", "127.0.0.1"), 0, cache)
-        await stream.batch(0, one_block(0))
-        await stream.batch(3, batches[-1][1])
-        assert all(held(cache, n) for n in range(4))
+        yield streams
     finally:
         events.shutdown()
         await streams.close()
+
+
+def new_stream(streams: kv_events.KvEventStreams) -> tuple[kv_events.Stream, EngineCache]:
+    """A stream of the publisher's engine that has heard nothing yet, and its engine's indexes."""
+    cache = EngineCache()
+    return kv_events.Stream(streams, Engine("prefill", "http://e", "127.0.0.1"), 0, cache), cache
+
+
+async def test_replay_from_vllm_s_own_replay_endpoint() -> None:
+    async with published(4) as streams:
+        batches = await streams.replay("127.0.0.1", 0, 1)
+        assert batches is not None and [seq for seq, _ in batches] == [1, 2, 3]
+        stream, cache = new_stream(streams)
+        await stream.batch(0, one_block(0))
+        await stream.batch(3, batches[-1][1])
+        assert all(held(cache, n) for n in range(4))
 
 
 async def test_a_stream_that_joins_late_reads_what_the_replay_buffer_holds_first() -> None:
     """A router started after the engine: the blocks the engine stored before are asked of its replay
     endpoint, so a conversation begun before the router's restart still finds its engine."""
-    port, replay = free_port("127.0.0.1"), free_port("127.0.0.1")
-    events = vllm_publisher("127.0.0.1", port, replay)
-    streams = kv_events.KvEventStreams(port, replay, 1, 2.0, lambda engine: EngineCache(), lambda e, c: None)
-    try:
-        for n in range(3):
-            events.publish(kv.KVEventBatch(ts=time.time(), events=[stored([n] * 4, [n])]))
-        await asyncio.sleep(0.3)
-        cache = EngineCache()
-        stream = kv_events.Stream(streams, Engine("prefill", "http://e", "127.0.0.1"), 0, cache)
+    async with published(3) as streams:
+        stream, cache = new_stream(streams)
         await stream.batch(3, one_block(3))  # the first batch this subscriber hears
         assert all(held(cache, n) for n in range(4)), "batches 0 to 2 came from the replay buffer"
-        silent = kv_events.KvEventStreams(port, 0, 1, 2.0, lambda engine: EngineCache(), lambda e, c: None)
-        without = EngineCache()
-        await kv_events.Stream(silent, Engine("prefill", "http://e", "127.0.0.1"), 0, without).batch(3, one_block(3))
+        silent = kv_events.KvEventStreams(streams.port, 0, 1, 2.0, lambda engine: EngineCache(), lambda e, c: None)
+        stream, without = new_stream(silent)
+        await stream.batch(3, one_block(3))
         assert [held(without, n) for n in range(4)] == [False, False, False, True], "no replay port: only what came"
-    finally:
-        events.shutdown()
-        await streams.close()
 
 
 async def test_a_connection_reads_the_replay_buffer_before_any_new_batch() -> None:
     """A router started after the engine, while the engine publishes nothing new (no traffic yet)."""
-    port, replay = free_port("127.0.0.1"), free_port("127.0.0.1")
-    events = vllm_publisher("127.0.0.1", port, replay)
-    streams = kv_events.KvEventStreams(port, replay, 1, 2.0, lambda engine: EngineCache(), lambda e, c: None)
-    try:
-        for n in range(3):
-            events.publish(kv.KVEventBatch(ts=time.time(), events=[stored([n] * 4, [n])]))
-        await asyncio.sleep(0.3)
-        cache = EngineCache()
-        stream = kv_events.Stream(streams, Engine("prefill", "http://e", "127.0.0.1"), 0, cache)
+    async with published(3) as streams:
+        stream, cache = new_stream(streams)
         await stream.connected()
         assert all(held(cache, n) for n in range(3)) and cache.live[0]
         await stream.batch(2, one_block(2))  # the same batch again, from the PUB socket: skipped
         await stream.batch(3, one_block(3))
         assert all(held(cache, n) for n in range(4))
-    finally:
-        events.shutdown()
-        await streams.close()

@@ -16,9 +16,7 @@ buffers, and still sends a third turn to its engine.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -28,14 +26,20 @@ import pytest
 from npu_operator.api.spec import parse_spec
 from npu_operator.children import disaggregated
 from npu_runtime.contract import KV_EVENTS_BLOCK_SIZE
-from npu_runtime.routing.options import route_argv
 from npu_sandbox.node.network import PodNetwork, free_port
 from npu_sandbox.progress import logs_progress
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.examples import example
 from tests.operator.topologies.test_disaggregated import container, expand, pod_env, roles
-from tests.runtime.serve_helpers import ServeRun, serve_environment
+from tests.runtime.serve_helpers import (
+    ServeRun,
+    post_json,
+    rendered_serve_args,
+    route_command,
+    serve_environment,
+    wait_router,
+)
 
 MODEL_LEN = 512
 SMALL = ["--max-num-seqs", "4", "--max-model-len", str(MODEL_LEN)]
@@ -53,34 +57,16 @@ def serve_args(role: str, storage: Path, address: str) -> list[str]:
     test's KV folder."""
     lws = roles(manifest())[role]
     env = {**pod_env(lws, f"{role}-0"), "POD_IP": address}
-    args = expand(container(lws)["args"], env)[2:]
-    rest = args[args.index("--shutdown-timeout") :]
-    rest = rest[: rest.index("--")] if "--" in rest else rest
+    rest = rendered_serve_args(expand(container(lws)["args"], env), storage)
     assert "--kv-events" in rest, rest
-    at = rest.index("--kv-transfer-config") + 1
-    config = json.loads(rest[at])
-    config["kv_connector_extra_config"]["shared_storage_path"] = str(storage)
-    rest[at] = json.dumps(config)
     return [*rest, *SMALL]
 
 
 def router_command(prefill: list[ServeRun], decode: ServeRun, port: int, metrics_port: int) -> list[str]:
     options = disaggregated.router_options("x", "ns", parse_spec(manifest()["spec"]))
     assert options.cache_aware and options.kv_events_port and options.kv_replay_port
-    engines = [arg for run in prefill for arg in ("--prefill", f"http://{run.host}:{run.api_port}")]
-    engines += ["--decode", f"http://{decode.host}:{decode.api_port}"]
-    rest = [
-        arg for arg in route_argv(options) if not arg.startswith("http://") and arg not in ("--prefill", "--decode")
-    ]
-    rest[rest.index("--port") + 1], rest[rest.index("--metrics-port") + 1] = str(port), str(metrics_port)
-    return [sys.executable, "-m", "npu_runtime.cli", "route", *engines, *rest, "--host", "127.0.0.1"]
-
-
-def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        answer: dict[str, Any] = json.loads(response.read())
-    return answer
+    prefill_urls = [f"http://{run.host}:{run.api_port}" for run in prefill]
+    return route_command(options, prefill_urls, [f"http://{decode.host}:{decode.api_port}"], port, metrics_port)
 
 
 def counter(run: ServeRun, name: str) -> float:
@@ -103,17 +89,7 @@ class Router:
                 env=serve_environment(),
             )
         self.log = log
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, log.read_text()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=3) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"router not ready:\n{log.read_text()}")
+        wait_router(self.metrics_port, self.process, log)
 
     def streams_live(self, count: int, seconds: float = 10) -> None:
         """Until `count` engines' event streams are live (npu_router_kv_event_streams)."""
@@ -134,7 +110,7 @@ class Router:
 
     def complete(self, model: str, prompt: str) -> str:
         body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-        text: str = post(f"http://127.0.0.1:{self.port}/v1/completions", body)["choices"][0]["text"]
+        text: str = post_json(f"http://127.0.0.1:{self.port}/v1/completions", body)["choices"][0]["text"]
         return text
 
     def stop(self) -> None:
@@ -151,7 +127,7 @@ def first_turn(run: ServeRun, model: str, seed: int, tokens: int = 320) -> str:
     while True:
         words += [f"{WORDS[(seed * 7 + len(words)) % len(WORDS)]}{seed}" for _ in range(20)]
         prompt = " ".join(words)
-        count = post(f"http://{run.host}:{run.api_port}/tokenize", {"model": model, "prompt": prompt})["count"]
+        count = post_json(f"http://{run.host}:{run.api_port}/tokenize", {"model": model, "prompt": prompt})["count"]
         if count >= tokens:
             assert count < MODEL_LEN - 64, count  # room for the turns after it
             return prompt

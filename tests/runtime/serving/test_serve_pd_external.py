@@ -30,9 +30,7 @@ show; it runs in full once a vLLM CPU build gathers over DP ranks.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -42,7 +40,6 @@ from typing import Any
 import pytest
 from npu_operator.api.spec import parse_spec
 from npu_operator.children import disaggregated
-from npu_runtime.routing.options import route_argv
 from npu_sandbox.demo.reports import PD_PROMPT, kv_handover
 from npu_sandbox.node.network import free_port
 from npu_sandbox.progress import logs_progress
@@ -50,7 +47,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.examples import example
 from tests.operator.topologies.test_disaggregated import container, expand, pod_env, roles
-from tests.runtime.serve_helpers import ServeRun, serve_environment
+from tests.runtime.serve_helpers import (
+    ServeRun,
+    post_json,
+    rendered_serve_args,
+    route_command,
+    serve_environment,
+    wait_router,
+)
 
 MAX_TOKENS = 12
 SMALL = ["--max-num-seqs", "4", "--max-model-len", "512"]
@@ -69,13 +73,7 @@ def serve_args(role: str, storage: Path, rpc_port: int, node: int = 0) -> list[s
     ports are ServeRun's), the leader at 127.0.0.1, the KV folder and the DP RPC port this test's own."""
     lws = roles(manifest())[role]
     env = {**pod_env(lws, f"{role}-0-{node}"), "LWS_WORKER_INDEX": str(node), "LWS_LEADER_ADDRESS": "127.0.0.1"}
-    args = expand(container(lws)["args"], env)[2:]
-    rest = args[args.index("--shutdown-timeout") :]
-    rest = rest[: rest.index("--")] if "--" in rest else rest
-    at = rest.index("--kv-transfer-config") + 1
-    config = json.loads(rest[at])
-    config["kv_connector_extra_config"]["shared_storage_path"] = str(storage)
-    rest[at] = json.dumps(config)
+    rest = rendered_serve_args(expand(container(lws)["args"], env), storage)
     if "--data-parallel-rpc-port" in rest:
         rest[rest.index("--data-parallel-rpc-port") + 1] = str(rpc_port)
     return [*rest, *SMALL]
@@ -85,21 +83,8 @@ def router_argv(prefill: ServeRun, decode: list[ServeRun], port: int, metrics_po
     """The rendered `route` args, the role Services' names replaced by the engines' addresses."""
     options = disaggregated.router_options("x", "ns", parse_spec(manifest()["spec"]))
     assert options.decode == ("http://x-decode.ns.svc:8000",)  # one rank per pod: one port, every decode pod
-    engines = ["--prefill", f"http://127.0.0.1:{prefill.api_port}"]
-    for pod in decode:
-        engines += ["--decode", f"http://127.0.0.1:{pod.api_port}"]
-    rest = [
-        arg for arg in route_argv(options) if not arg.startswith("http://") and arg not in ("--prefill", "--decode")
-    ]
-    rest[rest.index("--port") + 1], rest[rest.index("--metrics-port") + 1] = str(port), str(metrics_port)
-    return [sys.executable, "-m", "npu_runtime.cli", "route", *engines, *rest, "--host", "127.0.0.1"]
-
-
-def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        answer: dict[str, Any] = json.loads(response.read())
-    return answer
+    decode_urls = [f"http://127.0.0.1:{pod.api_port}" for pod in decode]
+    return route_command(options, [f"http://127.0.0.1:{prefill.api_port}"], decode_urls, port, metrics_port)
 
 
 def samples(url: str, name: str) -> list[tuple[dict[str, str], float]]:
@@ -116,7 +101,7 @@ def completion_or_cpu_gap(url: str, body: dict[str, Any], decode: list[ServeRun]
     """The first routed completion's choice; an expected failure (xfail) when it failed because vLLM's
     CPU build cannot gather a MoE layer's tokens over DP ranks, as the decode ranks' logs say."""
     try:
-        choice: dict[str, Any] = post(url, body)["choices"][0]
+        choice: dict[str, Any] = post_json(url, body)["choices"][0]
         return choice
     except urllib.error.HTTPError as error:
         deadline = time.monotonic() + 60  # the rank that did not answer logs its engine core's end a little later
@@ -137,20 +122,6 @@ def settled(run: ServeRun, seconds: float = 30) -> dict[str, Any]:
     while (status := run.status())["state"] != "ready" and time.monotonic() < deadline:
         time.sleep(0.5)
     return status
-
-
-def wait_router(metrics_port: int, router: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert router.poll() is None, log.read_text()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=3) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"router not ready:\n{log.read_text()}")
 
 
 # Its own engines: a prefill engine and a decode replica of two external ranks, on the tiny MoE model.
@@ -189,8 +160,11 @@ def test_routed_completions_equal_one_engines_and_both_decode_ranks_serve(tiny_m
         request = {"model": prefill.model_name(), "prompt": PD_PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
         request["return_token_ids"] = True
         first = completion_or_cpu_gap(f"http://127.0.0.1:{port}/v1/completions", request, decode)
-        routed = [first, *(post(f"http://127.0.0.1:{port}/v1/completions", request)["choices"][0] for _ in range(3))]
-        direct = post(f"http://127.0.0.1:{prefill.api_port}/v1/completions", request)["choices"][0]
+        routed = [
+            first,
+            *(post_json(f"http://127.0.0.1:{port}/v1/completions", request)["choices"][0] for _ in range(3)),
+        ]
+        direct = post_json(f"http://127.0.0.1:{prefill.api_port}/v1/completions", request)["choices"][0]
         assert len(direct["token_ids"]) == MAX_TOKENS
         assert all((c["token_ids"], c["text"]) == (direct["token_ids"], direct["text"]) for c in routed), routed
         files, hit = kv_handover(storage, [pod.log_path for pod in decode])
